@@ -1,0 +1,242 @@
+package io.keyedstate
+
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.types.StructType
+
+import io.keyedstate.rocks.{ClosableIterator, ColumnFamilyCodec}
+
+/**
+ * One version of one state store partition, open for reading (`getReadStore`) or for updates
+ * (`getStore`). Reads see the store's own uncommitted writes. `commit()` makes the next version
+ * durable; `abort()` drops the writes. The provider owns the RocksDB instance; a store is a
+ * short-lived view of it for one task.
+ */
+final class KeyedStateStore private[keyedstate] (
+    provider: KeyedStateStoreProvider,
+    override val version: Long,
+    private var writable: Boolean) extends StateStore {
+
+  private sealed trait Phase
+  private case object Open extends Phase
+  private case object Committed extends Phase
+  private case object Aborted extends Phase
+  private case object Released extends Phase
+
+  @volatile private var phase: Phase = Open
+  private var committedVersion = -1L
+  private var checkpointInfo: StateStoreCheckpointInfo = _
+
+  override def id: StateStoreId = provider.stateStoreId
+
+  private def state = provider.instance
+
+  private def checkOpen(op: String): Unit = if (phase != Open) {
+    throw new IllegalStateException(
+      s"Cannot $op on state store ${id} version $version: it is ${phase.toString.toLowerCase}")
+  }
+  private def checkWritable(op: String): Unit = {
+    checkOpen(op)
+    if (!writable) throw new IllegalStateException(s"Cannot $op on read-only state store $id version $version")
+  }
+
+  /** Turns this read store into the write store of the same loaded version (no reload). */
+  private[keyedstate] def upgradeToWritable(): KeyedStateStore = { checkOpen("upgrade"); writable = true; this }
+  private[keyedstate] def isOpen: Boolean = phase == Open
+  /** The provider took the instance over for another store (same task thread re-entering). */
+  private[keyedstate] def invalidate(): Unit = if (phase == Open) phase = Aborted
+
+  // ---- reads ----
+
+  override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
+    checkOpen("get")
+    val codec = state.codec(colFamilyName)
+    val bytes = state.db.get(colFamilyName, codec.encodeKey(key))
+    if (bytes == null) null else codec.decodeValue(bytes)
+  }
+
+  override def keyExists(key: UnsafeRow, colFamilyName: String): Boolean = {
+    checkOpen("keyExists")
+    state.db.get(colFamilyName, state.codec(colFamilyName).encodeKey(key)) != null
+  }
+
+  override def multiGet(keys: Array[UnsafeRow], colFamilyName: String): Iterator[UnsafeRow] =
+    keys.iterator.map(get(_, colFamilyName))
+
+  override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] = {
+    checkOpen("valuesIterator")
+    val codec = state.codec(colFamilyName)
+    val bytes = state.db.get(colFamilyName, codec.encodeKey(key))
+    if (bytes == null) Iterator.empty else codec.decodeValues(bytes).iterator
+  }
+
+  override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String): StateStoreIterator[UnsafeRowPair] =
+    scanPrefix(prefixKey, colFamilyName, multi = false)
+
+  override def prefixScanWithMultiValues(prefixKey: UnsafeRow, colFamilyName: String): StateStoreIterator[UnsafeRowPair] =
+    scanPrefix(prefixKey, colFamilyName, multi = true)
+
+  private def scanPrefix(prefixKey: UnsafeRow, cf: String, multi: Boolean): StateStoreIterator[UnsafeRowPair] = {
+    checkOpen("prefixScan")
+    val codec = state.codec(cf)
+    if (!codec.supportsPrefixScan) {
+      throw new UnsupportedOperationException(
+        s"prefixScan needs a prefix-key encoder; column family '$cf' uses ${codec.keySpec}")
+    }
+    pairs(state.db.prefixScan(cf, codec.encodePrefix(prefixKey)), codec, multi)
+  }
+
+  override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
+    checkOpen("iterator")
+    pairs(state.db.scan(colFamilyName, None, None), state.codec(colFamilyName), multi = false)
+  }
+
+  override def iteratorWithMultiValues(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
+    checkOpen("iterator")
+    pairs(state.db.scan(colFamilyName, None, None), state.codec(colFamilyName), multi = true)
+  }
+
+  override def rangeScan(
+      startKey: Option[UnsafeRow],
+      endKey: Option[UnsafeRow],
+      colFamilyName: String): StateStoreIterator[UnsafeRowPair] =
+    scanRange(startKey, endKey, colFamilyName, multi = false)
+
+  override def rangeScanWithMultiValues(
+      startKey: Option[UnsafeRow],
+      endKey: Option[UnsafeRow],
+      colFamilyName: String): StateStoreIterator[UnsafeRowPair] =
+    scanRange(startKey, endKey, colFamilyName, multi = true)
+
+  /** Keys from `startKey` (inclusive) to `endKey` (exclusive) in the range-scan order. */
+  private def scanRange(start: Option[UnsafeRow], end: Option[UnsafeRow], cf: String, multi: Boolean) = {
+    checkOpen("rangeScan")
+    val codec = rangeCodec(cf, "rangeScan")
+    pairs(state.db.scan(cf, start.map(codec.encodeKey), end.map(codec.encodeKey)), codec, multi)
+  }
+
+  private def rangeCodec(cf: String, op: String): ColumnFamilyCodec = {
+    val codec = state.codec(cf)
+    if (!codec.supportsRangeScan) {
+      throw new UnsupportedOperationException(
+        s"$op needs a range-scan key encoder; column family '$cf' uses ${codec.keySpec}")
+    }
+    codec
+  }
+
+  /** Multi-value column families yield one pair per value (`multi`) or the first value. */
+  private def pairs(
+      raw: ClosableIterator[(Array[Byte], Array[Byte])],
+      codec: ColumnFamilyCodec,
+      multi: Boolean): StateStoreIterator[UnsafeRowPair] = {
+    val rows = raw.flatMap { case (k, v) =>
+      val key = codec.decodeKey(k)
+      if (multi && codec.multipleValues) codec.decodeValues(v).iterator.map(new UnsafeRowPair(key, _))
+      else Iterator.single(new UnsafeRowPair(key, codec.decodeValue(v)))
+    }
+    new StateStoreIterator(rows, () => raw.close())
+  }
+
+  override def allColumnFamilyNames: Set[String] = state.columnFamilyNames
+
+  override def registerColFamily(
+      colFamilyName: String,
+      keySchema: StructType,
+      valueSchema: StructType,
+      keyStateEncoderSpec: KeyStateEncoderSpec,
+      useMultipleValuesPerKey: Boolean,
+      isInternal: Boolean): Unit =
+    state.registerCodec(colFamilyName, keySchema, valueSchema, keyStateEncoderSpec,
+      useMultipleValuesPerKey, isInternal)
+
+  // ---- writes ----
+
+  override def createColFamilyIfAbsent(
+      colFamilyName: String,
+      keySchema: StructType,
+      valueSchema: StructType,
+      keyStateEncoderSpec: KeyStateEncoderSpec,
+      useMultipleValuesPerKey: Boolean,
+      isInternal: Boolean): Unit = {
+    checkWritable("createColFamilyIfAbsent")
+    state.createColumnFamily(colFamilyName, keySchema, valueSchema, keyStateEncoderSpec,
+      useMultipleValuesPerKey, isInternal)
+  }
+
+  override def removeColFamilyIfExists(colFamilyName: String): Boolean = {
+    checkWritable("removeColFamilyIfExists")
+    state.removeColumnFamily(colFamilyName)
+  }
+
+  override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
+    checkWritable("put")
+    require(value != null, s"Cannot put a null value in column family '$colFamilyName'")
+    val codec = state.codec(colFamilyName)
+    state.write(colFamilyName, codec.encodeKey(key), codec.encodeValue(value), merge = false)
+  }
+
+  override def putList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = {
+    checkWritable("putList")
+    val codec = state.codec(colFamilyName)
+    state.write(colFamilyName, codec.encodeKey(key), codec.encodeValues(values), merge = false)
+  }
+
+  override def merge(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit =
+    mergeList(key, Array(value), colFamilyName)
+
+  override def mergeList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = {
+    checkWritable("merge")
+    val codec = state.codec(colFamilyName)
+    if (!codec.multipleValues) {
+      throw new UnsupportedOperationException(
+        s"merge needs a column family with multiple values per key; '$colFamilyName' has one")
+    }
+    state.write(colFamilyName, codec.encodeKey(key), codec.encodeValues(values), merge = true)
+  }
+
+  override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
+    checkWritable("remove")
+    state.delete(colFamilyName, state.codec(colFamilyName).encodeKey(key))
+  }
+
+  override def deleteRange(beginKey: UnsafeRow, endKey: UnsafeRow, colFamilyName: String): Unit = {
+    checkWritable("deleteRange")
+    val codec = rangeCodec(colFamilyName, "deleteRange")
+    state.deleteRange(colFamilyName, codec.encodeKey(beginKey), codec.encodeKey(endKey))
+  }
+
+  // ---- lifecycle ----
+
+  override def commit(): Long = {
+    checkWritable("commit")
+    val (newVersion, info) = provider.commit(this)
+    committedVersion = newVersion
+    checkpointInfo = info
+    phase = Committed
+    newVersion
+  }
+
+  override def abort(): Unit = if (phase == Open) {
+    phase = Aborted
+    provider.finish(this, discardWrites = writable)
+  }
+
+  override def release(): Unit = if (phase == Open) {
+    phase = Released
+    provider.finish(this, discardWrites = writable)
+  }
+
+  override def hasCommitted: Boolean = phase == Committed
+
+  override def metrics: StateStoreMetrics = provider.metrics
+
+  override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo = {
+    if (checkpointInfo == null) {
+      throw new IllegalStateException(
+        s"getStateStoreCheckpointInfo called before commit on state store $id version $version")
+    }
+    checkpointInfo
+  }
+
+  override def toString: String = s"KeyedStateStore[$id, version=$version, ${phase.toString.toLowerCase}]"
+}

@@ -1,0 +1,320 @@
+package io.keyedstate
+
+import java.io.File
+import java.util.UUID
+import java.util.concurrent.TimeUnit
+
+import scala.util.control.NonFatal
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
+import org.apache.spark.SparkEnv
+import org.apache.spark.internal.Logging
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.types.StructType
+
+import io.keyedstate.metrics.KeyedStateMetrics
+import io.keyedstate.rocks.LocalRocksDB
+import io.keyedstate.snapshot._
+
+/**
+ * keyedstate's state store provider: one RocksDB instance per (operator, partition, store),
+ * made durable as incremental, versioned checkpoints in the query's checkpoint location.
+ *
+ * Enable with `spark.sql.streaming.stateStore.providerClass=io.keyedstate.KeyedStateStoreProvider`.
+ * The pieces: [[StoreInstance]] (the loaded RocksDB), [[SnapshotStrategy]] (commit),
+ * [[RestoreOperation]] (load), [[RetentionCleaner]] (old versions and orphans),
+ * [[CheckpointStore]] (the files on the Hadoop FileSystem).
+ */
+class KeyedStateStoreProvider extends StateStoreProvider with Logging {
+
+  private var id: StateStoreId = _
+  private var keySchema: StructType = _
+  private var valueSchema: StructType = _
+  private var keySpec: KeyStateEncoderSpec = _
+  private var useColumnFamilies = false
+  private var multipleValuesPerKey = false
+  private var conf: KeyedStateConf = _
+
+  private var checkpointStore: CheckpointStore = _
+  private var localRoot: File = _
+  private var dbDir: File = _
+  private var snapshots: SnapshotStrategy = _
+  private var restores: RestoreOperation = _
+  private var cleaner: RetentionCleaner = _
+
+  // The loaded version, guarded by `this`.
+  private var loaded: StoreInstance = _
+  private var loadedVersion = -1L
+  private var loadedCheckpointId: Option[String] = None
+  private var reusableFiles = Map.empty[String, ManifestFile]
+  @volatile private var lastCommit: Option[CommitStats] = None
+  @volatile private var lastLoad: Option[LoadStats] = None
+
+  // One store at a time uses the instance.
+  private var activeStore: KeyedStateStore = _
+  private var activeThread: Thread = _
+
+  // Commit and cleanup never overlap on one partition: cleanup must not take a commit's
+  // freshly uploaded (not yet listed) files for orphans.
+  private val filesLock = new Object
+
+  override def init(
+      stateStoreId: StateStoreId,
+      keySchema: StructType,
+      valueSchema: StructType,
+      keyStateEncoderSpec: KeyStateEncoderSpec,
+      useColumnFamilies: Boolean,
+      storeConfs: StateStoreConf,
+      hadoopConf: Configuration,
+      useMultipleValuesPerKey: Boolean,
+      stateSchemaProvider: Option[StateSchemaProvider]): Unit = {
+    this.id = stateStoreId
+    this.keySchema = keySchema
+    this.valueSchema = valueSchema
+    this.keySpec = keyStateEncoderSpec
+    this.useColumnFamilies = useColumnFamilies
+    this.multipleValuesPerKey = useMultipleValuesPerKey
+    this.conf = KeyedStateConf(storeConfs)
+
+    checkpointStore = new CheckpointStore(new Path(stateStoreId.storeCheckpointLocation().toString), hadoopConf)
+    checkpointStore.ensureRoot()
+    localRoot = new File(KeyedStateStoreProvider.localBaseDir(conf),
+      s"${stateStoreId.operatorId}-${stateStoreId.partitionId}-${stateStoreId.storeName}-${UUID.randomUUID()}")
+    dbDir = new File(localRoot, "db")
+    val cache = new LocalFileCache(new File(localRoot, "cache"))
+    val workDir = new File(localRoot, "work")
+    workDir.mkdirs()
+    snapshots = new SnapshotStrategy(checkpointStore, cache, workDir, conf)
+    restores = new RestoreOperation(checkpointStore, cache, conf)
+    cleaner = new RetentionCleaner(checkpointStore, conf)
+  }
+
+  override def stateStoreId: StateStoreId = id
+
+  private[keyedstate] def instance: StoreInstance = synchronized {
+    if (loaded == null) throw new IllegalStateException(s"State store $id is not loaded")
+    loaded
+  }
+
+  // ---- opening stores ----
+
+  override def getStore(
+      version: Long,
+      stateStoreCkptId: Option[String],
+      forceSnapshotOnCommit: Boolean,
+      loadEmpty: Boolean): StateStore = open(version, stateStoreCkptId, loadEmpty, writable = true)
+
+  override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
+    open(version, uniqueId, loadEmpty = false, writable = false)
+
+  /** The aggregation operators read, then update, the same version in one task: no reload. */
+  override def upgradeReadStoreToWriteStore(
+      readStore: ReadStateStore,
+      version: Long,
+      uniqueId: Option[String],
+      forceSnapshotOnCommit: Boolean): StateStore = synchronized {
+    readStore match {
+      case ours: KeyedStateStore if (ours eq activeStore) && ours.isOpen && ours.version == version =>
+        ours.upgradeToWritable()
+      case other =>
+        other.release()
+        getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty = false)
+    }
+  }
+
+  private def open(version: Long, checkpointId: Option[String], loadEmpty: Boolean, writable: Boolean): KeyedStateStore =
+    synchronized {
+      require(version >= 0, s"Invalid state store version $version for $id")
+      acquire()
+      try {
+        load(version, checkpointId, loadEmpty)
+        val store = new KeyedStateStore(this, version, writable)
+        activeStore = store
+        activeThread = Thread.currentThread()
+        store
+      } catch {
+        case NonFatal(e) =>
+          notifyAll()
+          throw e
+      }
+    }
+
+  /** Waits for the store in use to finish; the same thread re-entering takes the instance over. */
+  private def acquire(): Unit = {
+    val deadline = System.nanoTime() + TimeUnit.MINUTES.toNanos(2)
+    while (activeStore != null && activeThread != Thread.currentThread()) {
+      val waitMs = TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime())
+      if (waitMs <= 0) {
+        throw new IllegalStateException(
+          s"Timed out after 2 minutes waiting for state store $id: ${activeStore} is still in use by " +
+            s"thread ${activeThread.getName}")
+      }
+      wait(waitMs)
+    }
+    if (activeStore != null) {
+      activeStore.invalidate()
+      if (loaded != null && loaded.dirty) discardLoaded()
+      activeStore = null
+    }
+  }
+
+  private[keyedstate] def finish(store: KeyedStateStore, discardWrites: Boolean): Unit = synchronized {
+    if (store eq activeStore) {
+      if (discardWrites && loaded != null && loaded.dirty) discardLoaded()
+      activeStore = null
+      activeThread = null
+      notifyAll()
+    }
+  }
+
+  /** Uncommitted writes are in the working RocksDB: drop it, the next load rebuilds it. */
+  private def discardLoaded(): Unit = {
+    loaded.close()
+    loaded = null
+    loadedVersion = -1
+  }
+
+  private def load(version: Long, checkpointId: Option[String], loadEmpty: Boolean): Unit = {
+    val reuse = loaded != null && !loaded.dirty && loadedVersion == version &&
+      (checkpointId.isEmpty || checkpointId == loadedCheckpointId) && !loadEmpty
+    if (reuse) {
+      lastLoad = Some(LoadStats(0, 0, 0, 0))
+    } else {
+      if (loaded != null) discardLoaded()
+      if (loadEmpty || version == 0) {
+        LocalFiles.deleteRecursively(dbDir)
+        installLoaded(LocalRocksDB.open(dbDir, conf), Nil, version, None, Map.empty)
+        lastLoad = Some(LoadStats(0, 0, 0, 0))
+      } else {
+        val manifest = resolveManifest(version, checkpointId)
+        val stats = restores.restore(manifest, dbDir)
+        val db =
+          try LocalRocksDB.open(dbDir, conf)
+          catch {
+            case NonFatal(e) => throw new CheckpointFileException(
+              s"State version $version of $id (manifest ${checkpointStore.manifestPath(version,
+                checkpointId)}) could not be opened: ${e.getMessage}", e)
+          }
+        installLoaded(db, manifest.columnFamilies, version, Some(manifest.checkpointId),
+          manifest.sharedFiles.map(f => f.localName -> f).toMap)
+        lastLoad = Some(stats)
+        logInfo(s"Loaded $id version $version: $stats")
+      }
+    }
+  }
+
+  private def installLoaded(
+      db: LocalRocksDB,
+      columnFamilies: Seq[ManifestColumnFamily],
+      version: Long,
+      checkpointId: Option[String],
+      reusable: Map[String, ManifestFile]): Unit = {
+    val inst = new StoreInstance(db, conf, useColumnFamilies, columnFamilies)
+    inst.registerCodec(StateStore.DEFAULT_COL_FAMILY_NAME, keySchema, valueSchema, keySpec,
+      multipleValuesPerKey, isInternal = false)
+    loaded = inst
+    loadedVersion = version
+    loadedCheckpointId = checkpointId
+    reusableFiles = reusable
+  }
+
+  /** The manifest of `version`: by checkpoint id (format v2) or by version alone (v1). */
+  private def resolveManifest(version: Long, checkpointId: Option[String]): VersionManifest =
+    checkpointId match {
+      case Some(_) => checkpointStore.readManifest(version, checkpointId)
+      case None if !conf.checkpointIdsEnabled => checkpointStore.readManifest(version, None)
+      case None =>
+        checkpointStore.listManifests().filter(_.version == version) match {
+          case Seq(only) => checkpointStore.readManifest(only.path, version)
+          case Seq() => checkpointStore.readManifest(version, None)
+          case several => throw new CheckpointFileException(
+            s"State version $version of $id has ${several.size} commits " +
+              s"(${several.map(_.path.getName).mkString(", ")}) and no checkpoint id was given")
+        }
+    }
+
+  // ---- committing ----
+
+  private[keyedstate] def commit(store: KeyedStateStore): (Long, StateStoreCheckpointInfo) = synchronized {
+    if (!(store eq activeStore)) {
+      throw new IllegalStateException(s"Cannot commit $store: the state store instance was taken over")
+    }
+    val newVersion = store.version + 1
+    val checkpointId = UUID.randomUUID().toString
+    try {
+      val (manifest, stats) = filesLock.synchronized {
+        snapshots.snapshot(loaded.db, newVersion, checkpointId, loadedCheckpointId,
+          loaded.describeColumnFamilies, reusableFiles)
+      }
+      val base = loadedCheckpointId
+      loaded.dirty = false
+      loadedVersion = newVersion
+      loadedCheckpointId = Some(checkpointId)
+      reusableFiles = manifest.sharedFiles.map(f => f.localName -> f).toMap
+      lastCommit = Some(stats)
+      logInfo(s"Committed $id version $newVersion: $stats")
+      val info =
+        if (conf.checkpointIdsEnabled) StateStoreCheckpointInfo(id.partitionId, newVersion, Some(checkpointId), base)
+        else StateStoreCheckpointInfo(id.partitionId, newVersion, None, None)
+      (newVersion, info)
+    } catch {
+      case NonFatal(e) =>
+        discardLoaded()
+        throw new CheckpointFileException(
+          s"Failed to commit version $newVersion of state store $id: ${e.getMessage}", e)
+    } finally {
+      activeStore = null
+      activeThread = null
+      notifyAll()
+    }
+  }
+
+  // ---- metrics ----
+
+  private[keyedstate] def metrics: StateStoreMetrics = synchronized {
+    val (keys, memory, sst) =
+      if (loaded == null) (0L, 0L, 0L)
+      else (loaded.numUserKeys, loaded.db.memoryUsageBytes, loaded.db.totalSstFilesBytes)
+    StateStoreMetrics(keys, memory, KeyedStateMetrics.of(lastCommit, lastLoad, sst))
+  }
+
+  override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = KeyedStateMetrics.all
+
+  // ---- maintenance ----
+
+  /** Snapshots are made by every commit; here only the local working files are tidied. */
+  override def doSnapshotMaintenance(): Unit = ()
+
+  /** Deletes versions older than `minBatchesToRetain` and files no retained version needs. */
+  override def doCleanupMaintenance(): Unit = {
+    val stats = filesLock.synchronized(cleaner.cleanup())
+    if (stats.manifestsDeleted + stats.filesDeleted > 0) logInfo(s"Cleaned up $id: $stats")
+  }
+
+  override def doMaintenance(): Unit = {
+    doSnapshotMaintenance()
+    doCleanupMaintenance()
+  }
+
+  override def close(): Unit = synchronized {
+    if (loaded != null) discardLoaded()
+    if (localRoot != null) LocalFiles.deleteRecursively(localRoot)
+  }
+
+  override def toString: String = s"KeyedStateStoreProvider[$id]"
+}
+
+object KeyedStateStoreProvider {
+  /** `localDir` if set, else the executor's first Spark local directory, else java.io.tmpdir. */
+  private def localBaseDir(conf: KeyedStateConf): File = {
+    val sparkLocal = Option(SparkEnv.get).flatMap(_.conf.getOption("spark.local.dir"))
+    val base = conf.localDir
+      .orElse(sys.env.get("LOCAL_DIRS"))
+      .orElse(sys.env.get("SPARK_LOCAL_DIRS"))
+      .orElse(sparkLocal)
+      .map(_.split(",").head.trim)
+      .getOrElse(System.getProperty("java.io.tmpdir"))
+    new File(base, "keyedstate")
+  }
+}

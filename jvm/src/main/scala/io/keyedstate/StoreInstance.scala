@@ -1,0 +1,122 @@
+package io.keyedstate
+
+import scala.collection.mutable
+
+import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, StateStore}
+import org.apache.spark.sql.types.StructType
+
+import io.keyedstate.rocks.{ColumnFamilyCodec, LocalRocksDB}
+import io.keyedstate.snapshot.ManifestColumnFamily
+
+/**
+ * The loaded state of one partition: the working RocksDB, the codec of each column family, and
+ * the exact number of keys per column family (kept up to date on every write when
+ * `trackNumKeys` is on, so `numRowsTotal` is exact; otherwise RocksDB's estimate is reported).
+ */
+private[keyedstate] final class StoreInstance(
+    val db: LocalRocksDB,
+    conf: KeyedStateConf,
+    useColumnFamilies: Boolean,
+    knownColumnFamilies: Seq[ManifestColumnFamily]) extends AutoCloseable {
+
+  private val codecs = mutable.Map[String, ColumnFamilyCodec]()
+  private val keyCounts = mutable.Map[String, Long]()
+  knownColumnFamilies.foreach(cf => keyCounts(cf.name) = cf.numKeys)
+  private val previousDescriptions = knownColumnFamilies.map(cf => cf.name -> cf).toMap
+
+  /** Writes happened since the version was loaded or committed. */
+  var dirty: Boolean = false
+
+  def codec(cf: String): ColumnFamilyCodec = codecs.getOrElse(cf, throw new IllegalArgumentException(
+    s"Column family '$cf' is not registered in this state store; registered: " +
+      codecs.keys.toSeq.sorted.mkString(", ")))
+
+  def columnFamilyNames: Set[String] = codecs.keySet.toSet.intersect(db.columnFamilies)
+
+  def registerCodec(
+      name: String,
+      keySchema: StructType,
+      valueSchema: StructType,
+      spec: KeyStateEncoderSpec,
+      multipleValues: Boolean,
+      isInternal: Boolean): Unit = {
+    require(name != null && name.nonEmpty, "A column family name must not be empty")
+    if (!useColumnFamilies && name != StateStore.DEFAULT_COL_FAMILY_NAME) {
+      throw new UnsupportedOperationException(
+        s"Column family '$name' needs a state store initialised with useColumnFamilies=true")
+    }
+    codecs(name) = new ColumnFamilyCodec(name, keySchema, valueSchema, spec, multipleValues, isInternal)
+  }
+
+  def createColumnFamily(
+      name: String,
+      keySchema: StructType,
+      valueSchema: StructType,
+      spec: KeyStateEncoderSpec,
+      multipleValues: Boolean,
+      isInternal: Boolean): Unit = {
+    registerCodec(name, keySchema, valueSchema, spec, multipleValues, isInternal)
+    if (!db.hasColumnFamily(name)) {
+      db.createColumnFamily(name)
+      keyCounts(name) = 0
+      dirty = true
+    }
+  }
+
+  def removeColumnFamily(name: String): Boolean = {
+    if (name == StateStore.DEFAULT_COL_FAMILY_NAME) {
+      throw new UnsupportedOperationException("The default column family cannot be removed")
+    }
+    codecs.remove(name)
+    keyCounts.remove(name)
+    val existed = db.dropColumnFamily(name)
+    if (existed) dirty = true
+    existed
+  }
+
+  def write(cf: String, key: Array[Byte], value: Array[Byte], merge: Boolean): Unit = {
+    if (conf.trackNumKeys && db.get(cf, key) == null) adjust(cf, 1)
+    if (merge) db.merge(cf, key, value) else db.put(cf, key, value)
+    dirty = true
+  }
+
+  def delete(cf: String, key: Array[Byte]): Unit = {
+    if (conf.trackNumKeys && db.get(cf, key) != null) adjust(cf, -1)
+    db.delete(cf, key)
+    dirty = true
+  }
+
+  def deleteRange(cf: String, begin: Array[Byte], end: Array[Byte]): Unit = {
+    if (conf.trackNumKeys) {
+      val it = db.scan(cf, Some(begin), Some(end))
+      try adjust(cf, -it.size) finally it.close()
+    }
+    db.deleteRange(cf, begin, end)
+    dirty = true
+  }
+
+  private def adjust(cf: String, delta: Long): Unit =
+    keyCounts(cf) = keyCounts.getOrElse(cf, 0L) + delta
+
+  def numKeys(cf: String): Long =
+    if (conf.trackNumKeys) keyCounts.getOrElse(cf, 0L) else db.estimateNumKeys(cf)
+
+  /** Keys in the user-visible column families (internal ones, e.g. indexes, are left out). */
+  def numUserKeys: Long = db.columnFamilies.iterator
+    .filterNot(cf => codecs.get(cf).exists(_.isInternal) || previousDescriptions.get(cf).exists(_.internal))
+    .map(numKeys).sum
+
+  /** The column families as the next manifest records them. */
+  def describeColumnFamilies: Seq[ManifestColumnFamily] = db.columnFamilies.toSeq.sorted.map { name =>
+    codecs.get(name) match {
+      case Some(c) =>
+        ManifestColumnFamily(name, numKeys(name), c.keySchema.json, c.valueSchema.json, c.keySpec.json,
+          c.multipleValues, c.isInternal)
+      case None =>
+        previousDescriptions.get(name).map(_.copy(numKeys = numKeys(name)))
+          .getOrElse(ManifestColumnFamily(name, numKeys(name), "", "", "", false, false))
+    }
+  }
+
+  override def close(): Unit = db.close()
+}

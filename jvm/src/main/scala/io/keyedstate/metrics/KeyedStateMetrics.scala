@@ -1,0 +1,44 @@
+package io.keyedstate.metrics
+
+import org.apache.spark.sql.execution.streaming.state.{StateStoreCustomMetric, StateStoreCustomSizeMetric, StateStoreCustomSumMetric, StateStoreCustomTimingMetric}
+
+import io.keyedstate.snapshot.{CommitStats, LoadStats}
+
+/**
+ * The provider's custom metrics. Spark sums each over the partitions of an operator and shows
+ * it in `StreamingQueryProgress.stateOperators[].customMetrics` under the name below.
+ */
+object KeyedStateMetrics {
+  val CommitFlushMs = StateStoreCustomTimingMetric("keyedstateCommitFlushMs", "keyedstate commit: memtable flush time")
+  val CommitCheckpointMs = StateStoreCustomTimingMetric("keyedstateCommitCheckpointMs", "keyedstate commit: RocksDB checkpoint time")
+  val CommitUploadMs = StateStoreCustomTimingMetric("keyedstateCommitUploadMs", "keyedstate commit: file upload time")
+  val CommitManifestMs = StateStoreCustomTimingMetric("keyedstateCommitManifestMs", "keyedstate commit: manifest write time")
+  val CommitBytesUploaded = StateStoreCustomSizeMetric("keyedstateCommitBytesUploaded", "keyedstate commit: bytes uploaded")
+  val CommitFilesUploaded = StateStoreCustomSumMetric("keyedstateCommitFilesUploaded", "keyedstate commit: files uploaded")
+  val CommitFilesReused = StateStoreCustomSumMetric("keyedstateCommitFilesReused", "keyedstate commit: files shared with the previous version")
+  val LoadMs = StateStoreCustomTimingMetric("keyedstateLoadMs", "keyedstate load: time to restore a version from the checkpoint")
+  val LoadBytesDownloaded = StateStoreCustomSizeMetric("keyedstateLoadBytesDownloaded", "keyedstate load: bytes downloaded")
+  val LoadFilesReusedLocally = StateStoreCustomSumMetric("keyedstateLoadFilesReusedLocally", "keyedstate load: files reused from local disk")
+  val SstFilesBytes = StateStoreCustomSizeMetric("keyedstateSstFilesBytes", "keyedstate: live SST bytes")
+
+  val all: Seq[StateStoreCustomMetric] = Seq(CommitFlushMs, CommitCheckpointMs, CommitUploadMs,
+    CommitManifestMs, CommitBytesUploaded, CommitFilesUploaded, CommitFilesReused, LoadMs,
+    LoadBytesDownloaded, LoadFilesReusedLocally, SstFilesBytes)
+
+  def of(commit: Option[CommitStats], load: Option[LoadStats], sstBytes: Long): Map[StateStoreCustomMetric, Long] = {
+    val c = commit.getOrElse(CommitStats(0, 0, 0, 0, 0, 0, 0))
+    val l = load.getOrElse(LoadStats(0, 0, 0, 0))
+    Map(
+      CommitFlushMs -> c.flushMs,
+      CommitCheckpointMs -> c.checkpointMs,
+      CommitUploadMs -> c.uploadMs,
+      CommitManifestMs -> c.manifestMs,
+      CommitBytesUploaded -> c.bytesUploaded,
+      CommitFilesUploaded -> c.filesUploaded.toLong,
+      CommitFilesReused -> c.filesReused.toLong,
+      LoadMs -> l.loadMs,
+      LoadBytesDownloaded -> l.bytesDownloaded,
+      LoadFilesReusedLocally -> l.filesReusedLocally.toLong,
+      SstFilesBytes -> sstBytes)
+  }
+}

@@ -1,0 +1,234 @@
+package io.keyedstate.rocks
+
+import java.io.File
+import java.nio.charset.StandardCharsets.UTF_8
+import java.util.concurrent.ConcurrentHashMap
+
+import scala.collection.mutable
+import scala.jdk.CollectionConverters._
+
+import org.rocksdb._
+
+import io.keyedstate.KeyedStateConf
+
+/**
+ * The working RocksDB instance of one state store partition, on local disk.
+ *
+ * Every Spark column family is a real RocksDB column family (Spark's "default" is RocksDB's
+ * default), so dropping one is O(1) and each can get its own options later (TTL, compaction).
+ * The write-ahead log is off: durability comes from the versioned checkpoints that
+ * [[io.keyedstate.snapshot.SnapshotStrategy]] uploads on commit.
+ */
+final class LocalRocksDB private (
+    val dir: File,
+    db: RocksDB,
+    dbOptions: DBOptions,
+    cfOptions: ColumnFamilyOptions,
+    initialHandles: Seq[ColumnFamilyHandle]) extends AutoCloseable {
+
+  private val handles = mutable.LinkedHashMap[String, ColumnFamilyHandle]()
+  initialHandles.foreach(h => handles(new String(h.getName, UTF_8)) = h)
+
+  private val writeOptions = new WriteOptions().setDisableWAL(true)
+  private val openIterators = ConcurrentHashMap.newKeySet[RocksIterator]()
+  @volatile private var closed = false
+
+  def columnFamilies: Set[String] = handles.keySet.toSet
+  def hasColumnFamily(name: String): Boolean = handles.contains(name)
+
+  def createColumnFamily(name: String): Unit = if (!handles.contains(name)) {
+    handles(name) = db.createColumnFamily(new ColumnFamilyDescriptor(name.getBytes(UTF_8), cfOptions))
+  }
+
+  /** Drops a column family; the default one cannot be dropped, so it is emptied instead. */
+  def dropColumnFamily(name: String): Boolean = handles.get(name) match {
+    case None => false
+    case Some(h) if name == LocalRocksDB.DefaultColumnFamily =>
+      withIterator(h) { it =>
+        it.seekToFirst()
+        while (it.isValid) { db.delete(h, writeOptions, it.key()); it.next() }
+      }
+      true
+    case Some(h) =>
+      db.dropColumnFamily(h)
+      h.close()
+      handles.remove(name)
+      true
+  }
+
+  private def handle(cf: String): ColumnFamilyHandle =
+    handles.getOrElse(cf, throw new IllegalStateException(s"Column family '$cf' does not exist"))
+
+  def get(cf: String, key: Array[Byte]): Array[Byte] = db.get(handle(cf), key)
+  def put(cf: String, key: Array[Byte], value: Array[Byte]): Unit =
+    db.put(handle(cf), writeOptions, key, value)
+  def merge(cf: String, key: Array[Byte], value: Array[Byte]): Unit =
+    db.merge(handle(cf), writeOptions, key, value)
+  def delete(cf: String, key: Array[Byte]): Unit = db.delete(handle(cf), writeOptions, key)
+  def deleteRange(cf: String, begin: Array[Byte], end: Array[Byte]): Unit =
+    db.deleteRange(handle(cf), writeOptions, begin, end)
+
+  /**
+   * Key-ordered entries with `lower <= key < upper`. The iterator closes its native resources
+   * when exhausted or through `close()`.
+   */
+  def scan(
+      cf: String,
+      lower: Option[Array[Byte]],
+      upper: Option[Array[Byte]]): ClosableIterator[(Array[Byte], Array[Byte])] = {
+    val readOptions = new ReadOptions()
+    val upperSlice = upper.map(new Slice(_))
+    upperSlice.foreach(readOptions.setIterateUpperBound)
+    val it = db.newIterator(handle(cf), readOptions)
+    openIterators.add(it)
+    lower match {
+      case Some(l) => it.seek(l)
+      case None => it.seekToFirst()
+    }
+    new ClosableIterator[(Array[Byte], Array[Byte])] {
+      private var done = false
+      def close(): Unit = if (!done) {
+        done = true
+        if (openIterators.remove(it)) it.close()
+        readOptions.close()
+        upperSlice.foreach(_.close())
+      }
+      def hasNext: Boolean = {
+        if (done) return false
+        if (closed) throw new IllegalStateException(s"RocksDB at $dir was closed during a scan")
+        val valid = it.isValid
+        if (!valid) { it.status(); close() }
+        valid
+      }
+      def next(): (Array[Byte], Array[Byte]) = {
+        if (!hasNext) throw new NoSuchElementException
+        val kv = (it.key(), it.value())
+        it.next()
+        kv
+      }
+    }
+  }
+
+  def prefixScan(cf: String, prefix: Array[Byte]): ClosableIterator[(Array[Byte], Array[Byte])] =
+    scan(cf, Some(prefix), LocalRocksDB.prefixUpperBound(prefix))
+
+  private def withIterator[T](h: ColumnFamilyHandle)(f: RocksIterator => T): T = {
+    val it = db.newIterator(h)
+    try f(it) finally it.close()
+  }
+
+  /** Flushes every column family's memtable to SST files. */
+  def flush(): Unit = {
+    val opts = new FlushOptions().setWaitForFlush(true)
+    try db.flush(opts, handles.values.toList.asJava) finally opts.close()
+  }
+
+  /** A native checkpoint (hard links of the SSTs plus copies of the small files) in `target`. */
+  def checkpoint(target: File): Unit = {
+    val cp = Checkpoint.create(db)
+    try cp.createCheckpoint(target.getAbsolutePath) finally cp.close()
+  }
+
+  def estimateNumKeys(cf: String): Long = db.getLongProperty(handle(cf), "rocksdb.estimate-num-keys")
+
+  /** Memtables plus table readers (index and filter blocks outside the shared block cache). */
+  def memoryUsageBytes: Long = handles.values.iterator.map { h =>
+    db.getLongProperty(h, "rocksdb.cur-size-all-mem-tables") +
+      db.getLongProperty(h, "rocksdb.estimate-table-readers-mem")
+  }.sum
+
+  def totalSstFilesBytes: Long =
+    handles.values.iterator.map(h => db.getLongProperty(h, "rocksdb.total-sst-files-size")).sum
+
+  def compactRange(): Unit = handles.values.foreach(h => db.compactRange(h))
+
+  override def close(): Unit = if (!closed) {
+    closed = true
+    openIterators.asScala.foreach(_.close())
+    openIterators.clear()
+    writeOptions.close()
+    handles.values.foreach(_.close())
+    handles.clear()
+    db.close()
+    dbOptions.close()
+    cfOptions.close()
+  }
+}
+
+trait ClosableIterator[A] extends Iterator[A] with AutoCloseable
+
+object LocalRocksDB {
+  val DefaultColumnFamily = "default"
+
+  RocksDB.loadLibrary()
+
+  // One block cache per executor JVM, shared by every partition's instance, so memory stays
+  // bounded however many partitions an executor hosts. Sized by the first instance's conf.
+  @volatile private var sharedCache: Cache = _
+  private def blockCache(sizeMB: Long): Cache = synchronized {
+    if (sharedCache == null) sharedCache = new LRUCache(sizeMB * 1024 * 1024)
+    sharedCache
+  }
+
+  private def compressionType(name: String): CompressionType = name match {
+    case "none" => CompressionType.NO_COMPRESSION
+    case "snappy" => CompressionType.SNAPPY_COMPRESSION
+    case "lz4" => CompressionType.LZ4_COMPRESSION
+    case "zstd" => CompressionType.ZSTD_COMPRESSION
+  }
+
+  private def columnFamilyOptions(conf: KeyedStateConf): ColumnFamilyOptions = {
+    val table = new BlockBasedTableConfig()
+      .setBlockCache(blockCache(conf.blockCacheSizeMB))
+      .setFilterPolicy(new BloomFilter(10, false))
+      .setBlockSize(16 * 1024)
+      .setFormatVersion(5)
+    new ColumnFamilyOptions()
+      .setTableFormatConfig(table)
+      .setCompressionType(compressionType(conf.compression))
+      .setWriteBufferSize(conf.writeBufferSizeMB * 1024 * 1024)
+      .setMaxWriteBufferNumber(2)
+      .setMergeOperator(new StringAppendOperator(""))
+  }
+
+  /** The smallest key greater than every key starting with `prefix`, if there is one. */
+  def prefixUpperBound(prefix: Array[Byte]): Option[Array[Byte]] = {
+    var i = prefix.length - 1
+    while (i >= 0 && (prefix(i) & 0xff) == 0xff) i -= 1
+    if (i < 0) None
+    else {
+      val bound = java.util.Arrays.copyOf(prefix, i + 1)
+      bound(i) = (bound(i) + 1).toByte
+      Some(bound)
+    }
+  }
+
+  /** Opens (or creates) the database in `dir` with all its column families. */
+  def open(dir: File, conf: KeyedStateConf): LocalRocksDB = {
+    dir.mkdirs()
+    val dbOptions = new DBOptions()
+      .setCreateIfMissing(true)
+      .setCreateMissingColumnFamilies(true)
+      .setMaxOpenFiles(conf.maxOpenFiles)
+      .setAvoidFlushDuringShutdown(true)
+      .setMaxManifestFileSize(8L * 1024 * 1024)
+      .setInfoLogLevel(InfoLogLevel.WARN_LEVEL)
+      .setKeepLogFileNum(2)
+    val cfOptions = columnFamilyOptions(conf)
+    val existing =
+      if (new File(dir, "CURRENT").exists()) {
+        val lo = new Options()
+        try RocksDB.listColumnFamilies(lo, dir.getAbsolutePath).asScala.toSeq finally lo.close()
+      } else Seq(RocksDB.DEFAULT_COLUMN_FAMILY)
+    val descriptors = existing.map(n => new ColumnFamilyDescriptor(n, cfOptions)).asJava
+    val handles = new java.util.ArrayList[ColumnFamilyHandle]()
+    val db =
+      try RocksDB.open(dbOptions, dir.getAbsolutePath, descriptors, handles)
+      catch {
+        case e: RocksDBException =>
+          dbOptions.close(); cfOptions.close()
+          throw new IllegalStateException(s"Cannot open RocksDB at $dir: ${e.getMessage}", e)
+      }
+    new LocalRocksDB(dir, db, dbOptions, cfOptions, handles.asScala.toSeq)
+  }
+}

@@ -1,0 +1,183 @@
+package io.keyedstate.snapshot
+
+import java.io.{File, FileInputStream, FileOutputStream, InputStream, IOException, OutputStream}
+import java.nio.charset.StandardCharsets.UTF_8
+import java.util.zip.CRC32C
+
+import scala.util.control.NonFatal
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.{FileStatus, FileSystem, Path}
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+
+/** A manifest found in the store directory. */
+final case class ManifestRef(version: Long, checkpointId: Option[String], path: Path, modificationTime: Long)
+
+/** A store-level failure that names the file and version involved. */
+class CheckpointFileException(message: String, cause: Throwable = null)
+    extends IOException(message, cause)
+
+/**
+ * The durable side of one store partition, under Spark's `storeCheckpointLocation()`
+ * (`<checkpoint>/state/<operator>/<partition>[/<store>]`), through Hadoop's FileSystem API:
+ * {{{
+ *   shared/<sst name>-<commit id>.sst    immutable files, shared by every version that lists them
+ *   private/<version>-<commit id>-<name> RocksDB's small per-checkpoint files (MANIFEST, OPTIONS, CURRENT)
+ *   <version>.manifest                   checkpoint format v1: the version's manifest
+ *   <version>_<commit id>.manifest       checkpoint format v2: one per commit id
+ * }}}
+ */
+final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
+  import CheckpointStore._
+
+  private val fs: FileSystem = root.getFileSystem(hadoopConf)
+  private lazy val fileManager = CheckpointFileManager.create(root, hadoopConf)
+
+  def manifestPath(version: Long, checkpointId: Option[String]): Path =
+    new Path(root, manifestName(version, checkpointId))
+
+  def resolve(relative: String): Path = new Path(root, relative)
+
+  /** Makes the partition directory exist: Spark's state reader discovers partitions by listing. */
+  def ensureRoot(): Unit = if (!fs.exists(root)) fs.mkdirs(root)
+
+  def listManifests(): Seq[ManifestRef] = listOrEmpty(root).flatMap { st =>
+    parseManifestName(st.getPath.getName).map { case (v, id) =>
+      ManifestRef(v, id, st.getPath, st.getModificationTime)
+    }
+  }.sortBy(r => (r.version, r.modificationTime))
+
+  /** Files under shared/ and private/, as paths relative to the root. */
+  def listDataFiles(): Seq[(String, FileStatus)] =
+    Seq(SharedDir, PrivateDir).flatMap { d =>
+      listOrEmpty(new Path(root, d)).map(st => (s"$d/${st.getPath.getName}", st))
+    }
+
+  private def listOrEmpty(dir: Path): Seq[FileStatus] =
+    try fs.listStatus(dir).toSeq
+    catch { case _: java.io.FileNotFoundException => Seq.empty }
+
+  def readManifest(version: Long, checkpointId: Option[String]): VersionManifest =
+    readManifest(manifestPath(version, checkpointId), version)
+
+  def readManifest(path: Path, version: Long): VersionManifest = {
+    val json =
+      try {
+        val in = fs.open(path)
+        try new String(in.readAllBytes(), UTF_8) finally in.close()
+      } catch {
+        case e: java.io.FileNotFoundException =>
+          throw new CheckpointFileException(
+            s"State version $version is missing: manifest $path does not exist", e)
+      }
+    val manifest =
+      try VersionManifest.fromJson(json)
+      catch {
+        case NonFatal(e) =>
+          throw new CheckpointFileException(
+            s"State version $version has a corrupt manifest $path (${json.length} bytes): ${e.getMessage}", e)
+      }
+    if (manifest.version != version) {
+      throw new CheckpointFileException(
+        s"State manifest $path describes version ${manifest.version}, expected version $version")
+    }
+    manifest
+  }
+
+  /** Atomic: readers see the whole manifest or none. With v1, a retried attempt replaces it. */
+  def writeManifest(m: VersionManifest, checkpointIdsEnabled: Boolean): Unit = {
+    val path = manifestPath(m.version, if (checkpointIdsEnabled) Some(m.checkpointId) else None)
+    val out = fileManager.createAtomic(path, true)
+    try {
+      out.write(VersionManifest.toJson(m).getBytes(UTF_8))
+      out.close()
+    } catch {
+      case NonFatal(e) =>
+        out.cancel()
+        throw new CheckpointFileException(s"Cannot write state manifest $path for version ${m.version}", e)
+    }
+  }
+
+  /** Uploads a local file to `relative` (a fresh, unique name) and returns its manifest entry. */
+  def upload(local: File, localName: String, relative: String): ManifestFile = {
+    val target = resolve(relative)
+    val crc = new CRC32C()
+    val in = new FileInputStream(local)
+    try {
+      val out = fs.create(target, false)
+      try copy(in, out, crc) finally out.close()
+    } catch {
+      case NonFatal(e) => throw new CheckpointFileException(s"Cannot upload $local to $target", e)
+    } finally in.close()
+    ManifestFile(localName, relative, local.length(), crc.getValue)
+  }
+
+  /**
+   * Downloads `file` of `version` to `target`, verifying size and (optionally) CRC32C. A missing
+   * or damaged file is an error that names the file and the version.
+   */
+  def download(file: ManifestFile, version: Long, target: File, verifyChecksum: Boolean): Long = {
+    val source = resolve(file.path)
+    val crc = new CRC32C()
+    val in =
+      try fs.open(source)
+      catch {
+        case e: java.io.FileNotFoundException =>
+          throw new CheckpointFileException(
+            s"State file $source needed by version $version is missing", e)
+      }
+    val copied =
+      try {
+        val out = new FileOutputStream(target)
+        try copy(in, out, crc) finally out.close()
+      } finally in.close()
+    if (copied != file.size) {
+      throw new CheckpointFileException(
+        s"State file $source needed by version $version is damaged: " +
+          s"$copied bytes, the manifest says ${file.size}")
+    }
+    if (verifyChecksum && crc.getValue != file.crc32c) {
+      throw new CheckpointFileException(
+        s"State file $source needed by version $version is corrupt: " +
+          f"CRC32C ${crc.getValue}%08x, the manifest says ${file.crc32c}%08x")
+    }
+    copied
+  }
+
+  def delete(path: Path): Unit =
+    try fs.delete(path, false)
+    catch { case _: java.io.FileNotFoundException => () }
+}
+
+object CheckpointStore {
+  val SharedDir = "shared"
+  val PrivateDir = "private"
+  private val ManifestSuffix = ".manifest"
+
+  def manifestName(version: Long, checkpointId: Option[String]): String =
+    checkpointId.fold(s"$version$ManifestSuffix")(id => s"${version}_$id$ManifestSuffix")
+
+  def parseManifestName(name: String): Option[(Long, Option[String])] =
+    if (!name.endsWith(ManifestSuffix)) None
+    else {
+      val stem = name.stripSuffix(ManifestSuffix)
+      stem.split("_", 2) match {
+        case Array(v) => v.toLongOption.map(_ -> None)
+        case Array(v, id) => v.toLongOption.map(_ -> Some(id))
+        case _ => None
+      }
+    }
+
+  private def copy(in: InputStream, out: OutputStream, crc: CRC32C): Long = {
+    val buf = new Array[Byte](1 << 16)
+    var total = 0L
+    var n = in.read(buf)
+    while (n >= 0) {
+      out.write(buf, 0, n)
+      crc.update(buf, 0, n)
+      total += n
+      n = in.read(buf)
+    }
+    total
+  }
+}

@@ -1,0 +1,35 @@
+package io.keyedstate.snapshot
+
+import java.util.concurrent.{Executors, ThreadFactory}
+import java.util.concurrent.atomic.AtomicInteger
+
+import scala.concurrent.{Await, ExecutionContext, Future}
+import scala.concurrent.duration.Duration
+
+/** Parallel file transfers (uploads on commit, downloads on load), one pool per executor JVM. */
+object Transfers {
+  @volatile private var pool: ExecutionContext = _
+
+  private def executionContext(threads: Int): ExecutionContext = synchronized {
+    if (pool == null) {
+      val counter = new AtomicInteger()
+      val factory: ThreadFactory = r => {
+        val t = new Thread(r, s"keyedstate-transfer-${counter.incrementAndGet()}")
+        t.setDaemon(true)
+        t
+      }
+      pool = ExecutionContext.fromExecutorService(Executors.newFixedThreadPool(threads, factory))
+    }
+    pool
+  }
+
+  /** Runs `f` on every item in parallel; the first failure is rethrown after all finished. */
+  def parallel[A, B](items: Seq[A], threads: Int)(f: A => B): Seq[B] =
+    if (items.size <= 1 || threads <= 1) items.map(f)
+    else {
+      implicit val ec: ExecutionContext = executionContext(threads)
+      val futures = items.map(a => Future(f(a)))
+      val settled = futures.map(fu => Await.ready(fu, Duration.Inf).value.get)
+      settled.map(_.get)
+    }
+}

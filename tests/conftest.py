@@ -1,0 +1,53 @@
+"""One local SparkSession for the whole pytest session, built through keyedstate.configure."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+# Without an install (`pip install -e .`), test the package from this checkout.
+if importlib.util.find_spec("keyedstate") is None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+
+from streaming_harness import (  # noqa: E402
+    PROVIDER_UNDER_TEST,
+    REFERENCE_PROVIDER,
+    session_builder,
+)
+
+# Python workers (applyInPandasWithState) must run the interpreter that runs the tests.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def pytest_report_header() -> list[str]:
+    return [
+        f"keyedstate tests: provider under test = {PROVIDER_UNDER_TEST}",
+        f"keyedstate tests: reference provider  = {REFERENCE_PROVIDER}",
+    ]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = session_builder("keyedstate-tests").getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    yield session
+    for query in session.streams.active:
+        query.stop()
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def provider_under_test() -> str:
+    return PROVIDER_UNDER_TEST
+
+
+@pytest.fixture(scope="session")
+def reference_provider() -> str:
+    return REFERENCE_PROVIDER
