@@ -319,10 +319,8 @@ def build_dedup_within_watermark(frames: Mapping[str, DataFrame]) -> DataFrame:
 
 def check_dedup_within_watermark(batches: Batches) -> None:
     emitted = flat(batches)
-    for batch, rows in batches.items():
-        if batch < len(DEDUP_WW_FILES):
-            file_rows = sort_rows(DEDUP_WW_FILES[batch])
-            assert all(row in file_rows for row in rows), batch
+    inputs = [row for rows in DEDUP_WW_FILES for row in rows]
+    assert all(row in inputs for row in emitted)
     by_id = defaultdict(list)
     for row in emitted:
         by_id[row["id"]].append(row)

@@ -50,7 +50,10 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
   /** Files under shared/ and private/, as paths relative to the root. */
   def listDataFiles(): Seq[(String, FileStatus)] =
     Seq(SharedDir, PrivateDir).flatMap { d =>
-      listOrEmpty(new Path(root, d)).map(st => (s"$d/${st.getPath.getName}", st))
+      listOrEmpty(new Path(root, d))
+        // Hidden files are the file system's own (e.g. Hadoop's .crc side files).
+        .filterNot(st => st.getPath.getName.startsWith("."))
+        .map(st => (s"$d/${st.getPath.getName}", st))
     }
 
   private def listOrEmpty(dir: Path): Seq[FileStatus] =
@@ -130,6 +133,9 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
       try {
         val out = new FileOutputStream(target)
         try copy(in, out, crc) finally out.close()
+      } catch {
+        case e: IOException => throw new CheckpointFileException(
+          s"State file $source needed by version $version is corrupt or unreadable: ${e.getMessage}", e)
       } finally in.close()
     if (copied != file.size) {
       throw new CheckpointFileException(

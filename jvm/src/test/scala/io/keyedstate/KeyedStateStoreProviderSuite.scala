@@ -1,0 +1,394 @@
+package io.keyedstate
+
+import java.io.{File, RandomAccessFile}
+
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.types._
+import org.apache.spark.unsafe.types.UTF8String
+import org.scalatest.funsuite.AnyFunSuite
+
+import io.keyedstate.snapshot.CheckpointFileException
+
+/** The provider against the 4.3 contract, on real RocksDB and a real local Hadoop file system. */
+class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
+
+  private def commitWith(p: StateStoreProvider, version: Long)(f: StateStore => Unit): Long = {
+    val s = p.getStore(version)
+    f(s)
+    s.commit()
+  }
+
+  test("versions are durable and any retained version loads in a fresh provider (new executor)") {
+    val root = tempDir()
+    val a = newProvider(root)
+    assert(commitWith(a, 0) { s => s.put(key("a"), value(1)); s.put(key("b"), value(2)) } == 1)
+    assert(commitWith(a, 1) { s => s.put(key("c"), value(3)); s.remove(key("a")) } == 2)
+    assert(commitWith(a, 2) { s => s.put(key("b"), value(20)) } == 3)
+    a.close()
+
+    val b = newProvider(root) // another local directory: everything comes from the checkpoint
+    def at(v: Long) = { val s = b.getReadStore(v); try contents(s) finally s.release() }
+    assert(at(1) == Map(("a", 0) -> 1L, ("b", 0) -> 2L))
+    assert(at(2) == Map(("b", 0) -> 2L, ("c", 0) -> 3L))
+    assert(at(3) == Map(("b", 0) -> 20L, ("c", 0) -> 3L))
+    val s = b.getStore(3)
+    assert(s.get(key("b")).getLong(0) == 20L)
+    assert(s.get(key("a")) == null)
+    assert(s.keyExists(key("c")) && !s.keyExists(key("a")))
+    assert(s.metrics.numKeys == 2)
+    s.abort()
+    b.close()
+  }
+
+  test("abort drops the writes; the next store of the version sees the committed state") {
+    val root = tempDir()
+    val p = newProvider(root)
+    commitWith(p, 0)(_.put(key("a"), value(1)))
+    val s = p.getStore(1)
+    s.put(key("x"), value(9))
+    s.remove(key("a"))
+    assert(s.get(key("x")).getLong(0) == 9L) // reads see own writes
+    s.abort()
+    val again = p.getStore(1)
+    assert(contents(again) == Map(("a", 0) -> 1L))
+    again.put(key("y"), value(5))
+    assert(again.commit() == 2)
+    val fresh = newProvider(root)
+    val r = fresh.getReadStore(2)
+    assert(contents(r) == Map(("a", 0) -> 1L, ("y", 0) -> 5L))
+    r.release(); p.close(); fresh.close()
+  }
+
+  test("a read store upgrades to the write store of the same version without reloading") {
+    val p = newProvider(tempDir())
+    commitWith(p, 0)(_.put(key("a"), value(1)))
+    val r = p.getReadStore(1)
+    assert(r.get(key("a")).getLong(0) == 1L)
+    val w = p.upgradeReadStoreToWriteStore(r, 1)
+    assert(w eq r)
+    w.put(key("a"), value(2))
+    assert(w.commit() == 2)
+    val load = w.metrics.customMetrics.collectFirst { case (m, v) if m.name == "keyedstateLoadMs" => v }
+    assert(load.contains(0L))
+    p.close()
+  }
+
+  test("numKeys is exact across puts, overwrites, removes and restarts") {
+    val root = tempDir()
+    val p = newProvider(root)
+    val s = p.getStore(0)
+    (1 to 50).foreach(i => s.put(key(s"k$i"), value(i)))
+    (1 to 10).foreach(i => s.put(key(s"k$i"), value(-i)))
+    (41 to 60).foreach(i => s.remove(key(s"k$i")))
+    s.commit()
+    assert(s.metrics.numKeys == 40)
+    val q = newProvider(root)
+    val r = q.getStore(1)
+    assert(r.metrics.numKeys == 40)
+    assert(contents(r).size == 40)
+    r.abort(); p.close(); q.close()
+  }
+
+  test("column families with multiple values per key: merge, putList, valuesIterator, drop") {
+    val root = tempDir()
+    val p = newProvider(root, useColumnFamilies = true)
+    val s = p.getStore(0)
+    s.createColFamilyIfAbsent("lists", keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema),
+      useMultipleValuesPerKey = true)
+    s.createColFamilyIfAbsent("single", keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema))
+    s.merge(key("a"), value(1), "lists")
+    s.mergeList(key("a"), Array(value(2), value(3)), "lists")
+    s.putList(key("b"), Array(value(7), value(8)), "lists")
+    s.merge(key("c"), value(4), "lists")
+    s.put(key("z"), value(26), "single")
+    s.put(key("d"), value(0))
+    assert(s.valuesIterator(key("a"), "lists").map(_.getLong(0)).toSeq == Seq(1L, 2L, 3L))
+    assert(s.allColumnFamilyNames == Set("default", "lists", "single"))
+    assert(intercept[UnsupportedOperationException](s.merge(key("x"), value(1), "single"))
+      .getMessage.contains("single"))
+    s.commit()
+
+    val q = newProvider(root, useColumnFamilies = true)
+    val r = q.getStore(1)
+    r.createColFamilyIfAbsent("lists", keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema),
+      useMultipleValuesPerKey = true)
+    r.createColFamilyIfAbsent("single", keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema))
+    assert(r.valuesIterator(key("b"), "lists").map(_.getLong(0)).toSeq == Seq(7L, 8L))
+    val it = r.iteratorWithMultiValues("lists")
+    val all = try it.map(pr => keyOf(pr.key)._1 -> pr.value.getLong(0)).toList finally it.close()
+    assert(all == List("a" -> 1L, "a" -> 2L, "a" -> 3L, "b" -> 7L, "b" -> 8L, "c" -> 4L))
+    assert(r.get(key("z"), "single").getLong(0) == 26L)
+    assert(r.removeColFamilyIfExists("single"))
+    assert(!r.removeColFamilyIfExists("single"))
+    assert(r.allColumnFamilyNames == Set("default", "lists"))
+    intercept[UnsupportedOperationException](r.removeColFamilyIfExists("default"))
+    r.commit()
+    val v2 = q.getReadStore(2)
+    assert(v2.allColumnFamilyNames == Set("default", "lists"))
+    v2.release(); p.close(); q.close()
+  }
+
+  test("column families need a store initialised with useColumnFamilies") {
+    val p = newProvider(tempDir())
+    val s = p.getStore(0)
+    val e = intercept[UnsupportedOperationException] {
+      s.createColFamilyIfAbsent("other", keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema))
+    }
+    assert(e.getMessage.contains("other"))
+    s.abort(); p.close()
+  }
+
+  test("prefix scan returns exactly the keys with the prefix (session windows use it)") {
+    val root = tempDir()
+    val p = newProvider(root, spec = PrefixKeyScanStateEncoderSpec(keySchema, 1))
+    val s = p.getStore(0)
+    Seq(("a", 1), ("a", 2), ("ab", 1), ("b", 1), ("", 3)).foreach { case (k, n) => s.put(key(k, n), value(n)) }
+    def scan(st: ReadStateStore, pre: String) = {
+      val it = st.prefixScan(prefix(pre))
+      try it.map(pr => keyOf(pr.key)).toSet finally it.close()
+    }
+    assert(scan(s, "a") == Set(("a", 1), ("a", 2)))
+    assert(scan(s, "ab") == Set(("ab", 1)))
+    assert(scan(s, "") == Set(("", 3)))
+    assert(scan(s, "c").isEmpty)
+    s.commit()
+    val q = newProvider(root, spec = PrefixKeyScanStateEncoderSpec(keySchema, 1))
+    val r = q.getReadStore(1)
+    assert(scan(r, "a") == Set(("a", 1), ("a", 2)))
+    r.release(); p.close(); q.close()
+  }
+
+  test("range scan and deleteRange follow the order of the ordering columns, negatives included") {
+    val tsSchema = StructType(Seq(StructField("t", LongType), StructField("k", StringType)))
+    val proj = UnsafeProjection.create(tsSchema)
+    def tk(t: Long, k: String = "x"): UnsafeRow = proj(InternalRow(t, UTF8String.fromString(k))).copy()
+    val p = newProvider(tempDir(), useColumnFamilies = true)
+    val s = p.getStore(0)
+    s.createColFamilyIfAbsent("byTime", tsSchema, valueSchema, RangeKeyScanStateEncoderSpec(tsSchema, Seq(0)))
+    val times = Seq(100L, -5L, 3L, 10L, Long.MinValue, 0L, -100L)
+    times.foreach(t => s.put(tk(t), value(t), "byTime"))
+    def range(st: ReadStateStore, from: Option[Long], to: Option[Long]): Seq[Long] = {
+      val it = st.rangeScan(from.map(tk(_, "")), to.map(tk(_, "")), "byTime")
+      try it.map(_.key.getLong(0)).toList finally it.close()
+    }
+    assert(range(s, None, None) == times.sorted)
+    assert(range(s, Some(-5), Some(100)) == Seq(-5L, 0L, 3L, 10L))
+    assert(range(s, Some(11), None) == Seq(100L))
+    s.deleteRange(tk(-100, ""), tk(3, ""), "byTime")
+    assert(range(s, None, None) == Seq(Long.MinValue, 3L, 10L, 100L))
+    intercept[UnsupportedOperationException](s.rangeScan(None, None))
+    s.commit()
+    p.close()
+  }
+
+  test("retention keeps the newest minBatchesToRetain versions and deletes every file they do not need") {
+    val root = tempDir()
+    val conf = storeConf("spark.sql.streaming.minBatchesToRetain" -> "3",
+      KeyedStateConf.Prefix + "orphanFileGracePeriodMs" -> "0")
+    val p = newProvider(root, conf)
+    (0 until 10).foreach { v =>
+      commitWith(p, v.toLong) { s => (0 until 200).foreach(i => s.put(key(s"v$v-$i"), value(i))) }
+    }
+    p.doCleanupMaintenance()
+    val dir = partitionDir(root)
+    val manifests = dir.listFiles().map(_.getName).filter(_.endsWith(".manifest")).sorted
+    assert(manifests.toSeq == Seq("10.manifest", "8.manifest", "9.manifest"))
+    val store = new snapshot.CheckpointStore(new org.apache.hadoop.fs.Path(dir.getAbsolutePath),
+      new org.apache.hadoop.conf.Configuration())
+    val referenced = Seq(8L, 9L, 10L).flatMap(v => store.readManifest(v, None).files.map(_.path)).toSet
+    val present = store.listDataFiles().map(_._1).toSet
+    assert(present == referenced, s"unreferenced: ${present -- referenced}, missing: ${referenced -- present}")
+
+    val fresh = newProvider(root, conf)
+    Seq(8L, 9L, 10L).foreach { v =>
+      val r = fresh.getReadStore(v)
+      assert(contents(r).size == 200 * v)
+      r.release()
+    }
+    val e = intercept[CheckpointFileException](fresh.getReadStore(5))
+    assert(e.getMessage.contains("version 5") && e.getMessage.contains("5.manifest"))
+    p.close(); fresh.close()
+  }
+
+  test("two attempts at one version never corrupt each other; the loser's files are orphans") {
+    val root = tempDir()
+    val conf = storeConf(KeyedStateConf.Prefix + "orphanFileGracePeriodMs" -> "0")
+    val base = newProvider(root, conf)
+    commitWith(base, 0)(_.put(key("a"), value(1)))
+    val first = newProvider(root, conf)
+    val second = newProvider(root, conf)
+    val s1 = first.getStore(1)
+    val s2 = second.getStore(1)
+    s1.put(key("b"), value(2))
+    s2.put(key("b"), value(3))
+    s1.commit()
+    s2.commit() // same version, format v1: the later manifest wins, each lists only its own files
+    val reader = newProvider(root, conf)
+    val r = reader.getReadStore(2)
+    assert(contents(r) == Map(("a", 0) -> 1L, ("b", 0) -> 3L))
+    r.release()
+    // An orphan of a crashed upload, too old to belong to a commit in flight.
+    val junk = new File(partitionDir(root), "shared/000099-deadbeef.sst")
+    java.nio.file.Files.write(junk.toPath, Array[Byte](1, 2, 3))
+    base.doCleanupMaintenance()
+    assert(!junk.exists())
+    val again = newProvider(root, conf)
+    val r2 = again.getReadStore(2)
+    assert(contents(r2) == Map(("a", 0) -> 1L, ("b", 0) -> 3L))
+    r2.release()
+    Seq(base, first, second, reader, again).foreach(_.close())
+  }
+
+  test("files younger than the orphan grace period are left alone") {
+    val root = tempDir()
+    val p = newProvider(root) // default grace: 10 minutes
+    commitWith(p, 0)(_.put(key("a"), value(1)))
+    val inflight = new File(partitionDir(root), "shared/000077-inflight.sst")
+    java.nio.file.Files.write(inflight.toPath, Array[Byte](1))
+    p.doCleanupMaintenance()
+    assert(inflight.exists())
+    p.close()
+  }
+
+  private def committedSst(root: File, version: Long): File = {
+    val store = new snapshot.CheckpointStore(
+      new org.apache.hadoop.fs.Path(partitionDir(root).getAbsolutePath), new org.apache.hadoop.conf.Configuration())
+    val entry = store.readManifest(version, None).files.find(_.localName.endsWith(".sst")).get
+    new File(partitionDir(root), entry.path)
+  }
+
+  private def oneVersion(): File = {
+    val root = tempDir()
+    val p = newProvider(root)
+    commitWith(p, 0) { s => (0 until 100).foreach(i => s.put(key(s"k$i"), value(i))) }
+    p.close()
+    root
+  }
+
+  private def assertLoadFails(root: File, version: Long, mustMention: String*): Unit = {
+    val p = newProvider(root)
+    val e = intercept[CheckpointFileException](p.getStore(version))
+    mustMention.foreach(m => assert(e.getMessage.contains(m), s"'${e.getMessage}' should mention '$m'"))
+    p.close()
+  }
+
+  test("a truncated state file fails the load, naming the file and the version") {
+    val root = oneVersion()
+    val sst = committedSst(root, 1)
+    val raf = new RandomAccessFile(sst, "rw")
+    try raf.setLength(sst.length() / 2) finally raf.close()
+    new File(sst.getParentFile, s".${sst.getName}.crc").delete()
+    assertLoadFails(root, 1, sst.getName, "version 1", "damaged")
+  }
+
+  test("a deleted state file fails the load, naming the file and the version") {
+    val root = oneVersion()
+    val sst = committedSst(root, 1)
+    assert(sst.delete())
+    assertLoadFails(root, 1, sst.getName, "version 1", "missing")
+  }
+
+  test("a state file with flipped bytes fails the checksum, naming the file and the version") {
+    val root = oneVersion()
+    val sst = committedSst(root, 1)
+    val raf = new RandomAccessFile(sst, "rw")
+    try { raf.seek(10); val b = raf.read(); raf.seek(10); raf.write(b ^ 0xff) } finally raf.close()
+    // Hadoop's local checksum side file catches it first ...
+    assertLoadFails(root, 1, sst.getName, "version 1", "corrupt")
+    // ... and on a file system without one, the manifest's CRC32C does.
+    new File(sst.getParentFile, s".${sst.getName}.crc").delete()
+    assertLoadFails(root, 1, sst.getName, "version 1", "CRC32C")
+  }
+
+  test("a truncated or missing manifest fails the load, naming it and the version") {
+    val root = oneVersion()
+    val manifest = new File(partitionDir(root), "1.manifest")
+    val raf = new RandomAccessFile(manifest, "rw")
+    try raf.setLength(40) finally raf.close()
+    new File(manifest.getParentFile, ".1.manifest.crc").delete()
+    assertLoadFails(root, 1, "1.manifest", "version 1", "corrupt")
+    assert(manifest.delete())
+    assertLoadFails(root, 1, "1.manifest", "version 1", "missing")
+  }
+
+  test("checkpoint format v2: each commit has an id, and loads pick the commit by id") {
+    val root = tempDir()
+    val conf = storeConf("spark.sql.streaming.stateStore.checkpointFormatVersion" -> "2")
+    val p = newProvider(root, conf)
+    val s0 = p.getStore(0)
+    s0.put(key("a"), value(1))
+    s0.commit()
+    val info1 = s0.getStateStoreCheckpointInfo()
+    assert(info1.batchVersion == 1 && info1.stateStoreCkptId.isDefined && info1.baseStateStoreCkptId.isEmpty)
+    val attempts = (1 to 2).map { n =>
+      val q = newProvider(root, conf)
+      val s = q.getStore(1, info1.stateStoreCkptId)
+      s.put(key("b"), value(n))
+      s.commit()
+      val info = s.getStateStoreCheckpointInfo()
+      assert(info.baseStateStoreCkptId == info1.stateStoreCkptId)
+      q.close()
+      n -> info.stateStoreCkptId
+    }
+    attempts.foreach { case (n, id) =>
+      val q = newProvider(root, conf)
+      val r = q.getReadStore(2, id)
+      assert(contents(r) == Map(("a", 0) -> 1L, ("b", 0) -> n.toLong))
+      r.release(); q.close()
+    }
+    val q = newProvider(root, conf)
+    assert(intercept[CheckpointFileException](q.getStore(2)).getMessage.contains("2 commits"))
+    q.close(); p.close()
+  }
+
+  test("loadEmpty starts a version from nothing") {
+    val root = tempDir()
+    val p = newProvider(root)
+    commitWith(p, 0)(_.put(key("a"), value(1)))
+    val s = p.getStore(7, None, forceSnapshotOnCommit = false, loadEmpty = true)
+    assert(contents(s).isEmpty)
+    s.put(key("z"), value(26))
+    assert(s.commit() == 8)
+    val q = newProvider(root)
+    val r = q.getReadStore(8)
+    assert(contents(r) == Map(("z", 0) -> 26L))
+    r.release(); p.close(); q.close()
+  }
+
+  test("commits upload only new files and report their phases") {
+    val p = newProvider(tempDir())
+    commitWith(p, 0) { s => (0 until 1000).foreach(i => s.put(key(s"k$i"), value(i))) }
+    val s = p.getStore(1)
+    s.put(key("one-more"), value(1))
+    s.commit()
+    val m = s.metrics.customMetrics.map { case (k, v) => k.name -> v }
+    assert(m("keyedstateCommitFilesReused") >= 1, m)
+    assert(m("keyedstateCommitFilesUploaded") >= 1, m)
+    assert(m("keyedstateCommitBytesUploaded") > 0, m)
+    assert(KeyedStateMetricsNames.all.forall(m.contains), m)
+    p.close()
+  }
+
+  test("an invalid option names the key, the value and what is allowed") {
+    val bad = intercept[IllegalArgumentException] {
+      newProvider(tempDir(), storeConf(KeyedStateConf.Prefix + "compression" -> "brotli"))
+    }
+    assert(bad.getMessage.contains("spark.sql.streaming.stateStore.keyedstate.compression"))
+    assert(bad.getMessage.contains("brotli") && bad.getMessage.contains("zstd"))
+    val neg = intercept[IllegalArgumentException] {
+      newProvider(tempDir(), storeConf(KeyedStateConf.Prefix + "transferThreads" -> "0"))
+    }
+    assert(neg.getMessage.contains("transferThreads") && neg.getMessage.contains("'0'") &&
+      neg.getMessage.contains("from 1 to 256"))
+    val unknown = intercept[IllegalArgumentException] {
+      newProvider(tempDir(), storeConf(KeyedStateConf.Prefix + "blockCacheSize" -> "5"))
+    }
+    assert(unknown.getMessage.contains("blockCacheSize") && unknown.getMessage.contains("blockCacheSizeMB"))
+  }
+}
+
+object KeyedStateMetricsNames {
+  val all: Seq[String] = io.keyedstate.metrics.KeyedStateMetrics.all.map(_.name)
+}
