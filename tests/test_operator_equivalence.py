@@ -61,6 +61,8 @@ RIGHT_SCHEMA = StructType(
 )
 
 WATERMARK_DELAY_S = 10
+# Event times start here (seconds after the epoch), well clear of the initial watermark of 0.
+T0 = 100
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,7 +70,7 @@ WATERMARK_DELAY_S = 10
 
 
 def event_files(seed: int, n_files: int, rows_per_file: int, n_keys: int = 8) -> list[Rows]:
-    """Files of events; file i has event times in [8i, 8i+11], so windows span files but no
+    """Files of events; file i has event times in T0 + [8i, 8i+11], so windows span files but no
     row is ever behind the watermark (max time - 10s) of the batch before it."""
     rng = random.Random(seed)
     files = []
@@ -81,7 +83,7 @@ def event_files(seed: int, n_files: int, rows_per_file: int, n_keys: int = 8) ->
                     "key": f"k{rng.randrange(n_keys)}",
                     "id": next_id,
                     "v": rng.randrange(1, 100),
-                    "t": 8 * i + rng.randrange(12),
+                    "t": T0 + 8 * i + rng.randrange(12),
                 }
             )
             next_id += 1
@@ -294,10 +296,10 @@ def check_dedup(batches: Batches) -> None:
 # repeats long after its expiry (emitted again).
 def dedup_ww_files() -> list[Rows]:
     files = event_files(seed=14, n_files=7, rows_per_file=12)
-    files[0].append({"key": "dup-next", "id": 5000, "v": 1, "t": 3})
-    files[1].append({"key": "dup-next", "id": 5000, "v": 2, "t": 9})
-    files[0].append({"key": "dup-far", "id": 6000, "v": 1, "t": 2})
-    files[6].append({"key": "dup-far", "id": 6000, "v": 2, "t": 50})
+    files[0].append({"key": "dup-next", "id": 5000, "v": 1, "t": T0 + 3})
+    files[1].append({"key": "dup-next", "id": 5000, "v": 2, "t": T0 + 9})
+    files[0].append({"key": "dup-far", "id": 6000, "v": 1, "t": T0 + 2})
+    files[6].append({"key": "dup-far", "id": 6000, "v": 2, "t": T0 + 50})
     for i, rows in enumerate(files):  # ids repeat a lot within a watermark delay
         for row in rows[:4]:
             if row["key"].startswith("k"):
@@ -324,10 +326,10 @@ def check_dedup_within_watermark(batches: Batches) -> None:
     by_id = defaultdict(list)
     for row in emitted:
         by_id[row["id"]].append(row)
-    assert by_id[5000] == [{"key": "dup-next", "id": 5000, "v": 1, "t": 3}]
+    assert by_id[5000] == [{"key": "dup-next", "id": 5000, "v": 1, "t": T0 + 3}]
     assert by_id[6000] == [
-        {"key": "dup-far", "id": 6000, "v": 1, "t": 2},
-        {"key": "dup-far", "id": 6000, "v": 2, "t": 50},
+        {"key": "dup-far", "id": 6000, "v": 1, "t": T0 + 2},
+        {"key": "dup-far", "id": 6000, "v": 2, "t": T0 + 50},
     ]
     for rows in by_id.values():  # never twice within the watermark delay
         times = sorted(r["t"] for r in rows)
@@ -383,13 +385,23 @@ def join_files(seed: int) -> tuple[list[Rows], list[Rows]]:
         for _ in range(8):
             key = rng.choice(["k0", "k1", "k2", "k3", "lonly"])
             lrows.append(
-                {"lkey": key, "lid": lid, "lv": rng.randrange(100), "lt": 8 * i + rng.randrange(12)}
+                {
+                    "lkey": key,
+                    "lid": lid,
+                    "lv": rng.randrange(100),
+                    "lt": T0 + 8 * i + rng.randrange(12),
+                }
             )
             lid += 1
         for _ in range(8):
             key = rng.choice(["k0", "k1", "k2", "k3", "ronly"])
             rrows.append(
-                {"rkey": key, "rid": rid, "rv": rng.randrange(100), "rt": 8 * i + rng.randrange(12)}
+                {
+                    "rkey": key,
+                    "rid": rid,
+                    "rv": rng.randrange(100),
+                    "rt": T0 + 8 * i + rng.randrange(12),
+                }
             )
             rid += 1
         left.append(lrows)

@@ -35,6 +35,8 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   private var useColumnFamilies = false
   private var multipleValuesPerKey = false
   private var conf: KeyedStateConf = _
+  private var storeConf: StateStoreConf = _
+  private var hadoopConf: Configuration = _
 
   private var checkpointStore: CheckpointStore = _
   private var localRoot: File = _
@@ -76,6 +78,8 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     this.useColumnFamilies = useColumnFamilies
     this.multipleValuesPerKey = useMultipleValuesPerKey
     this.conf = KeyedStateConf(storeConfs)
+    this.storeConf = storeConfs
+    this.hadoopConf = hadoopConf
 
     checkpointStore = new CheckpointStore(new Path(stateStoreId.storeCheckpointLocation().toString), hadoopConf)
     checkpointStore.ensureRoot()
@@ -254,6 +258,11 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       reusableFiles = manifest.sharedFiles.map(f => f.localName -> f).toMap
       lastCommit = Some(stats)
       logInfo(s"Committed $id version $newVersion: $stats")
+      // Spark 4.3 checks on the driver that every partition's store committed the batch
+      // (spark.sql.streaming.stateStore.commitValidation.enabled); providers report it.
+      if (storeConf.commitValidationEnabled) {
+        StateStore.reportCommitToCoordinator(newVersion, id, hadoopConf)
+      }
       val info =
         if (conf.checkpointIdsEnabled) StateStoreCheckpointInfo(id.partitionId, newVersion, Some(checkpointId), base)
         else StateStoreCheckpointInfo(id.partitionId, newVersion, None, None)

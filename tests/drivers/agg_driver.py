@@ -1,0 +1,89 @@
+"""A stateful aggregation run as its own process, for the kill/restart test.
+
+usage: python3 agg_driver.py INPUT_DIR CHECKPOINT OUTPUT_DIR [PROVIDER_CLASS]
+
+Counts and sums ``v`` per ``key`` (update mode) over the JSON files in INPUT_DIR, one file per
+micro-batch, with an availableNow trigger: it processes everything there and exits 0. Each batch's
+output is written idempotently to OUTPUT_DIR/batch-<id>.json (temp file + os.replace), so a batch
+replayed after a crash simply rewrites the same file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TESTS_DIR))
+if importlib.util.find_spec("keyedstate") is None:
+    sys.path.insert(0, str(TESTS_DIR.parent / "python"))
+
+from pyspark.sql import DataFrame  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql.types import LongType, StringType, StructField, StructType  # noqa: E402
+from streaming_harness import (  # noqa: E402
+    PROVIDER_UNDER_TEST,
+    await_finished,
+    rows_of,
+    session_builder,
+)
+
+SCHEMA = StructType(
+    [
+        StructField("key", StringType()),
+        StructField("v", LongType()),
+    ]
+)
+
+
+def write_batch(output_dir: Path, batch_id: int, rows: list) -> None:
+    final = output_dir / f"batch-{batch_id}.json"
+    tmp = output_dir / f".batch-{batch_id}.json.tmp"
+    with tmp.open("w") as out:
+        json.dump(rows, out, sort_keys=True)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, final)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (4, 5):
+        print(__doc__, file=sys.stderr)
+        return 2
+    input_dir, checkpoint, output_dir = (Path(a) for a in argv[1:4])
+    provider = argv[4] if len(argv) == 5 else PROVIDER_UNDER_TEST
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+    spark = session_builder("keyedstate-agg-driver", provider).getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
+
+    def sink(df: DataFrame, batch_id: int) -> None:
+        write_batch(output_dir, batch_id, rows_of(df))
+        print(f"DRIVER batch {batch_id} written", flush=True)
+
+    counts = (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .json(str(input_dir))
+        .groupBy("key")
+        .agg(F.count(F.lit(1)).alias("cnt"), F.sum("v").alias("total"))
+    )
+    query = (
+        counts.writeStream.outputMode("update")
+        .option("checkpointLocation", str(checkpoint))
+        .foreachBatch(sink)
+        .trigger(availableNow=True)
+        .start()
+    )
+    await_finished(query, timeout_s=600)
+    spark.stop()
+    print("DRIVER done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

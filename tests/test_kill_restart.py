@@ -1,0 +1,287 @@
+"""SIGKILL the whole driver (Python + JVM) at random points; restarts must be exactly-once.
+
+The driver (drivers/agg_driver.py) runs a count/sum per key in update mode over NUM_FILES input
+files, one file per micro-batch, and writes each batch's output idempotently. This test kills its
+process group at seeded random points in different phases (JVM startup, mid-batch, right after a
+commit, after a random delay) and restarts it on the same checkpoint until it finishes. Alongside,
+the same driver runs uninterrupted on a fresh checkpoint. Per-batch and final results of the two
+must be identical, and equal to the values computed here in plain Python.
+
+KILL_TEST_SEED picks the kill points; the seed and the kill log are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+from streaming_harness import (
+    PROVIDER_UNDER_TEST,
+    FileInput,
+    committed_batches,
+    planned_batches,
+)
+
+DRIVER = Path(__file__).resolve().parent / "drivers" / "agg_driver.py"
+NUM_FILES = 30
+ROWS_PER_FILE = 12
+NUM_KEYS = 10
+SEED = int(os.environ.get("KILL_TEST_SEED", "20240611"))
+WAIT_TIMEOUT_S = 150.0
+POLL_S = 0.02
+
+SCHEMA = StructType([StructField("key", StringType()), StructField("v", LongType())])
+
+
+@dataclass
+class Kill:
+    phase: str
+    attempt: int
+    alive_before_kill: bool
+    commits_before: list[int]
+    offsets_before: list[int]
+    commits_after: list[int]
+    offsets_after: list[int]
+
+    @property
+    def mid_batch(self) -> bool:
+        """A batch was planned (offsets/N written) but not committed when the driver died."""
+        return bool(self.offsets_after) and (
+            not self.commits_after or self.offsets_after[-1] > self.commits_after[-1]
+        )
+
+    def __str__(self) -> str:
+        last = lambda xs: xs[-1] if xs else None  # noqa: E731
+        return (
+            f"attempt {self.attempt}: phase={self.phase} alive={self.alive_before_kill} "
+            f"last offset/commit before kill={last(self.offsets_before)}/"
+            f"{last(self.commits_before)} after kill={last(self.offsets_after)}/"
+            f"{last(self.commits_after)}"
+            f" mid_batch={self.mid_batch}"
+        )
+
+
+def make_input(directory: Path) -> list[list[dict[str, Any]]]:
+    rng = random.Random(7)
+    source = FileInput(directory, SCHEMA)
+    files = []
+    for _ in range(NUM_FILES):
+        rows = [
+            {"key": f"k{rng.randrange(NUM_KEYS)}", "v": rng.randrange(1, 1000)}
+            for _ in range(ROWS_PER_FILE)
+        ]
+        source.add(rows)
+        files.append(rows)
+    return files
+
+
+def expected_batches(files: list[list[dict[str, Any]]]) -> dict[int, list[dict[str, Any]]]:
+    state: dict[str, dict[str, int]] = {}
+    batches = {}
+    for batch, rows in enumerate(files):
+        for row in rows:
+            agg = state.setdefault(row["key"], {"cnt": 0, "total": 0})
+            agg["cnt"] += 1
+            agg["total"] += row["v"]
+        keys = sorted({row["key"] for row in rows})
+        batches[batch] = [{"key": k, **state[k]} for k in keys]
+    return batches
+
+
+def read_outputs(output_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    outputs = {}
+    for path in output_dir.glob("batch-*.json"):
+        batch = int(path.stem.split("-", 1)[1])
+        outputs[batch] = sorted(json.loads(path.read_text()), key=lambda r: r["key"])
+    return outputs
+
+
+def final_per_key(batches: dict[int, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    final: dict[str, dict[str, Any]] = {}
+    for batch in sorted(batches):
+        for row in batches[batch]:
+            final[row["key"]] = row
+    return final
+
+
+class Driver:
+    """One run of the driver script in its own session (process group)."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.log = log
+        self._log_file = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(DRIVER), *args],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+        # Nothing of the group (the JVM in particular) may survive to touch the checkpoint.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"process group {self.proc.pid} survived SIGKILL")
+        self._log_file.close()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self._log_file.close()
+
+    def tail(self, n: int = 40) -> str:
+        self._log_file.flush()
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+
+def wait_for(
+    driver: Driver, condition: Callable[[], bool], what: str, timeout: float = WAIT_TIMEOUT_S
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if not driver.alive():
+            raise AssertionError(
+                f"driver exited (rc={driver.proc.returncode}) before {what}:\n{driver.tail()}"
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}:\n{driver.tail()}")
+        time.sleep(POLL_S)
+
+
+@pytest.fixture
+def drivers() -> Iterator[list[Driver]]:
+    started: list[Driver] = []
+    yield started
+    for driver in started:
+        if driver.alive():
+            driver.kill_group()
+
+
+def test_kill_and_restart_is_exactly_once(tmp_path: Path, drivers: list[Driver]) -> None:
+    rng = random.Random(SEED)
+    print(f"KILL_TEST_SEED={SEED} provider={PROVIDER_UNDER_TEST}")
+    files = make_input(tmp_path / "input")
+    expected = expected_batches(files)
+
+    checkpoint = tmp_path / "killed" / "checkpoint"
+    output = tmp_path / "killed" / "output"
+    args = [str(tmp_path / "input"), str(checkpoint), str(output), PROVIDER_UNDER_TEST]
+
+    def commits() -> int:
+        return len(committed_batches(checkpoint))
+
+    def in_flight() -> bool:
+        offsets, done = planned_batches(checkpoint), committed_batches(checkpoint)
+        return bool(offsets) and (not done or offsets[-1] > done[-1])
+
+    # Each phase waits for a point in the run, then kills the driver's whole process group.
+    def startup(driver: Driver) -> None:  # while the JVM starts / the query initializes
+        time.sleep(rng.uniform(0.5, 4.0))
+
+    def mid_batch(driver: Driver) -> None:  # a batch is planned but not yet committed
+        target = commits() + rng.randint(2, 5)
+        wait_for(driver, lambda: commits() >= target, f"{target} commits")
+        wait_for(driver, in_flight, "a batch in flight")
+        time.sleep(rng.uniform(0.0, 0.15))
+
+    def after_commit(driver: Driver) -> None:  # right after a commit (maintenance, next plan)
+        target = commits() + rng.randint(2, 4)
+        wait_for(driver, lambda: commits() >= target, f"{target} commits")
+
+    def random_delay(driver: Driver) -> None:  # any point after some progress
+        target = commits() + rng.randint(1, 3)
+        wait_for(driver, lambda: commits() >= target, f"{target} commits")
+        time.sleep(rng.uniform(0.0, 1.5))
+
+    later = [mid_batch, after_commit, random_delay]
+    rng.shuffle(later)
+    phases = [startup, *later]  # startup first, while nothing is committed yet
+
+    # The same driver, uninterrupted, on a fresh checkpoint (concurrently, to save time).
+    clean_output = tmp_path / "clean" / "output"
+    clean_args = [
+        str(tmp_path / "input"),
+        str(tmp_path / "clean" / "checkpoint"),
+        str(clean_output),
+        PROVIDER_UNDER_TEST,
+    ]
+    clean = Driver(clean_args, tmp_path / "driver-clean.log")
+    drivers.append(clean)
+
+    kills: list[Kill] = []
+    for attempt, phase in enumerate(phases):
+        driver = Driver(args, tmp_path / f"driver-{attempt}.log")
+        drivers.append(driver)
+        phase(driver)
+        before = (committed_batches(checkpoint), planned_batches(checkpoint))
+        alive = driver.alive()
+        driver.kill_group()
+        kill = Kill(
+            phase=phase.__name__,
+            attempt=attempt,
+            alive_before_kill=alive,
+            commits_before=before[0],
+            offsets_before=before[1],
+            commits_after=committed_batches(checkpoint),
+            offsets_after=planned_batches(checkpoint),
+        )
+        kills.append(kill)
+        print(f"kill {kill}")
+        assert alive, f"driver had already exited when killed ({kill}):\n{driver.tail()}"
+
+    # Restart until the driver finishes by itself.
+    final = Driver(args, tmp_path / "driver-final.log")
+    drivers.append(final)
+    rc = final.wait(timeout=WAIT_TIMEOUT_S * 2)
+    assert rc == 0, f"restarted driver failed (rc={rc}):\n{final.tail()}"
+
+    log = "\n".join(map(str, kills))
+    assert len(kills) >= 3, log
+    assert any(k.commits_before for k in kills), f"no kill after a committed batch:\n{log}"
+    assert any(k.mid_batch for k in kills), f"no kill hit a batch in flight:\n{log}"
+    assert len({k.commits_before[-1] if k.commits_before else -1 for k in kills}) >= 3, log
+    assert committed_batches(checkpoint)[-1] == NUM_FILES - 1
+
+    rc = clean.wait(timeout=WAIT_TIMEOUT_S * 2)
+    assert rc == 0, f"uninterrupted driver failed (rc={rc}):\n{clean.tail()}"
+
+    killed_batches = read_outputs(output)
+    clean_batches = read_outputs(clean_output)
+    assert clean_batches == expected, "the uninterrupted run is wrong"
+    assert sorted(killed_batches) == list(range(NUM_FILES)), log
+    for batch in range(NUM_FILES):
+        assert killed_batches[batch] == clean_batches[batch], (
+            f"batch {batch} differs after kills (seed {SEED}):\n{log}\n"
+            f"killed: {killed_batches[batch]}\nclean:  {clean_batches[batch]}"
+        )
+    assert final_per_key(killed_batches) == final_per_key(clean_batches)
+    totals = final_per_key(expected)
+    assert len(totals) == NUM_KEYS
+    assert final_per_key(killed_batches) == totals
