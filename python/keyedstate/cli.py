@@ -9,7 +9,8 @@ from keyedstate import _session, demo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="keyedstate", description="keyedstate: Flink-style state for Spark Structured Streaming"
+        prog="keyedstate",
+        description="keyedstate: Flink-style state for Spark Structured Streaming",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("jar", help="print the provider jar's path (for --jars or a classpath)")
