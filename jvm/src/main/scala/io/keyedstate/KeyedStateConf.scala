@@ -23,6 +23,7 @@ final case class KeyedStateConf(
     verifyChecksumsOnLoad: Boolean,
     orphanFileGracePeriodMs: Long,
     maxOpenFiles: Int,
+    changelogCheckpointing: Boolean,
     // From Spark's own StateStoreConf:
     minVersionsToRetain: Int,
     checkpointIdsEnabled: Boolean)
@@ -65,9 +66,11 @@ object KeyedStateConf {
   private val VerifyChecksumsOnLoad = new BoolOpt("verifyChecksumsOnLoad", true)
   private val OrphanFileGracePeriodMs = new LongOpt("orphanFileGracePeriodMs", 600000, 0, Long.MaxValue)
   private val MaxOpenFiles = new LongOpt("maxOpenFiles", -1, -1, Int.MaxValue)
+  private val ChangelogCheckpointing = new BoolOpt("changelogCheckpointing", true)
 
   private val all: Seq[Opt[_]] = Seq(LocalDir, BlockCacheSizeMB, WriteBufferSizeMB, Compression,
-    TrackNumKeys, TransferThreads, VerifyChecksumsOnLoad, OrphanFileGracePeriodMs, MaxOpenFiles)
+    TrackNumKeys, TransferThreads, VerifyChecksumsOnLoad, OrphanFileGracePeriodMs, MaxOpenFiles,
+    ChangelogCheckpointing)
 
   /** The documented option names, for error messages and docs tests. */
   val optionNames: Seq[String] = all.map(_.name)
@@ -108,6 +111,7 @@ object KeyedStateConf {
       verifyChecksumsOnLoad = get(VerifyChecksumsOnLoad),
       orphanFileGracePeriodMs = get(OrphanFileGracePeriodMs),
       maxOpenFiles = get(MaxOpenFiles).toInt,
+      changelogCheckpointing = get(ChangelogCheckpointing),
       minVersionsToRetain = minVersionsToRetain,
       checkpointIdsEnabled = checkpointIdsEnabled)
   }

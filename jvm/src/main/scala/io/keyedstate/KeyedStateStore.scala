@@ -15,7 +15,8 @@ import io.keyedstate.rocks.{ClosableIterator, ColumnFamilyCodec}
 final class KeyedStateStore private[keyedstate] (
     provider: KeyedStateStoreProvider,
     override val version: Long,
-    private var writable: Boolean) extends StateStore {
+    private var writable: Boolean,
+    private var snapshotOnCommit: Boolean) extends StateStore {
 
   private sealed trait Phase
   private case object Open extends Phase
@@ -41,7 +42,14 @@ final class KeyedStateStore private[keyedstate] (
   }
 
   /** Turns this read store into the write store of the same loaded version (no reload). */
-  private[keyedstate] def upgradeToWritable(): KeyedStateStore = { checkOpen("upgrade"); writable = true; this }
+  private[keyedstate] def upgradeToWritable(forceSnapshot: Boolean): KeyedStateStore = {
+    checkOpen("upgrade")
+    writable = true
+    snapshotOnCommit = forceSnapshot
+    this
+  }
+  /** Spark asked for a snapshot with this commit (its coordinator saw snapshot upload lag). */
+  private[keyedstate] def forceSnapshot: Boolean = snapshotOnCommit
   private[keyedstate] def isOpen: Boolean = phase == Open
   /** The provider took the instance over for another store (same task thread re-entering). */
   private[keyedstate] def invalidate(): Unit = if (phase == Open) phase = Aborted

@@ -41,15 +41,15 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   private var checkpointStore: CheckpointStore = _
   private var localRoot: File = _
   private var dbDir: File = _
+  private var workDir: File = _
+  private var cache: LocalFileCache = _
   private var snapshots: SnapshotStrategy = _
   private var restores: RestoreOperation = _
   private var cleaner: RetentionCleaner = _
 
-  // The loaded version, guarded by `this`.
+  // The loaded version and its durable history, guarded by `this`.
   private var loaded: StoreInstance = _
-  private var loadedVersion = -1L
-  private var loadedCheckpointId: Option[String] = None
-  private var reusableFiles = Map.empty[String, ManifestFile]
+  private var lineage: VersionLineage = _
   @volatile private var lastCommit: Option[CommitStats] = None
   @volatile private var lastLoad: Option[LoadStats] = None
 
@@ -86,10 +86,10 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     localRoot = new File(KeyedStateStoreProvider.localBaseDir(conf),
       s"${stateStoreId.operatorId}-${stateStoreId.partitionId}-${stateStoreId.storeName}-${UUID.randomUUID()}")
     dbDir = new File(localRoot, "db")
-    val cache = new LocalFileCache(new File(localRoot, "cache"))
-    val workDir = new File(localRoot, "work")
+    cache = new LocalFileCache(new File(localRoot, "cache"))
+    workDir = new File(localRoot, "work")
     workDir.mkdirs()
-    snapshots = new SnapshotStrategy(checkpointStore, cache, workDir, conf)
+    snapshots = new SnapshotStrategy(checkpointStore, workDir, conf)
     restores = new RestoreOperation(checkpointStore, cache, conf)
     cleaner = new RetentionCleaner(checkpointStore, conf)
   }
@@ -107,10 +107,11 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       version: Long,
       stateStoreCkptId: Option[String],
       forceSnapshotOnCommit: Boolean,
-      loadEmpty: Boolean): StateStore = open(version, stateStoreCkptId, loadEmpty, writable = true)
+      loadEmpty: Boolean): StateStore =
+    open(version, stateStoreCkptId, loadEmpty, writable = true, forceSnapshotOnCommit)
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
-    open(version, uniqueId, loadEmpty = false, writable = false)
+    open(version, uniqueId, loadEmpty = false, writable = false, forceSnapshot = false)
 
   /** The aggregation operators read, then update, the same version in one task: no reload. */
   override def upgradeReadStoreToWriteStore(
@@ -120,20 +121,25 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       forceSnapshotOnCommit: Boolean): StateStore = synchronized {
     readStore match {
       case ours: KeyedStateStore if (ours eq activeStore) && ours.isOpen && ours.version == version =>
-        ours.upgradeToWritable()
+        ours.upgradeToWritable(forceSnapshotOnCommit)
       case other =>
         other.release()
         getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty = false)
     }
   }
 
-  private def open(version: Long, checkpointId: Option[String], loadEmpty: Boolean, writable: Boolean): KeyedStateStore =
+  private def open(
+      version: Long,
+      checkpointId: Option[String],
+      loadEmpty: Boolean,
+      writable: Boolean,
+      forceSnapshot: Boolean): KeyedStateStore =
     synchronized {
       require(version >= 0, s"Invalid state store version $version for $id")
       acquire()
       try {
         load(version, checkpointId, loadEmpty)
-        val store = new KeyedStateStore(this, version, writable)
+        val store = new KeyedStateStore(this, version, writable, forceSnapshot)
         activeStore = store
         activeThread = Thread.currentThread()
         store
@@ -176,51 +182,83 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   private def discardLoaded(): Unit = {
     loaded.close()
     loaded = null
-    loadedVersion = -1
+    lineage.close()
+    lineage = null
   }
 
   private def load(version: Long, checkpointId: Option[String], loadEmpty: Boolean): Unit = {
-    val reuse = loaded != null && !loaded.dirty && loadedVersion == version &&
-      (checkpointId.isEmpty || checkpointId == loadedCheckpointId) && !loadEmpty
+    val reuse = loaded != null && !loaded.dirty && lineage.version == version &&
+      (checkpointId.isEmpty || checkpointId == lineage.checkpointId) && !loadEmpty
     if (reuse) {
-      lastLoad = Some(LoadStats(0, 0, 0, 0))
+      lastLoad = Some(LoadStats())
     } else {
       if (loaded != null) discardLoaded()
       if (loadEmpty || version == 0) {
         LocalFiles.deleteRecursively(dbDir)
-        installLoaded(LocalRocksDB.open(dbDir, conf), Nil, version, None, Map.empty)
-        lastLoad = Some(LoadStats(0, 0, 0, 0))
+        install(LocalRocksDB.open(dbDir, conf), Nil,
+          newLineage(version, None, snapshotVersion = version, Nil, Vector.empty))
+        lastLoad = Some(LoadStats())
       } else {
-        val manifest = resolveManifest(version, checkpointId)
-        val stats = restores.restore(manifest, dbDir)
-        val db =
-          try LocalRocksDB.open(dbDir, conf)
-          catch {
-            case NonFatal(e) => throw new CheckpointFileException(
-              s"State version $version of $id (manifest ${checkpointStore.manifestPath(version,
-                checkpointId)}) could not be opened: ${e.getMessage}", e)
-          }
-        installLoaded(db, manifest.columnFamilies, version, Some(manifest.checkpointId),
-          manifest.sharedFiles.map(f => f.localName -> f).toMap)
-        lastLoad = Some(stats)
-        logInfo(s"Loaded $id version $version: $stats")
+        lastLoad = Some(restore(resolveManifest(version, checkpointId), checkpointId))
       }
     }
   }
 
-  private def installLoaded(
-      db: LocalRocksDB,
-      columnFamilies: Seq[ManifestColumnFamily],
+  /** Snapshot files from the cache or the checkpoint, then the changelogs replayed in order. */
+  private def restore(manifest: VersionManifest, checkpointId: Option[String]): LoadStats = {
+    val version = manifest.version
+    val start = System.nanoTime()
+    val snapshotFiles = restores.materialize(manifest, dbDir)
+    val db =
+      try LocalRocksDB.open(dbDir, conf)
+      catch {
+        case NonFatal(e) => throw new CheckpointFileException(
+          s"State version $version of $id (manifest ${checkpointStore.manifestPath(version,
+            checkpointId)}) could not be opened: ${e.getMessage}", e)
+      }
+    try {
+      val logs = restores.fetch(manifest.changelogs.map(_.file), version)
+      val replayed = manifest.changelogs.zip(logs).map { case (log, (local, _)) =>
+        Changelog.replay(local, db, checkpointStore.resolve(log.file.path).toString, log.version)
+      }.sum
+      cache.retainOnly(manifest.allFiles)
+      install(db, manifest.columnFamilies, newLineage(version, Some(manifest.checkpointId),
+        manifest.snapshotVersion, manifest.files, manifest.changelogs.toVector))
+      val fetched = snapshotFiles ++ logs
+      val stats = LoadStats(
+        loadMs = (System.nanoTime() - start) / 1000000,
+        bytesDownloaded = fetched.iterator.map(_._2).sum,
+        filesDownloaded = fetched.count(_._2 > 0),
+        filesReusedLocally = fetched.count(_._2 == 0),
+        changelogRecordsReplayed = replayed)
+      logInfo(s"Loaded $id version $version: $stats")
+      stats
+    } catch {
+      case NonFatal(e) =>
+        db.close()
+        throw e
+    }
+  }
+
+  private def newLineage(
       version: Long,
       checkpointId: Option[String],
-      reusable: Map[String, ManifestFile]): Unit = {
-    val inst = new StoreInstance(db, conf, useColumnFamilies, columnFamilies)
+      snapshotVersion: Long,
+      files: Seq[ManifestFile],
+      changelogs: Vector[ChangelogFile]): VersionLineage =
+    new VersionLineage(checkpointStore, snapshots, cache, conf, storeConf.minDeltasForSnapshot,
+      version, checkpointId, snapshotVersion, files, changelogs)
+
+  private def install(db: LocalRocksDB, columnFamilies: Seq[ManifestColumnFamily], history: VersionLineage): Unit = {
+    val changelogs =
+      if (conf.changelogCheckpointing) {
+        Some(() => new Changelog.Writer(new File(workDir, s"changelog-${UUID.randomUUID()}.log")))
+      } else None
+    val inst = new StoreInstance(db, conf, useColumnFamilies, columnFamilies, changelogs)
     inst.registerCodec(StateStore.DEFAULT_COL_FAMILY_NAME, keySchema, valueSchema, keySpec,
       multipleValuesPerKey, isInternal = false)
     loaded = inst
-    loadedVersion = version
-    loadedCheckpointId = checkpointId
-    reusableFiles = reusable
+    lineage = history
   }
 
   /** The manifest of `version`: by checkpoint id (format v2) or by version alone (v1). */
@@ -245,17 +283,14 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       throw new IllegalStateException(s"Cannot commit $store: the state store instance was taken over")
     }
     val newVersion = store.version + 1
-    val checkpointId = UUID.randomUUID().toString
+    val commitId = UUID.randomUUID().toString
     try {
-      val (manifest, stats) = filesLock.synchronized {
-        snapshots.snapshot(loaded.db, newVersion, checkpointId, loadedCheckpointId,
-          loaded.describeColumnFamilies, reusableFiles)
+      val base = lineage.checkpointId
+      val (_, stats) = filesLock.synchronized {
+        lineage.commit(loaded.db, loaded.takeChangelog(), loaded.describeColumnFamilies, newVersion,
+          commitId, store.forceSnapshot)
       }
-      val base = loadedCheckpointId
       loaded.dirty = false
-      loadedVersion = newVersion
-      loadedCheckpointId = Some(checkpointId)
-      reusableFiles = manifest.sharedFiles.map(f => f.localName -> f).toMap
       lastCommit = Some(stats)
       logInfo(s"Committed $id version $newVersion: $stats")
       // Spark 4.3 checks on the driver that every partition's store committed the batch
@@ -264,7 +299,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
         StateStore.reportCommitToCoordinator(newVersion, id, hadoopConf)
       }
       val info =
-        if (conf.checkpointIdsEnabled) StateStoreCheckpointInfo(id.partitionId, newVersion, Some(checkpointId), base)
+        if (conf.checkpointIdsEnabled) StateStoreCheckpointInfo(id.partitionId, newVersion, Some(commitId), base)
         else StateStoreCheckpointInfo(id.partitionId, newVersion, None, None)
       (newVersion, info)
     } catch {
@@ -277,6 +312,11 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       activeThread = null
       notifyAll()
     }
+  }
+
+  /** Blocks until a background snapshot upload of the loaded instance finished. */
+  private[keyedstate] def awaitSnapshotUpload(): Unit = synchronized {
+    if (lineage != null) lineage.awaitPendingSnapshot()
   }
 
   // ---- metrics ----
@@ -292,12 +332,16 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 
   // ---- maintenance ----
 
-  /** Snapshots are made by every commit; here only the local working files are tidied. */
+  /** Snapshots are taken by commits and uploaded right away in the background: nothing waits here. */
   override def doSnapshotMaintenance(): Unit = ()
 
   /** Deletes versions older than `minBatchesToRetain` and files no retained version needs. */
   override def doCleanupMaintenance(): Unit = {
-    val stats = filesLock.synchronized(cleaner.cleanup())
+    val inFlight: String => Boolean = synchronized {
+      val current = lineage
+      if (current == null) _ => false else current.inFlight
+    }
+    val stats = filesLock.synchronized(cleaner.cleanup(inFlight))
     if (stats.manifestsDeleted + stats.filesDeleted > 0) logInfo(s"Cleaned up $id: $stats")
   }
 

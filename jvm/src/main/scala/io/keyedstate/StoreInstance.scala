@@ -6,18 +6,20 @@ import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, Stat
 import org.apache.spark.sql.types.StructType
 
 import io.keyedstate.rocks.{ColumnFamilyCodec, LocalRocksDB}
-import io.keyedstate.snapshot.ManifestColumnFamily
+import io.keyedstate.snapshot.{Changelog, ManifestColumnFamily}
 
 /**
  * The loaded state of one partition: the working RocksDB, the codec of each column family, and
  * the exact number of keys per column family (kept up to date on every write when
  * `trackNumKeys` is on, so `numRowsTotal` is exact; otherwise RocksDB's estimate is reported).
+ * With changelog checkpointing every write is also recorded in the version's changelog.
  */
 private[keyedstate] final class StoreInstance(
     val db: LocalRocksDB,
     conf: KeyedStateConf,
     useColumnFamilies: Boolean,
-    knownColumnFamilies: Seq[ManifestColumnFamily]) extends AutoCloseable {
+    knownColumnFamilies: Seq[ManifestColumnFamily],
+    newChangelog: Option[() => Changelog.Writer]) extends AutoCloseable {
 
   private val codecs = mutable.Map[String, ColumnFamilyCodec]()
   private val keyCounts = mutable.Map[String, Long]()
@@ -26,6 +28,19 @@ private[keyedstate] final class StoreInstance(
 
   /** Writes happened since the version was loaded or committed. */
   var dirty: Boolean = false
+
+  private var changelog: Option[Changelog.Writer] = None
+  private def log: Option[Changelog.Writer] = {
+    if (changelog.isEmpty) changelog = newChangelog.map(_())
+    changelog
+  }
+
+  /** The changelog of the writes since the last commit, handed over to the commit. */
+  def takeChangelog(): Option[Changelog.Writer] = {
+    val taken = changelog
+    changelog = None
+    taken
+  }
 
   def codec(cf: String): ColumnFamilyCodec = codecs.getOrElse(cf, throw new IllegalArgumentException(
     s"Column family '$cf' is not registered in this state store; registered: " +
@@ -58,6 +73,7 @@ private[keyedstate] final class StoreInstance(
     registerCodec(name, keySchema, valueSchema, spec, multipleValues, isInternal)
     if (!db.hasColumnFamily(name)) {
       db.createColumnFamily(name)
+      log.foreach(_.createColumnFamily(name))
       keyCounts(name) = 0
       dirty = true
     }
@@ -70,19 +86,29 @@ private[keyedstate] final class StoreInstance(
     codecs.remove(name)
     keyCounts.remove(name)
     val existed = db.dropColumnFamily(name)
-    if (existed) dirty = true
+    if (existed) {
+      log.foreach(_.dropColumnFamily(name))
+      dirty = true
+    }
     existed
   }
 
   def write(cf: String, key: Array[Byte], value: Array[Byte], merge: Boolean): Unit = {
     if (conf.trackNumKeys && db.get(cf, key) == null) adjust(cf, 1)
-    if (merge) db.merge(cf, key, value) else db.put(cf, key, value)
+    if (merge) {
+      db.merge(cf, key, value)
+      log.foreach(_.merge(cf, key, value))
+    } else {
+      db.put(cf, key, value)
+      log.foreach(_.put(cf, key, value))
+    }
     dirty = true
   }
 
   def delete(cf: String, key: Array[Byte]): Unit = {
     if (conf.trackNumKeys && db.get(cf, key) != null) adjust(cf, -1)
     db.delete(cf, key)
+    log.foreach(_.delete(cf, key))
     dirty = true
   }
 
@@ -92,6 +118,7 @@ private[keyedstate] final class StoreInstance(
       try adjust(cf, -it.size) finally it.close()
     }
     db.deleteRange(cf, begin, end)
+    log.foreach(_.deleteRange(cf, begin, end))
     dirty = true
   }
 
@@ -118,5 +145,8 @@ private[keyedstate] final class StoreInstance(
     }
   }
 
-  override def close(): Unit = db.close()
+  override def close(): Unit = {
+    takeChangelog().foreach(_.close())
+    db.close()
+  }
 }

@@ -183,33 +183,128 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     p.close()
   }
 
-  test("retention keeps the newest minBatchesToRetain versions and deletes every file they do not need") {
-    val root = tempDir()
-    val conf = storeConf("spark.sql.streaming.minBatchesToRetain" -> "3",
-      KeyedStateConf.Prefix + "orphanFileGracePeriodMs" -> "0")
-    val p = newProvider(root, conf)
-    (0 until 10).foreach { v =>
-      commitWith(p, v.toLong) { s => (0 until 200).foreach(i => s.put(key(s"v$v-$i"), value(i))) }
-    }
-    p.doCleanupMaintenance()
-    val dir = partitionDir(root)
-    val manifests = dir.listFiles().map(_.getName).filter(_.endsWith(".manifest")).sorted
-    assert(manifests.toSeq == Seq("10.manifest", "8.manifest", "9.manifest"))
-    val store = new snapshot.CheckpointStore(new org.apache.hadoop.fs.Path(dir.getAbsolutePath),
-      new org.apache.hadoop.conf.Configuration())
-    val referenced = Seq(8L, 9L, 10L).flatMap(v => store.readManifest(v, None).files.map(_.path)).toSet
-    val present = store.listDataFiles().map(_._1).toSet
-    assert(present == referenced, s"unreferenced: ${present -- referenced}, missing: ${referenced -- present}")
+  for (changelog <- Seq(false, true)) {
+    test(s"retention keeps the newest minBatchesToRetain versions and deletes every file they do not need (changelog=$changelog)") {
+      val root = tempDir()
+      val conf = storeConf("spark.sql.streaming.minBatchesToRetain" -> "3",
+        "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "4",
+        KeyedStateConf.Prefix + "changelogCheckpointing" -> changelog.toString,
+        KeyedStateConf.Prefix + "orphanFileGracePeriodMs" -> "0")
+      val p = newProvider(root, conf)
+      (0 until 10).foreach { v =>
+        commitWith(p, v.toLong) { s => (0 until 200).foreach(i => s.put(key(s"v$v-$i"), value(i))) }
+        p.awaitSnapshotUpload()
+      }
+      p.doCleanupMaintenance()
+      val dir = partitionDir(root)
+      val manifests = dir.listFiles().map(_.getName).filter(_.endsWith(".manifest")).sorted
+      assert(manifests.toSeq == Seq("10.manifest", "8.manifest", "9.manifest"))
+      val store = new snapshot.CheckpointStore(new org.apache.hadoop.fs.Path(dir.getAbsolutePath),
+        new org.apache.hadoop.conf.Configuration())
+      val retained = Seq(8L, 9L, 10L).map(v => store.readManifest(v, None))
+      if (changelog) {
+        // A snapshot every 4 versions: 10 replays at most the changelogs since the last one.
+        assert(retained.forall(m => m.snapshotVersion >= 4 && m.changelogs.size <= 5), retained)
+      }
+      val referenced = retained.flatMap(_.allFiles.map(_.path)).toSet
+      val present = store.listDataFiles().map(_._1).toSet
+      assert(present == referenced, s"unreferenced: ${present -- referenced}, missing: ${referenced -- present}")
 
-    val fresh = newProvider(root, conf)
-    Seq(8L, 9L, 10L).foreach { v =>
-      val r = fresh.getReadStore(v)
-      assert(contents(r).size == 200 * v)
-      r.release()
+      val fresh = newProvider(root, conf)
+      Seq(8L, 9L, 10L).foreach { v =>
+        val r = fresh.getReadStore(v)
+        assert(contents(r).size == 200 * v)
+        r.release()
+      }
+      val e = intercept[CheckpointFileException](fresh.getReadStore(5))
+      assert(e.getMessage.contains("version 5") && e.getMessage.contains("5.manifest"))
+      p.close(); fresh.close()
     }
-    val e = intercept[CheckpointFileException](fresh.getReadStore(5))
-    assert(e.getMessage.contains("version 5") && e.getMessage.contains("5.manifest"))
-    p.close(); fresh.close()
+  }
+
+  test("changelog and snapshot checkpointing give the same state at every version (random operations)") {
+    val rnd = new scala.util.Random(42)
+    val ops = (0 until 12).map { _ =>
+      (0 until 300).map { _ =>
+        (rnd.nextInt(10), s"k${rnd.nextInt(150)}", rnd.nextInt(1000).toLong)
+      }
+    }
+    def runAll(changelog: Boolean): (File, Seq[Map[String, Any]]) = {
+      val root = tempDir()
+      val conf = storeConf("spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "3",
+        KeyedStateConf.Prefix + "changelogCheckpointing" -> changelog.toString)
+      val p = newProvider(root, conf, useColumnFamilies = true)
+      val states = ops.zipWithIndex.map { case (batch, v) =>
+        val s = p.getStore(v.toLong)
+        s.createColFamilyIfAbsent("multi", keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema),
+          useMultipleValuesPerKey = true)
+        batch.foreach {
+          case (op, k, x) if op < 5 => s.put(key(k), value(x))
+          case (op, k, _) if op < 7 => s.remove(key(k))
+          case (op, k, x) if op < 9 => s.merge(key(k), value(x), "multi")
+          case (_, k, _) => s.remove(key(k), "multi")
+        }
+        if (v == 6) s.removeColFamilyIfExists("multi")
+        val state = snapshotOf(s)
+        s.commit()
+        state
+      }
+      p.close()
+      (root, states)
+    }
+    def snapshotOf(s: ReadStateStore): Map[String, Any] = {
+      val multi =
+        if (!s.allColumnFamilyNames.contains("multi")) Map.empty
+        else {
+          val it = s.iteratorWithMultiValues("multi")
+          try it.map(pr => keyOf(pr.key)._1 -> pr.value.getLong(0)).toList.groupBy(_._1).map {
+            case (k, vs) => k -> vs.map(_._2)
+          } finally it.close()
+        }
+      Map("default" -> contents(s), "multi" -> multi)
+    }
+    val (snapRoot, viaSnapshots) = runAll(changelog = false)
+    val (logRoot, viaChangelogs) = runAll(changelog = true)
+    assert(viaChangelogs == viaSnapshots)
+    // Every version also loads the same from the durable files alone.
+    Seq(snapRoot -> false, logRoot -> true).foreach { case (root, changelog) =>
+      val conf = storeConf(KeyedStateConf.Prefix + "changelogCheckpointing" -> changelog.toString)
+      val fresh = newProvider(root, conf, useColumnFamilies = true)
+      (1 to ops.size).foreach { v =>
+        val s = fresh.getStore(v.toLong)
+        s.createColFamilyIfAbsent("multi", keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema),
+          useMultipleValuesPerKey = true)
+        val expected = viaSnapshots(v - 1)
+        assert(contents(s) == expected("default"), s"version $v (changelog=$changelog)")
+        s.abort()
+      }
+      fresh.close()
+    }
+  }
+
+  test("changelog commits upload one small file; snapshots follow every minDeltasForSnapshot versions") {
+    val root = tempDir()
+    val conf = storeConf("spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "3")
+    val p = newProvider(root, conf)
+    commitWith(p, 0) { s => (0 until 5000).foreach(i => s.put(key(s"k$i"), value(i))) }
+    val metrics = (1 to 6).map { v =>
+      val s = p.getStore(v.toLong)
+      (0 until 10).foreach(i => s.put(key(s"k$i"), value(v)))
+      s.commit()
+      p.awaitSnapshotUpload()
+      s.metrics.customMetrics.map { case (k, x) => k.name -> x }
+    }
+    metrics.foreach { m =>
+      assert(m("keyedstateCommitFilesUploaded") == 1, m)
+      assert(m("keyedstateCommitChangelogRecords") == 10, m)
+      assert(m("keyedstateCommitBytesUploaded") < 2000, m)
+    }
+    // Snapshots are taken at versions 3 and 6; each one is the base of the next commit's manifest.
+    val store = new snapshot.CheckpointStore(
+      new org.apache.hadoop.fs.Path(partitionDir(root).getAbsolutePath), new org.apache.hadoop.conf.Configuration())
+    assert((1 to 7).map(v => store.readManifest(v, None).snapshotVersion) == Seq(0, 0, 0, 3, 3, 3, 6))
+    assert(metrics(2)("keyedstateSnapshotBytesUploaded") > 0) // the commit of version 4
+    p.close()
   }
 
   test("two attempts at one version never corrupt each other; the loser's files are orphans") {
@@ -231,6 +326,7 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     r.release()
     // An orphan of a crashed upload, too old to belong to a commit in flight.
     val junk = new File(partitionDir(root), "shared/000099-deadbeef.sst")
+    junk.getParentFile.mkdirs()
     java.nio.file.Files.write(junk.toPath, Array[Byte](1, 2, 3))
     base.doCleanupMaintenance()
     assert(!junk.exists())
@@ -246,6 +342,7 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     val p = newProvider(root) // default grace: 10 minutes
     commitWith(p, 0)(_.put(key("a"), value(1)))
     val inflight = new File(partitionDir(root), "shared/000077-inflight.sst")
+    inflight.getParentFile.mkdirs()
     java.nio.file.Files.write(inflight.toPath, Array[Byte](1))
     p.doCleanupMaintenance()
     assert(inflight.exists())
@@ -259,16 +356,18 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     new File(partitionDir(root), entry.path)
   }
 
-  private def oneVersion(): File = {
+  private val snapshotMode = storeConf(KeyedStateConf.Prefix + "changelogCheckpointing" -> "false")
+
+  private def oneVersion(conf: StateStoreConf = snapshotMode): File = {
     val root = tempDir()
-    val p = newProvider(root)
+    val p = newProvider(root, conf)
     commitWith(p, 0) { s => (0 until 100).foreach(i => s.put(key(s"k$i"), value(i))) }
     p.close()
     root
   }
 
   private def assertLoadFails(root: File, version: Long, mustMention: String*): Unit = {
-    val p = newProvider(root)
+    val p = newProvider(root, snapshotMode)
     val e = intercept[CheckpointFileException](p.getStore(version))
     mustMention.foreach(m => assert(e.getMessage.contains(m), s"'${e.getMessage}' should mention '$m'"))
     p.close()
@@ -300,6 +399,23 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     // ... and on a file system without one, the manifest's CRC32C does.
     new File(sst.getParentFile, s".${sst.getName}.crc").delete()
     assertLoadFails(root, 1, sst.getName, "version 1", "CRC32C")
+  }
+
+  test("a truncated or corrupt changelog fails the load, naming it and the version") {
+    val root = oneVersion(storeConf())
+    val log = new File(partitionDir(root), "changelog").listFiles().filter(_.getName.endsWith(".changelog")).head
+    val crc = new File(log.getParentFile, s".${log.getName}.crc")
+    val raf = new RandomAccessFile(log, "rw")
+    try raf.setLength(log.length() - 7) finally raf.close()
+    crc.delete()
+    assertLoadFails(root, 1, log.getName, "version 1", "damaged")
+    // The same bytes count but different content: the CRC32C in the manifest catches it.
+    val other = oneVersion(storeConf())
+    val log2 = new File(partitionDir(other), "changelog").listFiles().filter(_.getName.endsWith(".changelog")).head
+    val raf2 = new RandomAccessFile(log2, "rw")
+    try { raf2.seek(20); val b = raf2.read(); raf2.seek(20); raf2.write(b ^ 0x5a) } finally raf2.close()
+    new File(log2.getParentFile, s".${log2.getName}.crc").delete()
+    assertLoadFails(other, 1, log2.getName, "version 1", "CRC32C")
   }
 
   test("a truncated or missing manifest fails the load, naming it and the version") {
@@ -357,8 +473,8 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     r.release(); p.close(); q.close()
   }
 
-  test("commits upload only new files and report their phases") {
-    val p = newProvider(tempDir())
+  test("snapshot commits upload only new files and report their phases") {
+    val p = newProvider(tempDir(), snapshotMode)
     commitWith(p, 0) { s => (0 until 1000).foreach(i => s.put(key(s"k$i"), value(i))) }
     val s = p.getStore(1)
     s.put(key("one-more"), value(1))

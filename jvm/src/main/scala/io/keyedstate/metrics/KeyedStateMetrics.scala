@@ -16,18 +16,22 @@ object KeyedStateMetrics {
   val CommitBytesUploaded = StateStoreCustomSizeMetric("keyedstateCommitBytesUploaded", "keyedstate commit: bytes uploaded")
   val CommitFilesUploaded = StateStoreCustomSumMetric("keyedstateCommitFilesUploaded", "keyedstate commit: files uploaded")
   val CommitFilesReused = StateStoreCustomSumMetric("keyedstateCommitFilesReused", "keyedstate commit: files shared with the previous version")
+  val CommitChangelogRecords = StateStoreCustomSumMetric("keyedstateCommitChangelogRecords", "keyedstate commit: changelog records written")
+  val SnapshotBytesUploaded = StateStoreCustomSizeMetric("keyedstateSnapshotBytesUploaded", "keyedstate: bytes of background snapshots that completed")
   val LoadMs = StateStoreCustomTimingMetric("keyedstateLoadMs", "keyedstate load: time to restore a version from the checkpoint")
   val LoadBytesDownloaded = StateStoreCustomSizeMetric("keyedstateLoadBytesDownloaded", "keyedstate load: bytes downloaded")
+  val LoadChangelogRecordsReplayed = StateStoreCustomSumMetric("keyedstateLoadChangelogRecordsReplayed", "keyedstate load: changelog records replayed")
   val LoadFilesReusedLocally = StateStoreCustomSumMetric("keyedstateLoadFilesReusedLocally", "keyedstate load: files reused from local disk")
   val SstFilesBytes = StateStoreCustomSizeMetric("keyedstateSstFilesBytes", "keyedstate: live SST bytes")
 
   val all: Seq[StateStoreCustomMetric] = Seq(CommitFlushMs, CommitCheckpointMs, CommitUploadMs,
-    CommitManifestMs, CommitBytesUploaded, CommitFilesUploaded, CommitFilesReused, LoadMs,
-    LoadBytesDownloaded, LoadFilesReusedLocally, SstFilesBytes)
+    CommitManifestMs, CommitBytesUploaded, CommitFilesUploaded, CommitFilesReused,
+    CommitChangelogRecords, SnapshotBytesUploaded, LoadMs, LoadBytesDownloaded,
+    LoadFilesReusedLocally, LoadChangelogRecordsReplayed, SstFilesBytes)
 
   def of(commit: Option[CommitStats], load: Option[LoadStats], sstBytes: Long): Map[StateStoreCustomMetric, Long] = {
-    val c = commit.getOrElse(CommitStats(0, 0, 0, 0, 0, 0, 0))
-    val l = load.getOrElse(LoadStats(0, 0, 0, 0))
+    val c = commit.getOrElse(CommitStats())
+    val l = load.getOrElse(LoadStats())
     Map(
       CommitFlushMs -> c.flushMs,
       CommitCheckpointMs -> c.checkpointMs,
@@ -36,6 +40,9 @@ object KeyedStateMetrics {
       CommitBytesUploaded -> c.bytesUploaded,
       CommitFilesUploaded -> c.filesUploaded.toLong,
       CommitFilesReused -> c.filesReused.toLong,
+      CommitChangelogRecords -> c.changelogRecords,
+      SnapshotBytesUploaded -> c.snapshotBytesUploaded,
+      LoadChangelogRecordsReplayed -> l.changelogRecordsReplayed,
       LoadMs -> l.loadMs,
       LoadBytesDownloaded -> l.bytesDownloaded,
       LoadFilesReusedLocally -> l.filesReusedLocally.toLong,

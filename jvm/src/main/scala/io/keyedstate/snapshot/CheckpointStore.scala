@@ -23,6 +23,7 @@ class CheckpointFileException(message: String, cause: Throwable = null)
  * {{{
  *   shared/<sst name>-<commit id>.sst    immutable files, shared by every version that lists them
  *   private/<version>-<commit id>-<name> RocksDB's small per-checkpoint files (MANIFEST, OPTIONS, CURRENT)
+ *   changelog/<version>-<commit id>.changelog  one version's changes (changelog checkpointing)
  *   <version>.manifest                   checkpoint format v1: the version's manifest
  *   <version>_<commit id>.manifest       checkpoint format v2: one per commit id
  * }}}
@@ -47,9 +48,9 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
     }
   }.sortBy(r => (r.version, r.modificationTime))
 
-  /** Files under shared/ and private/, as paths relative to the root. */
+  /** Files under shared/, private/ and changelog/, as paths relative to the root. */
   def listDataFiles(): Seq[(String, FileStatus)] =
-    Seq(SharedDir, PrivateDir).flatMap { d =>
+    Seq(SharedDir, PrivateDir, ChangelogDir).flatMap { d =>
       listOrEmpty(new Path(root, d))
         // Hidden files are the file system's own (e.g. Hadoop's .crc side files).
         .filterNot(st => st.getPath.getName.startsWith("."))
@@ -158,6 +159,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
 object CheckpointStore {
   val SharedDir = "shared"
   val PrivateDir = "private"
+  val ChangelogDir = "changelog"
   private val ManifestSuffix = ".manifest"
 
   def manifestName(version: Long, checkpointId: Option[String]): String =

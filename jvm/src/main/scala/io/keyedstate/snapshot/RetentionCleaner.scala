@@ -10,7 +10,7 @@ final case class CleanupStats(manifestsDeleted: Int, filesDeleted: Int, bytesDel
 /**
  * Deletes what no retained version needs. The newest `minBatchesToRetain` versions (every
  * attempt of each) are kept; older manifests are deleted oldest first, then every file under
- * shared/ and private/ that no remaining manifest lists. That covers the files of deleted
+ * shared/, private/ and changelog/ that no remaining manifest lists. That covers the files of deleted
  * versions and the orphans of failed, aborted or superseded commits. A file younger than
  * `orphanFileGracePeriodMs` is left alone, since it may belong to a commit still in flight on
  * another executor (a speculative or zombie attempt).
@@ -19,7 +19,8 @@ final class RetentionCleaner(store: CheckpointStore, conf: KeyedStateConf) {
   // Manifests are immutable once written (a v1 retry replaces the file, changing its mtime).
   private val referencedByManifest = new ConcurrentHashMap[(String, Long), Set[String]]()
 
-  def cleanup(nowMs: Long = System.currentTimeMillis()): CleanupStats = {
+  /** @param inFlight paths of uploads whose manifest is not written yet (never deleted) */
+  def cleanup(inFlight: String => Boolean = _ => false, nowMs: Long = System.currentTimeMillis()): CleanupStats = {
     val manifests = store.listManifests()
     if (manifests.isEmpty) return CleanupStats(0, 0, 0)
     val versions = manifests.map(_.version).distinct.sorted
@@ -30,7 +31,7 @@ final class RetentionCleaner(store: CheckpointStore, conf: KeyedStateConf) {
     val referenced = kept.iterator.flatMap(referencedFiles).toSet
     val orphanCutoff = nowMs - conf.orphanFileGracePeriodMs
     val deletable = store.listDataFiles().filter { case (relative, status) =>
-      !referenced(relative) && status.getModificationTime <= orphanCutoff
+      !referenced(relative) && !inFlight(relative) && status.getModificationTime <= orphanCutoff
     }
     deletable.foreach { case (_, status) => store.delete(status.getPath) }
 
@@ -41,5 +42,5 @@ final class RetentionCleaner(store: CheckpointStore, conf: KeyedStateConf) {
 
   private def referencedFiles(ref: ManifestRef): Set[String] =
     referencedByManifest.computeIfAbsent((ref.path.getName, ref.modificationTime),
-      _ => store.readManifest(ref.path, ref.version).files.iterator.map(_.path).toSet)
+      _ => store.readManifest(ref.path, ref.version).allFiles.iterator.map(_.path).toSet)
 }

@@ -7,6 +7,9 @@ import org.json4s.jackson.Serialization
  *  its size and CRC32C, checked when it is downloaded. */
 final case class ManifestFile(localName: String, path: String, size: Long, crc32c: Long)
 
+/** The changes of one version, replayed on top of the snapshot a manifest names. */
+final case class ChangelogFile(version: Long, file: ManifestFile)
+
 /** A column family in a version, with what is needed to read it without Spark's metadata. */
 final case class ManifestColumnFamily(
     name: String,
@@ -21,6 +24,10 @@ final case class ManifestColumnFamily(
  * The manifest of one committed version of one store partition. A version exists exactly when
  * its manifest exists: the manifest is written atomically after every file it lists is durable.
  *
+ * The state of the version is the snapshot of `snapshotVersion` (the RocksDB files in `files`)
+ * with the `changelogs` of the later versions replayed in order; a version committed as a full
+ * snapshot has no changelogs.
+ *
  * `checkpointId` is the unique id of this commit (Spark's checkpoint format v2 names versions by
  * it; v1 does not), `baseCheckpointId` the id of the version it was built on.
  */
@@ -31,10 +38,14 @@ final case class VersionManifest(
     baseCheckpointId: Option[String],
     createdAtMs: Long,
     columnFamilies: Seq[ManifestColumnFamily],
-    files: Seq[ManifestFile]) {
+    snapshotVersion: Long,
+    files: Seq[ManifestFile],
+    changelogs: Seq[ChangelogFile]) {
 
   def sharedFiles: Seq[ManifestFile] = files.filter(f => VersionManifest.isShared(f.localName))
-  def totalBytes: Long = files.iterator.map(_.size).sum
+  /** Every durable file the version needs. */
+  def allFiles: Seq[ManifestFile] = files ++ changelogs.map(_.file)
+  def totalBytes: Long = allFiles.iterator.map(_.size).sum
 }
 
 object VersionManifest {

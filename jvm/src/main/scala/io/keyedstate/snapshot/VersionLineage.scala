@@ -1,0 +1,149 @@
+package io.keyedstate.snapshot
+
+import java.util.concurrent.{Executors, ThreadFactory}
+import java.util.concurrent.atomic.AtomicInteger
+
+import scala.concurrent.{ExecutionContext, Future}
+import scala.util.{Failure, Success}
+
+import org.apache.spark.internal.Logging
+
+import io.keyedstate.KeyedStateConf
+import io.keyedstate.rocks.LocalRocksDB
+
+/**
+ * The durable history behind a loaded RocksDB instance, and the commit path that extends it.
+ *
+ * With changelog checkpointing (the default) a commit uploads only the version's changelog and
+ * the manifest. Every `snapshotInterval` versions it also takes a native checkpoint (hard links,
+ * synchronously: the only part that needs the task) and uploads its new SST files in the
+ * background; the first commit after that upload finished bases its manifest on the new
+ * snapshot, so a load replays at most about `snapshotInterval` changelogs. Without changelog
+ * checkpointing every commit is a full, incremental snapshot.
+ */
+final class VersionLineage(
+    store: CheckpointStore,
+    snapshots: SnapshotStrategy,
+    cache: LocalFileCache,
+    conf: KeyedStateConf,
+    snapshotInterval: Int,
+    private var _version: Long,
+    private var _checkpointId: Option[String],
+    private var snapshotVersion: Long,
+    private var snapshotFiles: Seq[ManifestFile],
+    private var changelogs: Vector[ChangelogFile]) extends Logging {
+
+  private case class Pending(checkpoint: LocalCheckpoint, upload: Future[UploadedSnapshot])
+  private var pending: Option[Pending] = None
+
+  def version: Long = _version
+  def checkpointId: Option[String] = _checkpointId
+
+  /** Paths an unfinished background upload may write: cleanup must leave them alone. */
+  def inFlight(path: String): Boolean =
+    pending.exists(p => SnapshotStrategy.belongsTo(path, p.checkpoint.snapshotId))
+
+  def commit(
+      db: LocalRocksDB,
+      changelog: Option[Changelog.Writer],
+      columnFamilies: Seq[ManifestColumnFamily],
+      newVersion: Long,
+      commitId: String,
+      forceSnapshot: Boolean): (VersionManifest, CommitStats) = {
+    var stats = CommitStats()
+
+    // 1. This version's changes.
+    val logged = changelog.filter(_ => conf.changelogCheckpointing).filter(_.numRecords > 0).map { w =>
+      w.finish()
+      var entry: ManifestFile = null
+      val ms = LocalFiles.timed { entry = snapshots.uploadChangelog(w.file, newVersion, commitId) }
+      cache.adopt(w.file, entry)
+      stats = stats.copy(uploadMs = ms, bytesUploaded = entry.size, filesUploaded = 1,
+        changelogRecords = w.numRecords)
+      ChangelogFile(newVersion, entry)
+    }
+    changelog.foreach(_.close()) // deletes the local log unless it was adopted above
+
+    // 2. A background snapshot that finished becomes the base.
+    stats = promoteFinishedSnapshot(stats)
+
+    // 3. Snapshot now?
+    if (!conf.changelogCheckpointing) {
+      val cp = snapshots.checkpointLocally(db, newVersion, commitId)
+      try {
+        val up = snapshots.upload(cp, snapshotFiles)
+        up.local.foreach { case (f, e) => cache.adopt(f, e) }
+        rebase(newVersion, up.files)
+        stats = stats.copy(flushMs = cp.flushMs, checkpointMs = cp.checkpointMs, uploadMs = up.uploadMs,
+          bytesUploaded = up.bytesUploaded, filesUploaded = up.filesUploaded, filesReused = up.filesReused)
+      } finally snapshots.discard(cp)
+    } else {
+      changelogs = changelogs ++ logged
+      if (pending.isEmpty && (forceSnapshot || newVersion - snapshotVersion >= snapshotInterval)) {
+        val cp = snapshots.checkpointLocally(db, newVersion, commitId)
+        val base = snapshotFiles
+        pending = Some(Pending(cp, Future(snapshots.upload(cp, base))(VersionLineage.uploads(conf))))
+        stats = stats.copy(flushMs = cp.flushMs, checkpointMs = cp.checkpointMs)
+      }
+    }
+
+    // 4. The manifest makes the version exist.
+    val manifest = VersionManifest(VersionManifest.FormatVersion, newVersion, commitId, _checkpointId,
+      System.currentTimeMillis(), columnFamilies, snapshotVersion, snapshotFiles, changelogs)
+    val manifestMs = LocalFiles.timed(store.writeManifest(manifest, conf.checkpointIdsEnabled))
+    cache.retainOnly(manifest.allFiles)
+    _version = newVersion
+    _checkpointId = Some(commitId)
+    (manifest, stats.copy(manifestMs = manifestMs))
+  }
+
+  private def promoteFinishedSnapshot(stats: CommitStats): CommitStats = pending match {
+    case Some(Pending(cp, upload)) if upload.isCompleted =>
+      pending = None
+      try upload.value.get match {
+        case Success(up) =>
+          up.local.foreach { case (f, e) => cache.adopt(f, e) }
+          rebase(up.version, up.files)
+          stats.copy(snapshotBytesUploaded = up.bytesUploaded)
+        case Failure(e) =>
+          logWarning(s"Background snapshot of version ${cp.version} failed; the next one retries", e)
+          stats
+      } finally snapshots.discard(cp)
+    case _ => stats
+  }
+
+  private def rebase(version: Long, files: Seq[ManifestFile]): Unit = {
+    snapshotVersion = version
+    snapshotFiles = files
+    changelogs = changelogs.filter(_.version > version)
+  }
+
+  /** Waits for a background snapshot upload, if one runs (tests and orderly shutdown). */
+  def awaitPendingSnapshot(): Unit =
+    pending.foreach(p => scala.concurrent.Await.ready(p.upload, scala.concurrent.duration.Duration.Inf))
+
+  /** The instance is being dropped: a running upload finishes alone, its files become orphans. */
+  def close(): Unit = pending.foreach { p =>
+    pending = None
+    p.upload.onComplete(_ => snapshots.discard(p.checkpoint))(VersionLineage.uploads(conf))
+  }
+}
+
+object VersionLineage {
+  @volatile private var pool: ExecutionContext = _
+
+  /** Background snapshot uploads, one pool per executor JVM (file transfers use their own). */
+  private def uploads(conf: KeyedStateConf): ExecutionContext = synchronized {
+    if (pool == null) {
+      val counter = new AtomicInteger()
+      val factory: ThreadFactory = r => {
+        val t = new Thread(r, s"keyedstate-snapshot-${counter.incrementAndGet()}")
+        t.setDaemon(true)
+        t
+      }
+      pool = ExecutionContext.fromExecutorService(
+        Executors.newFixedThreadPool(math.max(1, conf.transferThreads / 2), factory))
+    }
+    pool
+  }
+}
