@@ -22,7 +22,7 @@ setup: $(PY) jar
 jar: $(PY)
 	$(SBT) package
 	mkdir -p $(dir $(JAR))
-	cp $(JAR_SRC) $(JAR)
+	cp $(JAR_SRC) $(JAR).tmp && mv $(JAR).tmp $(JAR)
 
 demo: setup
 	$(PY) -m keyedstate.demo

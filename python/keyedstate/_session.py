@@ -24,6 +24,7 @@ OPTIONS: dict[str, str] = {
     "verify_checksums_on_load": "verifyChecksumsOnLoad",
     "orphan_file_grace_period_ms": "orphanFileGracePeriodMs",
     "max_open_files": "maxOpenFiles",
+    "changelog_checkpointing": "changelogCheckpointing",
 }
 
 _JAR_NAME = "keyedstate.jar"
