@@ -7,7 +7,7 @@ import java.util.zip.CRC32C
 import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{FileStatus, FileSystem, Path}
+import org.apache.hadoop.fs.{FileStatus, FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 
 /** A manifest found in the store directory. */
@@ -31,7 +31,13 @@ class CheckpointFileException(message: String, cause: Throwable = null)
 final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
   import CheckpointStore._
 
-  private val fs: FileSystem = root.getFileSystem(hadoopConf)
+  // On the local file system, skip Hadoop's checksummed wrapper: its .crc side files double
+  // every write, and every file here carries its own CRC32C in the manifest already.
+  private val fs: FileSystem = root.getFileSystem(hadoopConf) match {
+    case local: LocalFileSystem => local.getRawFileSystem
+    case other => other
+  }
+  private val isLocal = fs.isInstanceOf[RawLocalFileSystem]
   private lazy val fileManager = CheckpointFileManager.create(root, hadoopConf)
 
   def manifestPath(version: Long, checkpointId: Option[String]): Path =
@@ -52,7 +58,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
   def listDataFiles(): Seq[(String, FileStatus)] =
     Seq(SharedDir, PrivateDir, ChangelogDir).flatMap { d =>
       listOrEmpty(new Path(root, d))
-        // Hidden files are the file system's own (e.g. Hadoop's .crc side files).
+        // Hidden files are temporary or the file system's own (e.g. Hadoop's .crc side files).
         .filterNot(st => st.getPath.getName.startsWith("."))
         .map(st => (s"$d/${st.getPath.getName}", st))
     }
@@ -91,14 +97,36 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
   /** Atomic: readers see the whole manifest or none. With v1, a retried attempt replaces it. */
   def writeManifest(m: VersionManifest, checkpointIdsEnabled: Boolean): Unit = {
     val path = manifestPath(m.version, if (checkpointIdsEnabled) Some(m.checkpointId) else None)
+    val bytes = VersionManifest.toJson(m).getBytes(UTF_8)
+    if (isLocal) writeLocalAtomically(path, bytes, m.version) else writeAtomically(path, bytes, m.version)
+  }
+
+  /** A temporary file renamed over the target: POSIX rename is atomic and replaces. */
+  private def writeLocalAtomically(path: Path, bytes: Array[Byte], version: Long): Unit = {
+    val tmp = new Path(root, s".${path.getName}.${java.util.UUID.randomUUID()}.tmp")
+    try {
+      val out = fs.create(tmp, true)
+      try out.write(bytes) finally out.close()
+      val target = new java.io.File(path.toUri.getPath).toPath
+      java.nio.file.Files.move(new java.io.File(tmp.toUri.getPath).toPath, target,
+        java.nio.file.StandardCopyOption.ATOMIC_MOVE, java.nio.file.StandardCopyOption.REPLACE_EXISTING)
+    } catch {
+      case NonFatal(e) =>
+        delete(tmp)
+        throw new CheckpointFileException(s"Cannot write state manifest $path for version $version", e)
+    }
+  }
+
+  /** Spark's CheckpointFileManager picks the atomic write each file system supports. */
+  private def writeAtomically(path: Path, bytes: Array[Byte], version: Long): Unit = {
     val out = fileManager.createAtomic(path, true)
     try {
-      out.write(VersionManifest.toJson(m).getBytes(UTF_8))
+      out.write(bytes)
       out.close()
     } catch {
       case NonFatal(e) =>
         out.cancel()
-        throw new CheckpointFileException(s"Cannot write state manifest $path for version ${m.version}", e)
+        throw new CheckpointFileException(s"Cannot write state manifest $path for version $version", e)
     }
   }
 

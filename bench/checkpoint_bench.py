@@ -1,0 +1,242 @@
+"""Checkpointing benchmark: keyedstate against Spark's own state store providers.
+
+One command runs the same stateful aggregation (count and sum per key) under each provider,
+side by side in one process, and reports absolute figures and ratios to keyedstate:
+
+* throughput (input rows per second of batch time) while a steady share of a large key space
+  is updated every batch;
+* commit latency p50/p99 (Spark's ``commitTimeMs`` of the aggregation, summed over partitions);
+* bytes written to the checkpoint's ``state/`` folder per batch (new or changed files, Hadoop's
+  ``.crc`` side files left out), background snapshot uploads included in the batch they land in;
+* restart: time from ``start()`` to the first completed batch of a query restarted with a large
+  state (``--restart-keys``), the state loaded from the checkpoint by new provider instances.
+
+    python bench/checkpoint_bench.py            # the documented run (docs/benchmarks.md)
+    python bench/checkpoint_bench.py --keys 200000 --updates 20000 --restart-keys 500000  # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+import keyedstate  # noqa: E402
+
+SPARK_STATE = "org.apache.spark.sql.execution.streaming.state."
+PROVIDERS: dict[str, dict[str, str]] = {
+    "hdfs": {"providerClass": SPARK_STATE + "HDFSBackedStateStoreProvider"},
+    "rocksdb": {
+        "providerClass": SPARK_STATE + "RocksDBStateStoreProvider",
+        "rocksdb.changelogCheckpointing.enabled": "false",
+    },
+    "rocksdb-changelog": {
+        "providerClass": SPARK_STATE + "RocksDBStateStoreProvider",
+        "rocksdb.changelogCheckpointing.enabled": "true",
+    },
+    "keyedstate": {"providerClass": keyedstate.PROVIDER_CLASS},
+    "keyedstate-snapshots": {
+        "providerClass": keyedstate.PROVIDER_CLASS,
+        "keyedstate.changelogCheckpointing": "false",
+    },
+}
+ALL_KEYS = sorted({k for conf in PROVIDERS.values() for k in conf})
+
+
+@dataclass
+class Result:
+    provider: str
+    rows_per_s: float = 0.0
+    commit_ms: list[float] = field(default_factory=list)
+    bytes_per_batch: list[int] = field(default_factory=list)
+    restart_s: float | None = None
+
+    def p(self, q: float) -> float:
+        data = sorted(self.commit_ms)
+        return data[min(len(data) - 1, int(q * len(data)))] if data else float("nan")
+
+
+def state_files(checkpoint: Path) -> dict[str, tuple[int, float]]:
+    root = checkpoint / "state"
+    if not root.exists():
+        return {}
+    return {
+        str(p): (p.stat().st_size, p.stat().st_mtime)
+        for p in root.rglob("*")
+        if p.is_file() and not p.name.endswith(".crc")
+    }
+
+
+def written_since(before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]]) -> int:
+    return sum(size for path, (size, mtime) in after.items() if before.get(path) != (size, mtime))
+
+
+def use_provider(spark: SparkSession, name: str) -> None:
+    for key in ALL_KEYS:
+        spark.conf.unset("spark.sql.streaming.stateStore." + key)
+    for key, value in PROVIDERS[name].items():
+        spark.conf.set("spark.sql.streaming.stateStore." + key, value)
+
+
+def generate(spark: SparkSession, folder: Path, keys: int, updates: int, batches: int,
+             restart_keys: int) -> None:
+    """Parquet inputs: all keys once, then `batches` files of `updates` random keys."""
+    if (folder / "done").exists():
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+
+    def write(df: object, name: str) -> None:
+        df.coalesce(1).write.parquet(str(folder / name))  # type: ignore[attr-defined]
+
+    write(spark.range(keys).select(F.col("id").alias("key"), F.lit(1).alias("v")), "initial")
+    for b in range(batches):
+        updated = (F.rand(seed=b) * keys).cast("long").alias("key")
+        write(spark.range(updates).select(updated, F.lit(1).alias("v")), f"update-{b:03d}")
+    write(spark.range(restart_keys).select(F.col("id").alias("key"), F.lit(1).alias("v")), "big")
+    write(spark.range(1000).select(F.col("id").alias("key"), F.lit(1).alias("v")), "after-restart")
+    (folder / "done").touch()
+
+
+def start(spark: SparkSession, inputs: Path, checkpoint: Path):  # noqa: ANN201
+    schema = "key long, v int"
+    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(inputs))
+    agg = stream.groupBy("key").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+    return (
+        agg.writeStream.format("noop").outputMode("update")
+        .option("checkpointLocation", str(checkpoint)).start()
+    )
+
+
+def feed(data: Path, name: str, inputs: Path) -> None:
+    for part in (data / name).glob("*.parquet"):
+        shutil.copy(part, inputs / f"{name}-{part.name}")
+
+
+def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches: int) -> Result:
+    use_provider(spark, name)
+    inputs, checkpoint = work / name / "in", work / name / "ck"
+    inputs.mkdir(parents=True)
+    query = start(spark, inputs, checkpoint)
+    feed(data, "initial", inputs)
+    query.processAllAvailable()
+    result = Result(name)
+    rows, seconds = 0, 0.0
+    before = state_files(checkpoint)
+    for b in range(batches):
+        feed(data, f"update-{b:03d}", inputs)
+        query.processAllAvailable()
+        progress = query.lastProgress
+        after = state_files(checkpoint)
+        result.bytes_per_batch.append(written_since(before, after))
+        before = after
+        rows += progress["numInputRows"]
+        seconds += progress["durationMs"]["triggerExecution"] / 1000
+        result.commit_ms.append(progress["stateOperators"][0]["commitTimeMs"])
+    query.stop()
+    result.rows_per_s = rows / seconds
+    shutil.rmtree(work / name, ignore_errors=True)
+    return result
+
+
+def run_restart(spark: SparkSession, name: str, data: Path, work: Path) -> float:
+    use_provider(spark, name)
+    inputs, checkpoint = work / name / "in", work / name / "ck"
+    inputs.mkdir(parents=True)
+    query = start(spark, inputs, checkpoint)
+    feed(data, "big", inputs)
+    query.processAllAvailable()
+    query.stop()
+    time.sleep(2)  # let maintenance threads settle
+    feed(data, "after-restart", inputs)
+    began = time.perf_counter()
+    query = start(spark, inputs, checkpoint)
+    query.processAllAvailable()
+    elapsed = time.perf_counter() - began
+    query.stop()
+    shutil.rmtree(work / name, ignore_errors=True)
+    return elapsed
+
+
+def report(results: list[Result], reference: str = "keyedstate") -> str:
+    ref = next(r for r in results if r.provider == reference)
+    lines = [
+        "| provider | rows/s | x keyedstate | commit p50 ms | x | commit p99 ms | x "
+        "| bytes/batch | x | restart s | x |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return f"{a / b:.2f}" if a and b else "n/a"
+
+    for r in results:
+        mean_bytes = statistics.mean(r.bytes_per_batch) if r.bytes_per_batch else 0
+        ref_bytes = statistics.mean(ref.bytes_per_batch)
+        lines.append(
+            f"| {r.provider} | {r.rows_per_s:,.0f} | {ratio(r.rows_per_s, ref.rows_per_s)} "
+            f"| {r.p(0.5):.0f} | {ratio(r.p(0.5), ref.p(0.5))} "
+            f"| {r.p(0.99):.0f} | {ratio(r.p(0.99), ref.p(0.99))} "
+            f"| {mean_bytes:,.0f} | {ratio(mean_bytes, ref_bytes)} "
+            f"| {r.restart_s if r.restart_s is None else f'{r.restart_s:.1f}'} "
+            f"| {ratio(r.restart_s, ref.restart_s)} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--updates", type=int, default=100_000, help="rows per update batch")
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--restart-keys", type=int, default=10_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--providers", default=",".join(PROVIDERS))
+    parser.add_argument("--restart-providers", default="rocksdb,rocksdb-changelog,keyedstate")
+    parser.add_argument("--data", default=str(Path(tempfile.gettempdir()) / "keyedstate-bench"))
+    parser.add_argument("--json", help="also write the raw figures here")
+    args = parser.parse_args()
+
+    spark = keyedstate.configure(
+        SparkSession.builder.master("local[2]").appName("checkpoint-bench")
+        .config("spark.driver.memory", "8g")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(args.partitions))
+        .config("spark.sql.streaming.stateStore.maintenanceInterval", "10s")
+    ).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    data = Path(args.data) / f"k{args.keys}-u{args.updates}-b{args.batches}-r{args.restart_keys}"
+    generate(spark, data, args.keys, args.updates, args.batches, args.restart_keys)
+    work = Path(tempfile.mkdtemp(prefix="keyedstate-bench-"))
+    results = []
+    try:
+        for name in args.providers.split(","):
+            print(f"[updates] {name} ...", flush=True)
+            results.append(run_updates(spark, name, data, work, args.batches))
+        for name in args.restart_providers.split(","):
+            if not name:
+                continue
+            print(f"[restart] {name} ...", flush=True)
+            seconds = run_restart(spark, name, data, work)
+            next(r for r in results if r.provider == name).restart_s = seconds
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\nkeys={args.keys:,} updates/batch={args.updates:,} batches={args.batches} "
+          f"restart keys={args.restart_keys:,} partitions={args.partitions}\n")
+    print(report(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
