@@ -83,10 +83,11 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 
     checkpointStore = new CheckpointStore(new Path(stateStoreId.storeCheckpointLocation().toString), hadoopConf)
     checkpointStore.ensureRoot()
-    localRoot = new File(KeyedStateStoreProvider.localBaseDir(conf),
+    val localBase = KeyedStateStoreProvider.localBaseDir(conf)
+    localRoot = new File(localBase,
       s"${stateStoreId.operatorId}-${stateStoreId.partitionId}-${stateStoreId.storeName}-${UUID.randomUUID()}")
     dbDir = new File(localRoot, "db")
-    cache = new LocalFileCache(new File(localRoot, "cache"))
+    cache = LocalFileCache.forStore(new File(localBase, "cache"), checkpointStore.root.toString)
     workDir = new File(localRoot, "work")
     workDir.mkdirs()
     snapshots = new SnapshotStrategy(checkpointStore, workDir, conf)
@@ -217,19 +218,26 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
             checkpointId)}) could not be opened: ${e.getMessage}", e)
       }
     try {
-      val logs = restores.fetch(manifest.changelogs.map(_.file), version)
-      val replayed = manifest.changelogs.zip(logs).map { case (log, (local, _)) =>
-        Changelog.replay(local, db, checkpointStore.resolve(log.file.path).toString, log.version)
-      }.sum
+      val replayDir = new File(workDir, s"replay-${UUID.randomUUID()}")
+      val logs =
+        try {
+          val fetched = restores.fetchInto(manifest.changelogs.map(_.file), version, replayDir)(
+            _.path.replace('/', '_'))
+          val replayed = manifest.changelogs.zip(fetched).map { case (log, (local, _)) =>
+            Changelog.replay(local, db, checkpointStore.resolve(log.file.path).toString, log.version)
+          }.sum
+          (fetched, replayed)
+        } finally LocalFiles.deleteRecursively(replayDir)
+      val replayed = logs._2
       cache.retainOnly(manifest.allFiles)
       install(db, manifest.columnFamilies, newLineage(version, Some(manifest.checkpointId),
         manifest.snapshotVersion, manifest.files, manifest.changelogs.toVector))
-      val fetched = snapshotFiles ++ logs
+      val fetched = snapshotFiles ++ logs._1
       val stats = LoadStats(
         loadMs = (System.nanoTime() - start) / 1000000,
-        bytesDownloaded = fetched.iterator.map(_._2).sum,
-        filesDownloaded = fetched.count(_._2 > 0),
-        filesReusedLocally = fetched.count(_._2 == 0),
+        bytesDownloaded = fetched.iterator.flatMap(_._2).sum,
+        filesDownloaded = fetched.count(_._2.isDefined),
+        filesReusedLocally = fetched.count(_._2.isEmpty),
         changelogRecordsReplayed = replayed)
       logInfo(s"Loaded $id version $version: $stats")
       stats
@@ -368,6 +376,16 @@ object KeyedStateStoreProvider {
       .orElse(sparkLocal)
       .map(_.split(",").head.trim)
       .getOrElse(System.getProperty("java.io.tmpdir"))
-    new File(base, "keyedstate")
+    val dir = new File(base, "keyedstate")
+    registerCacheCleanup(new File(dir, "cache"))
+    dir
   }
+
+  private val cacheDirsToClean = java.util.concurrent.ConcurrentHashMap.newKeySet[File]()
+
+  /** Local recovery serves executors that live on; an executor that exits leaves no cache. */
+  private def registerCacheCleanup(cacheDir: File): Unit =
+    if (cacheDirsToClean.add(cacheDir)) {
+      sys.addShutdownHook(LocalFiles.deleteRecursively(cacheDir))
+    }
 }

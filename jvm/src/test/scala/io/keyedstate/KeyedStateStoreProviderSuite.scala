@@ -28,7 +28,8 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     assert(commitWith(a, 2) { s => s.put(key("b"), value(20)) } == 3)
     a.close()
 
-    val b = newProvider(root) // another local directory: everything comes from the checkpoint
+    // Another executor: another local directory, everything comes from the checkpoint.
+    val b = newProvider(root, storeConf(KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath))
     def at(v: Long) = { val s = b.getReadStore(v); try contents(s) finally s.release() }
     assert(at(1) == Map(("a", 0) -> 1L, ("b", 0) -> 2L))
     assert(at(2) == Map(("b", 0) -> 2L, ("c", 0) -> 3L))
@@ -40,6 +41,34 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     assert(s.metrics.numKeys == 2)
     s.abort()
     b.close()
+  }
+
+  test("a restart on the same executor links files from the local cache; a new executor downloads") {
+    val root = tempDir()
+    val local = tempDir().getAbsolutePath
+    val conf = storeConf("spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "2",
+      KeyedStateConf.Prefix + "localDir" -> local)
+    val a = newProvider(root, conf)
+    (0 until 4).foreach { v =>
+      commitWith(a, v.toLong) { s => (0 until 500).foreach(i => s.put(key(s"v$v-$i"), value(i))) }
+      a.awaitSnapshotUpload()
+    }
+    a.close()
+    def loadMetrics(p: KeyedStateStoreProvider): Map[String, Long] = {
+      val s = p.getStore(4)
+      assert(contents(s).size == 2000)
+      val m = s.metrics.customMetrics.map { case (k, v) => k.name -> v }
+      s.abort()
+      p.close()
+      m
+    }
+    val sameExecutor = loadMetrics(newProvider(root, conf))
+    assert(sameExecutor("keyedstateLoadBytesDownloaded") == 0, sameExecutor)
+    assert(sameExecutor("keyedstateLoadFilesReusedLocally") > 0, sameExecutor)
+    val newExecutor = loadMetrics(newProvider(root,
+      storeConf(KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath)))
+    assert(newExecutor("keyedstateLoadBytesDownloaded") > 0, newExecutor)
+    assert(newExecutor("keyedstateLoadFilesReusedLocally") == 0, newExecutor)
   }
 
   test("abort drops the writes; the next store of the version sees the committed state") {
@@ -366,8 +395,10 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     root
   }
 
+  /** Loads on a new executor (its own local directory, so nothing comes from a local cache). */
   private def assertLoadFails(root: File, version: Long, mustMention: String*): Unit = {
-    val p = newProvider(root, snapshotMode)
+    val p = newProvider(root, storeConf(KeyedStateConf.Prefix + "changelogCheckpointing" -> "false",
+      KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath))
     val e = intercept[CheckpointFileException](p.getStore(version))
     mustMention.foreach(m => assert(e.getMessage.contains(m), s"'${e.getMessage}' should mention '$m'"))
     p.close()

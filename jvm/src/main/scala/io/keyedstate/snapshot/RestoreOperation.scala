@@ -1,7 +1,6 @@
 package io.keyedstate.snapshot
 
 import java.io.File
-import java.nio.file.{Files, StandardCopyOption}
 
 import io.keyedstate.KeyedStateConf
 
@@ -14,43 +13,37 @@ final case class LoadStats(
     changelogRecordsReplayed: Long = 0)
 
 /**
- * Brings a version's files to local disk: files still in the local cache are used as they are
- * (local recovery), the rest are downloaded in parallel and checked against the manifest's size
- * and CRC32C. Any missing or damaged file fails the load, naming the file and the version;
- * nothing is papered over.
+ * Brings a version's files to local disk: files still in the local cache are linked (local
+ * recovery), the rest are downloaded in parallel and checked against the manifest's size and
+ * CRC32C. Any missing or damaged file fails the load, naming the file and the version; nothing
+ * is papered over.
  */
 final class RestoreOperation(store: CheckpointStore, cache: LocalFileCache, conf: KeyedStateConf) {
 
-  /** Local copies of `entries` (in order) and the bytes downloaded for each (0 if cached). */
-  def fetch(entries: Seq[ManifestFile], version: Long): Seq[(File, Long)] =
+  /**
+   * Places each entry in `targetDir` under its RocksDB name (`name` maps it), returning the
+   * local file and the bytes downloaded for it (None when the cache had it).
+   */
+  def fetchInto(entries: Seq[ManifestFile], version: Long, targetDir: File)(
+      name: ManifestFile => String = _.localName): Seq[(File, Option[Long])] = {
+    targetDir.mkdirs()
     Transfers.parallel(entries, conf.transferThreads) { entry =>
-      cache.lookup(entry) match {
-        case Some(cached) => cached -> 0L
-        case None =>
-          val staged = cache.stagingFile(entry)
-          try store.download(entry, version, staged, conf.verifyChecksumsOnLoad)
-          catch { case e: Throwable => staged.delete(); throw e }
-          cache.commitStaged(staged, entry) -> entry.size
+      val target = new File(targetDir, name(entry))
+      if (cache.placeInto(entry, target)) target -> None
+      else {
+        val staged = cache.stagingFile(entry)
+        try store.download(entry, version, staged, conf.verifyChecksumsOnLoad)
+        catch { case e: Throwable => staged.delete(); throw e }
+        LocalFileCache.place(staged, target, entry)
+        cache.adopt(staged, entry)
+        target -> Some(entry.size)
       }
     }
-
-  /** Rebuilds `dbDir` from the snapshot files of `manifest`; changelogs are the caller's. */
-  def materialize(manifest: VersionManifest, dbDir: File): Seq[(File, Long)] = {
-    LocalFiles.deleteRecursively(dbDir)
-    dbDir.mkdirs()
-    val fetched = fetch(manifest.files, manifest.version)
-    manifest.files.zip(fetched).foreach { case (entry, (local, _)) =>
-      place(local, new File(dbDir, entry.localName), entry)
-    }
-    fetched
   }
 
-  /** SST files are immutable, so a hard link is safe; RocksDB's small files are copied. */
-  private def place(source: File, target: File, entry: ManifestFile): Unit =
-    if (VersionManifest.isShared(entry.localName)) {
-      try Files.createLink(target.toPath, source.toPath)
-      catch { case _: java.io.IOException | _: UnsupportedOperationException =>
-        Files.copy(source.toPath, target.toPath, StandardCopyOption.REPLACE_EXISTING)
-      }
-    } else Files.copy(source.toPath, target.toPath, StandardCopyOption.REPLACE_EXISTING)
+  /** Rebuilds `dbDir` from the snapshot files of `manifest`; changelogs are the caller's. */
+  def materialize(manifest: VersionManifest, dbDir: File): Seq[(File, Option[Long])] = {
+    LocalFiles.deleteRecursively(dbDir)
+    fetchInto(manifest.files, manifest.version, dbDir)()
+  }
 }
