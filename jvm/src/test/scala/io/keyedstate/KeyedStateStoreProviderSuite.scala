@@ -357,8 +357,11 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     val junk = new File(partitionDir(root), "shared/000099-deadbeef.sst")
     junk.getParentFile.mkdirs()
     java.nio.file.Files.write(junk.toPath, Array[Byte](1, 2, 3))
+    // And a manifest whose writer died before renaming it into place.
+    val deadManifest = new File(partitionDir(root), ".3.manifest.0b5e.tmp")
+    java.nio.file.Files.write(deadManifest.toPath, Array[Byte](123))
     base.doCleanupMaintenance()
-    assert(!junk.exists())
+    assert(!junk.exists() && !deadManifest.exists())
     val again = newProvider(root, conf)
     val r2 = again.getReadStore(2)
     assert(contents(r2) == Map(("a", 0) -> 1L, ("b", 0) -> 3L))

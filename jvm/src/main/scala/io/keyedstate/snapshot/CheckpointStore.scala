@@ -63,6 +63,13 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
         .map(st => (s"$d/${st.getPath.getName}", st))
     }
 
+  /** Temporary manifests left by a writer that died before its rename, as (relative path, status). */
+  def listTemporaryFiles(): Seq[(String, FileStatus)] =
+    listOrEmpty(root).filter { st =>
+      val name = st.getPath.getName
+      st.isFile && name.startsWith(".") && name.endsWith(".tmp")
+    }.map(st => (st.getPath.getName, st))
+
   private def listOrEmpty(dir: Path): Seq[FileStatus] =
     try fs.listStatus(dir).toSeq
     catch { case _: java.io.FileNotFoundException => Seq.empty }

@@ -10,7 +10,8 @@ final case class CleanupStats(manifestsDeleted: Int, filesDeleted: Int, bytesDel
 /**
  * Deletes what no retained version needs. The newest `minBatchesToRetain` versions (every
  * attempt of each) are kept; older manifests are deleted oldest first, then every file under
- * shared/, private/ and changelog/ that no remaining manifest lists. That covers the files of deleted
+ * shared/, private/ and changelog/ that no remaining manifest lists (and temporary manifests of
+ * writers that died before their rename). That covers the files of deleted
  * versions and the orphans of failed, aborted or superseded commits. A file younger than
  * `orphanFileGracePeriodMs` is left alone, since it may belong to a commit still in flight on
  * another executor (a speculative or zombie attempt).
@@ -30,7 +31,7 @@ final class RetentionCleaner(store: CheckpointStore, conf: KeyedStateConf) {
 
     val referenced = kept.iterator.flatMap(referencedFiles).toSet
     val orphanCutoff = nowMs - conf.orphanFileGracePeriodMs
-    val deletable = store.listDataFiles().filter { case (relative, status) =>
+    val deletable = (store.listDataFiles() ++ store.listTemporaryFiles()).filter { case (relative, status) =>
       !referenced(relative) && !inFlight(relative) && status.getModificationTime <= orphanCutoff
     }
     deletable.foreach { case (_, status) => store.delete(status.getPath) }
