@@ -367,7 +367,15 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 }
 
 object KeyedStateStoreProvider {
-  /** `localDir` if set, else the executor's first Spark local directory, else java.io.tmpdir. */
+  /** Distinguishes this JVM's files from those of other executors sharing the local disk. */
+  private val jvmDirName = s"jvm-${UUID.randomUUID()}"
+  private val jvmDirsToClean = java.util.concurrent.ConcurrentHashMap.newKeySet[File]()
+
+  /**
+   * `<base>/keyedstate/jvm-<uuid>`: this executor's working instances and local file cache, under
+   * `localDir` if set, else the executor's first Spark local directory, else java.io.tmpdir.
+   * Local recovery serves executors that live on, so the folder is removed when the JVM exits.
+   */
   private def localBaseDir(conf: KeyedStateConf): File = {
     val sparkLocal = Option(SparkEnv.get).flatMap(_.conf.getOption("spark.local.dir"))
     val base = conf.localDir
@@ -376,16 +384,8 @@ object KeyedStateStoreProvider {
       .orElse(sparkLocal)
       .map(_.split(",").head.trim)
       .getOrElse(System.getProperty("java.io.tmpdir"))
-    val dir = new File(base, "keyedstate")
-    registerCacheCleanup(new File(dir, "cache"))
+    val dir = new File(new File(base, "keyedstate"), jvmDirName)
+    if (jvmDirsToClean.add(dir)) sys.addShutdownHook(LocalFiles.deleteRecursively(dir))
     dir
   }
-
-  private val cacheDirsToClean = java.util.concurrent.ConcurrentHashMap.newKeySet[File]()
-
-  /** Local recovery serves executors that live on; an executor that exits leaves no cache. */
-  private def registerCacheCleanup(cacheDir: File): Unit =
-    if (cacheDirsToClean.add(cacheDir)) {
-      sys.addShutdownHook(LocalFiles.deleteRecursively(cacheDir))
-    }
 }

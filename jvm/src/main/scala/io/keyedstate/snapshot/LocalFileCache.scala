@@ -34,9 +34,17 @@ final class LocalFileCache private (val dir: File, lock: Object) {
       catch { case _: NoSuchFileException => false }
   }
 
-  /** Takes `source` (a file already made durable as `entry`) into the cache. */
+  /**
+   * Takes `source` (a file already made durable as `entry`) into the cache. The cache is only an
+   * optimisation: if the file cannot be kept, it is dropped and a later load downloads it.
+   */
   def adopt(source: File, entry: ManifestFile): Unit = lock.synchronized {
-    Files.move(source.toPath, fileFor(entry).toPath, StandardCopyOption.REPLACE_EXISTING)
+    try {
+      dir.mkdirs()
+      Files.move(source.toPath, fileFor(entry).toPath, StandardCopyOption.REPLACE_EXISTING)
+    } catch {
+      case _: IOException => source.delete()
+    }
   }
 
   /** A file outside the cache's names to download `entry` into, then `adopt`. */
