@@ -220,39 +220,54 @@ class RunResult:
 
 def run_phases(
     spark: SparkSession,
-    provider: str,
+    providers: Sequence[str],
     workdir: Path,
     sources: Mapping[str, StructType],
     phases: Sequence[Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]],
     build: Callable[[Mapping[str, DataFrame]], DataFrame],
     output_mode: str,
-) -> RunResult:
-    """Run one query in phases over the same checkpoint.
+) -> dict[str, RunResult]:
+    """Run one query in phases over the same checkpoint, once per provider.
 
     ``phases[i][source]`` is the list of files (each a list of rows) written to ``source`` before
     run ``i``; each run processes all input available and stops, the next restarts from the
     checkpoint. ``build`` gets the streaming DataFrames by source name and returns the query.
+    The providers' queries (each with its own inputs and checkpoint) run side by side.
     """
-    workdir.mkdir(parents=True, exist_ok=True)
-    inputs = {name: FileInput(workdir / "input" / name, schema) for name, schema in sources.items()}
-    checkpoint = workdir / "checkpoint"
-    result = RunResult(provider=provider, checkpoint=checkpoint, collector=BatchCollector())
-    for phase in phases:
-        for name, files in phase.items():
-            inputs[name].add_all(files)
-        frames = {name: source.read_stream(spark) for name, source in inputs.items()}
-        query = start_query(
-            spark, provider, build(frames), output_mode, checkpoint, result.collector
+    results: dict[str, RunResult] = {}
+    inputs: dict[str, dict[str, FileInput]] = {}
+    for n, provider in enumerate(providers):
+        root = workdir / f"{n}-{provider.rsplit('.', 1)[-1]}"
+        root.mkdir(parents=True, exist_ok=True)
+        inputs[provider] = {
+            name: FileInput(root / "input" / name, schema) for name, schema in sources.items()
+        }
+        results[provider] = RunResult(
+            provider=provider, checkpoint=root / "checkpoint", collector=BatchCollector()
         )
+    for phase in phases:
+        queries: dict[str, StreamingQuery] = {}
         try:
-            await_finished(query)
+            for provider, result in results.items():
+                for name, files in phase.items():
+                    inputs[provider][name].add_all(files)
+                frames = {name: src.read_stream(spark) for name, src in inputs[provider].items()}
+                queries[provider] = start_query(
+                    spark, provider, build(frames), output_mode, result.checkpoint, result.collector
+                )
+            for query in queries.values():
+                await_finished(query)
         finally:
-            if query.isActive:
-                query.stop()
-        result.progresses.append([json.loads(p.json) for p in query.recentProgress])
-    recorded = recorded_provider(checkpoint)
-    assert recorded == provider, f"checkpoint {checkpoint} records provider {recorded}"
-    return result
+            for query in queries.values():
+                if query.isActive:
+                    query.stop()
+        for provider, query in queries.items():
+            progress = [json.loads(p.json) for p in query.recentProgress]
+            results[provider].progresses.append(progress)
+    for provider, result in results.items():
+        recorded = recorded_provider(result.checkpoint)
+        assert recorded == provider, f"{result.checkpoint} records provider {recorded}"
+    return results
 
 
 def recorded_provider(checkpoint: Path) -> str | None:

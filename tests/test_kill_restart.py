@@ -194,8 +194,9 @@ def test_kill_and_restart_is_exactly_once(tmp_path: Path, drivers: list[Driver])
     output = tmp_path / "killed" / "output"
     args = [str(tmp_path / "input"), str(checkpoint), str(output), PROVIDER_UNDER_TEST]
 
-    def commits() -> int:
-        return len(committed_batches(checkpoint))
+    def commits() -> int:  # batches committed so far (old commit files get purged: use the id)
+        done = committed_batches(checkpoint)
+        return done[-1] + 1 if done else 0
 
     def in_flight() -> bool:
         offsets, done = planned_batches(checkpoint), committed_batches(checkpoint)
@@ -208,8 +209,8 @@ def test_kill_and_restart_is_exactly_once(tmp_path: Path, drivers: list[Driver])
     def mid_batch(driver: Driver) -> None:  # a batch is planned but not yet committed
         target = commits() + rng.randint(2, 5)
         wait_for(driver, lambda: commits() >= target, f"{target} commits")
-        wait_for(driver, in_flight, "a batch in flight")
-        time.sleep(rng.uniform(0.0, 0.15))
+        time.sleep(rng.uniform(0.0, 0.3))
+        wait_for(driver, in_flight, "a batch in flight")  # then kill at once
 
     def after_commit(driver: Driver) -> None:  # right after a commit (maintenance, next plan)
         target = commits() + rng.randint(2, 4)
@@ -232,6 +233,7 @@ def test_kill_and_restart_is_exactly_once(tmp_path: Path, drivers: list[Driver])
         str(clean_output),
         PROVIDER_UNDER_TEST,
     ]
+    t0 = time.monotonic()
     clean = Driver(clean_args, tmp_path / "driver-clean.log")
     drivers.append(clean)
 
@@ -253,13 +255,14 @@ def test_kill_and_restart_is_exactly_once(tmp_path: Path, drivers: list[Driver])
             offsets_after=planned_batches(checkpoint),
         )
         kills.append(kill)
-        print(f"kill {kill}")
+        print(f"kill at {time.monotonic() - t0:.1f}s: {kill}")
         assert alive, f"driver had already exited when killed ({kill}):\n{driver.tail()}"
 
     # Restart until the driver finishes by itself.
     final = Driver(args, tmp_path / "driver-final.log")
     drivers.append(final)
     rc = final.wait(timeout=WAIT_TIMEOUT_S * 2)
+    print(f"final restart finished at {time.monotonic() - t0:.1f}s")
     assert rc == 0, f"restarted driver failed (rc={rc}):\n{final.tail()}"
 
     log = "\n".join(map(str, kills))
@@ -270,6 +273,7 @@ def test_kill_and_restart_is_exactly_once(tmp_path: Path, drivers: list[Driver])
     assert committed_batches(checkpoint)[-1] == NUM_FILES - 1
 
     rc = clean.wait(timeout=WAIT_TIMEOUT_S * 2)
+    print(f"uninterrupted run finished at {time.monotonic() - t0:.1f}s")
     assert rc == 0, f"uninterrupted driver failed (rc={rc}):\n{clean.tail()}"
 
     killed_batches = read_outputs(output)

@@ -57,7 +57,9 @@ def main(argv: list[str]) -> int:
     provider = argv[4] if len(argv) == 5 else PROVIDER_UNDER_TEST
     output_dir.mkdir(parents=True, exist_ok=True)
 
-    spark = session_builder("keyedstate-agg-driver", provider).getOrCreate()
+    # Keep few versions, so maintenance deletes old state files while the driver gets killed.
+    builder = session_builder("keyedstate-agg-driver", provider)
+    spark = builder.config("spark.sql.streaming.minBatchesToRetain", "4").getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
 
