@@ -180,11 +180,12 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   }
 
   /** Uncommitted writes are in the working RocksDB: drop it, the next load rebuilds it. */
-  private def discardLoaded(): Unit = {
+  private def discardLoaded(): scala.concurrent.Future[Unit] = {
     loaded.close()
     loaded = null
-    lineage.close()
+    val uploads = lineage.close()
     lineage = null
+    uploads
   }
 
   private def load(version: Long, checkpointId: Option[String], loadEmpty: Boolean): Unit = {
@@ -200,7 +201,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
           newLineage(version, None, snapshotVersion = version, Nil, Vector.empty))
         lastLoad = Some(LoadStats())
       } else {
-        lastLoad = Some(restore(resolveManifest(version, checkpointId), checkpointId))
+        lastLoad = Some(restore(latestBase(resolveManifest(version, checkpointId)), checkpointId))
       }
     }
   }
@@ -268,6 +269,25 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     loaded = inst
     lineage = history
   }
+
+  /**
+   * The manifest, rebased on the newest snapshot of its own history whose upload finished after
+   * the manifest was written (the query stopped before a commit could name it), if any.
+   */
+  private def latestBase(manifest: VersionManifest): VersionManifest =
+    checkpointStore.listSnapshotDescriptors().reverse.iterator
+      .filter(ref => ref.version > manifest.snapshotVersion && ref.version <= manifest.version)
+      .flatMap { ref =>
+        try Some(checkpointStore.readSnapshotDescriptor(ref))
+        catch {
+          case NonFatal(e) =>
+            logWarning(s"Ignoring unreadable snapshot descriptor ${ref.path}: ${e.getMessage}")
+            None
+        }
+      }
+      .find(manifest.hasInLineage)
+      .map(manifest.rebasedOn)
+      .getOrElse(manifest)
 
   /** The manifest of `version`: by checkpoint id (format v2) or by version alone (v1). */
   private def resolveManifest(version: Long, checkpointId: Option[String]): VersionManifest =
@@ -359,8 +379,13 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   }
 
   override def close(): Unit = synchronized {
-    if (loaded != null) discardLoaded()
-    if (localRoot != null) LocalFiles.deleteRecursively(localRoot)
+    val uploads = if (loaded != null) discardLoaded() else scala.concurrent.Future.unit
+    if (localRoot != null) {
+      LocalFiles.deleteRecursively(dbDir)
+      // A background snapshot upload still reads its checkpoint under the work directory.
+      val root = localRoot
+      uploads.onComplete(_ => LocalFiles.deleteRecursively(root))(scala.concurrent.ExecutionContext.parasitic)
+    }
   }
 
   override def toString: String = s"KeyedStateStoreProvider[$id]"

@@ -235,7 +235,9 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
         // A snapshot every 4 versions: 10 replays at most the changelogs since the last one.
         assert(retained.forall(m => m.snapshotVersion >= 4 && m.changelogs.size <= 5), retained)
       }
-      val referenced = retained.flatMap(_.allFiles.map(_.path)).toSet
+      val descriptors = store.listSnapshotDescriptors().map(store.readSnapshotDescriptor)
+      assert(descriptors.forall(_.version >= retained.map(_.snapshotVersion).min), descriptors)
+      val referenced = (retained.flatMap(_.allFiles) ++ descriptors.flatMap(_.files)).map(_.path).toSet
       val present = store.listDataFiles().map(_._1).toSet
       assert(present == referenced, s"unreferenced: ${present -- referenced}, missing: ${referenced -- present}")
 
@@ -309,6 +311,41 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
       }
       fresh.close()
     }
+  }
+
+  test("a snapshot that finished after a run's last commit is the next run's base (chains stay short)") {
+    val root = tempDir()
+    val conf = storeConf("spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "2",
+      KeyedStateConf.Prefix + "orphanFileGracePeriodMs" -> "0")
+    // Six runs of one batch each (like availableNow jobs): no run commits after its snapshot.
+    val replays = (0 until 6).map { v =>
+      val p = newProvider(root, storeConf("spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "2",
+        KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath))
+      val s = p.getStore(v.toLong)
+      val replayed = s.metrics.customMetrics.collectFirst {
+        case (m, x) if m.name == "keyedstateLoadChangelogRecordsReplayed" => x
+      }.get
+      assert(contents(s).size == 100 * v)
+      (0 until 100).foreach(i => s.put(key(s"v$v-$i"), value(i)))
+      s.commit()
+      p.awaitSnapshotUpload()
+      p.doCleanupMaintenance()
+      p.close()
+      replayed
+    }
+    // Each load starts from the newest finished snapshot: at most 2 changelogs of 100 records.
+    assert(replays.forall(_ <= 200), replays)
+    val cleaner = newProvider(root, conf)
+    cleaner.doCleanupMaintenance()
+    cleaner.close()
+    val store = new snapshot.CheckpointStore(
+      new org.apache.hadoop.fs.Path(partitionDir(root).getAbsolutePath), new org.apache.hadoop.conf.Configuration())
+    val m6 = store.readManifest(6, None)
+    val r = newProvider(root, storeConf(KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath))
+    val s6 = r.getReadStore(6)
+    assert(contents(s6).size == 600)
+    s6.release(); r.close()
+    assert(m6.changelogs.size <= 2, m6)
   }
 
   test("changelog commits upload one small file; snapshots follow every minDeltasForSnapshot versions") {

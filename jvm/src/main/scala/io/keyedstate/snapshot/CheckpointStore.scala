@@ -10,7 +10,7 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileStatus, FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 
-/** A manifest found in the store directory. */
+/** A manifest (or snapshot descriptor) found in the store directory. */
 final case class ManifestRef(version: Long, checkpointId: Option[String], path: Path, modificationTime: Long)
 
 /** A store-level failure that names the file and version involved. */
@@ -48,11 +48,28 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
   /** Makes the partition directory exist: Spark's state reader discovers partitions by listing. */
   def ensureRoot(): Unit = if (!fs.exists(root)) fs.mkdirs(root)
 
-  def listManifests(): Seq[ManifestRef] = listOrEmpty(root).flatMap { st =>
-    parseManifestName(st.getPath.getName).map { case (v, id) =>
+  def listManifests(): Seq[ManifestRef] = listNamed(ManifestSuffix)
+
+  def listSnapshotDescriptors(): Seq[ManifestRef] = listNamed(SnapshotSuffix).filter(_.checkpointId.isDefined)
+
+  private def listNamed(suffix: String): Seq[ManifestRef] = listOrEmpty(root).flatMap { st =>
+    parseName(st.getPath.getName, suffix).map { case (v, id) =>
       ManifestRef(v, id, st.getPath, st.getModificationTime)
     }
   }.sortBy(r => (r.version, r.modificationTime))
+
+  def writeSnapshotDescriptor(d: SnapshotDescriptor): Unit = {
+    val path = new Path(root, s"${d.version}_${d.checkpointId}$SnapshotSuffix")
+    val bytes = VersionManifest.toJson(d).getBytes(UTF_8)
+    if (isLocal) writeLocalAtomically(path, bytes, d.version) else writeAtomically(path, bytes, d.version)
+  }
+
+  def readSnapshotDescriptor(ref: ManifestRef): SnapshotDescriptor = {
+    val in = fs.open(ref.path)
+    val d = try VersionManifest.descriptorFromJson(new String(in.readAllBytes(), UTF_8)) finally in.close()
+    require(d.version == ref.version, s"${ref.path} describes version ${d.version}")
+    d
+  }
 
   /** Files under shared/, private/ and changelog/, as paths relative to the root. */
   def listDataFiles(): Seq[(String, FileStatus)] =
@@ -142,13 +159,15 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
     val target = resolve(relative)
     val crc = new CRC32C()
     val in = new FileInputStream(local)
-    try {
-      val out = fs.create(target, false)
-      try copy(in, out, crc) finally out.close()
-    } catch {
-      case NonFatal(e) => throw new CheckpointFileException(s"Cannot upload $local to $target", e)
-    } finally in.close()
-    ManifestFile(localName, relative, local.length(), crc.getValue)
+    val size =
+      try {
+        val out = fs.create(target, false)
+        try copy(in, out, crc) finally out.close()
+      } catch {
+        case NonFatal(e) => throw new CheckpointFileException(s"Cannot upload $local to $target", e)
+      } finally in.close()
+    // The bytes actually written, not the local file's length afterwards.
+    ManifestFile(localName, relative, size, crc.getValue)
   }
 
   /**
@@ -196,14 +215,17 @@ object CheckpointStore {
   val PrivateDir = "private"
   val ChangelogDir = "changelog"
   private val ManifestSuffix = ".manifest"
+  private val SnapshotSuffix = ".snapshot"
 
   def manifestName(version: Long, checkpointId: Option[String]): String =
     checkpointId.fold(s"$version$ManifestSuffix")(id => s"${version}_$id$ManifestSuffix")
 
-  def parseManifestName(name: String): Option[(Long, Option[String])] =
-    if (!name.endsWith(ManifestSuffix)) None
+  def parseManifestName(name: String): Option[(Long, Option[String])] = parseName(name, ManifestSuffix)
+
+  private def parseName(name: String, suffix: String): Option[(Long, Option[String])] =
+    if (!name.endsWith(suffix) || name.startsWith(".")) None
     else {
-      val stem = name.stripSuffix(ManifestSuffix)
+      val stem = name.stripSuffix(suffix)
       stem.split("_", 2) match {
         case Array(v) => v.toLongOption.map(_ -> None)
         case Array(v, id) => v.toLongOption.map(_ -> Some(id))

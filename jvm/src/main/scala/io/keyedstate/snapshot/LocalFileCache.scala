@@ -51,13 +51,14 @@ final class LocalFileCache private (val dir: File, lock: Object) {
   def stagingFile(entry: ManifestFile): File =
     new File(dir, s".${fileFor(entry).getName}.${java.util.UUID.randomUUID()}.part")
 
-  /** Drops every cached file that `entries` do not list. */
-  def retainOnly(entries: Seq[ManifestFile]): Unit = lock.synchronized {
-    val keep = entries.map(fileFor(_).getName).toSet
-    Option(dir.listFiles()).getOrElse(Array.empty)
-      .filterNot(f => keep(f.getName) || f.getName.endsWith(".part"))
-      .foreach(_.delete())
-  }
+  /** Drops every cached file that `entries` do not list, except those `alsoKeep` names. */
+  def retainOnly(entries: Seq[ManifestFile], alsoKeep: String => Boolean = _ => false): Unit =
+    lock.synchronized {
+      val keep = entries.map(fileFor(_).getName).toSet
+      Option(dir.listFiles()).getOrElse(Array.empty)
+        .filterNot(f => keep(f.getName) || alsoKeep(f.getName) || f.getName.endsWith(".part"))
+        .foreach(_.delete())
+    }
 }
 
 object LocalFileCache {

@@ -18,7 +18,7 @@ final case class CleanupStats(manifestsDeleted: Int, filesDeleted: Int, bytesDel
  */
 final class RetentionCleaner(store: CheckpointStore, conf: KeyedStateConf) {
   // Manifests are immutable once written (a v1 retry replaces the file, changing its mtime).
-  private val referencedByManifest = new ConcurrentHashMap[(String, Long), Set[String]]()
+  private val referencedByManifest = new ConcurrentHashMap[(String, Long), (Long, Set[String])]()
 
   /** @param inFlight paths of uploads whose manifest is not written yet (never deleted) */
   def cleanup(inFlight: String => Boolean = _ => false, nowMs: Long = System.currentTimeMillis()): CleanupStats = {
@@ -29,7 +29,13 @@ final class RetentionCleaner(store: CheckpointStore, conf: KeyedStateConf) {
     val (expired, kept) = manifests.partition(_.version < oldestKept)
     expired.sortBy(_.version).foreach(m => store.delete(m.path))
 
-    val referenced = kept.iterator.flatMap(referencedFiles).toSet
+    // Snapshot descriptors newer than every retained manifest's base may still speed up a load;
+    // older ones are superseded.
+    val oldestBase = kept.iterator.map(referencedBase).minOption.getOrElse(0L)
+    val (staleDescriptors, liveDescriptors) = store.listSnapshotDescriptors().partition(_.version < oldestBase)
+    staleDescriptors.foreach(d => store.delete(d.path))
+    val referenced = (kept.iterator.flatMap(referencedFiles) ++
+      liveDescriptors.iterator.flatMap(descriptorFiles)).toSet
     val orphanCutoff = nowMs - conf.orphanFileGracePeriodMs
     val deletable = (store.listDataFiles() ++ store.listTemporaryFiles()).filter { case (relative, status) =>
       !referenced(relative) && !inFlight(relative) && status.getModificationTime <= orphanCutoff
@@ -41,7 +47,18 @@ final class RetentionCleaner(store: CheckpointStore, conf: KeyedStateConf) {
     CleanupStats(expired.size, deletable.size, deletable.iterator.map(_._2.getLen).sum)
   }
 
-  private def referencedFiles(ref: ManifestRef): Set[String] =
-    referencedByManifest.computeIfAbsent((ref.path.getName, ref.modificationTime),
-      _ => store.readManifest(ref.path, ref.version).allFiles.iterator.map(_.path).toSet)
+  private def referencedFiles(ref: ManifestRef): Set[String] = parsed(ref)._2
+
+  private def referencedBase(ref: ManifestRef): Long = parsed(ref)._1
+
+  private def parsed(ref: ManifestRef): (Long, Set[String]) =
+    referencedByManifest.computeIfAbsent((ref.path.getName, ref.modificationTime), _ => {
+      val m = store.readManifest(ref.path, ref.version)
+      (m.snapshotVersion, m.allFiles.iterator.map(_.path).toSet)
+    })
+
+  /** An unreadable descriptor protects nothing but is not deleted either (a later load says why). */
+  private def descriptorFiles(ref: ManifestRef): Set[String] =
+    scala.util.Try(store.readSnapshotDescriptor(ref)).toOption.toSet.flatMap(
+      (d: SnapshotDescriptor) => d.files.iterator.map(_.path).toSet)
 }

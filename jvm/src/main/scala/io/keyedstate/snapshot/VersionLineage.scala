@@ -60,7 +60,7 @@ final class VersionLineage(
       cache.adopt(w.file, entry)
       stats = stats.copy(uploadMs = ms, bytesUploaded = entry.size, filesUploaded = 1,
         changelogRecords = w.numRecords)
-      ChangelogFile(newVersion, entry)
+      ChangelogFile(newVersion, commitId, entry)
     }
     changelog.foreach(_.close()) // deletes the local log unless it was adopted above
 
@@ -82,7 +82,15 @@ final class VersionLineage(
       if (pending.isEmpty && (forceSnapshot || newVersion - snapshotVersion >= snapshotInterval)) {
         val cp = snapshots.checkpointLocally(db, newVersion, commitId)
         val base = snapshotFiles
-        pending = Some(Pending(cp, Future(snapshots.upload(cp, base))(VersionLineage.uploads(conf))))
+        val upload = Future {
+          val up = snapshots.upload(cp, base)
+          // Durable on its own: a load can start from it even if no manifest ever names it.
+          store.writeSnapshotDescriptor(SnapshotDescriptor(up.version, cp.snapshotId, up.files))
+          // Local recovery can start from it too (the commit that promotes it finds them cached).
+          up.local.foreach { case (f, e) => cache.adopt(f, e) }
+          up
+        }(VersionLineage.uploads(conf))
+        pending = Some(Pending(cp, upload))
         stats = stats.copy(flushMs = cp.flushMs, checkpointMs = cp.checkpointMs)
       }
     }
@@ -91,7 +99,7 @@ final class VersionLineage(
     val manifest = VersionManifest(VersionManifest.FormatVersion, newVersion, commitId, _checkpointId,
       System.currentTimeMillis(), columnFamilies, snapshotVersion, snapshotFiles, changelogs)
     val manifestMs = LocalFiles.timed(store.writeManifest(manifest, conf.checkpointIdsEnabled))
-    cache.retainOnly(manifest.allFiles)
+    cache.retainOnly(manifest.allFiles, alsoKeep = inFlight)
     _version = newVersion
     _checkpointId = Some(commitId)
     (manifest, stats.copy(manifestMs = manifestMs))
@@ -102,7 +110,6 @@ final class VersionLineage(
       pending = None
       try upload.value.get match {
         case Success(up) =>
-          up.local.foreach { case (f, e) => cache.adopt(f, e) }
           rebase(up.version, up.files)
           stats.copy(snapshotBytesUploaded = up.bytesUploaded)
         case Failure(e) =>
@@ -122,10 +129,15 @@ final class VersionLineage(
   def awaitPendingSnapshot(): Unit =
     pending.foreach(p => scala.concurrent.Await.ready(p.upload, scala.concurrent.duration.Duration.Inf))
 
-  /** The instance is being dropped: a running upload finishes alone, its files become orphans. */
-  def close(): Unit = pending.foreach { p =>
-    pending = None
-    p.upload.onComplete(_ => snapshots.discard(p.checkpoint))(VersionLineage.uploads(conf))
+  /**
+   * The instance is being dropped. A running upload finishes alone (its descriptor still lets a
+   * later load start from it); the returned future completes when it has.
+   */
+  def close(): Future[Unit] = pending match {
+    case Some(p) =>
+      pending = None
+      p.upload.transform(_ => Success(snapshots.discard(p.checkpoint)))(VersionLineage.uploads(conf))
+    case None => Future.unit
   }
 }
 

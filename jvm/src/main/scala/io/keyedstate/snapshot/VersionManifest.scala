@@ -7,8 +7,15 @@ import org.json4s.jackson.Serialization
  *  its size and CRC32C, checked when it is downloaded. */
 final case class ManifestFile(localName: String, path: String, size: Long, crc32c: Long)
 
-/** The changes of one version, replayed on top of the snapshot a manifest names. */
-final case class ChangelogFile(version: Long, file: ManifestFile)
+/** The changes of one version (committed as `checkpointId`), replayed on top of a snapshot. */
+final case class ChangelogFile(version: Long, checkpointId: String, file: ManifestFile)
+
+/**
+ * A snapshot whose upload finished: written next to the manifests as
+ * `<version>_<checkpoint id>.snapshot` by the background upload, so that a load can start from
+ * it even when no manifest names it yet (the query stopped before its next commit).
+ */
+final case class SnapshotDescriptor(version: Long, checkpointId: String, files: Seq[ManifestFile])
 
 /** A column family in a version, with what is needed to read it without Spark's metadata. */
 final case class ManifestColumnFamily(
@@ -45,6 +52,16 @@ final case class VersionManifest(
   def sharedFiles: Seq[ManifestFile] = files.filter(f => VersionManifest.isShared(f.localName))
   /** Every durable file the version needs. */
   def allFiles: Seq[ManifestFile] = files ++ changelogs.map(_.file)
+
+  /** Whether `d` is a snapshot of this version's own history (same commit of that version). */
+  def hasInLineage(d: SnapshotDescriptor): Boolean =
+    d.version > snapshotVersion && d.version <= version &&
+      ((d.version == version && d.checkpointId == checkpointId) ||
+        changelogs.exists(c => c.version == d.version && c.checkpointId == d.checkpointId))
+
+  /** The same version, loaded from the later snapshot `d` of its own history. */
+  def rebasedOn(d: SnapshotDescriptor): VersionManifest =
+    copy(snapshotVersion = d.version, files = d.files, changelogs = changelogs.filter(_.version > d.version))
   def totalBytes: Long = allFiles.iterator.map(_.size).sum
 }
 
@@ -57,6 +74,8 @@ object VersionManifest {
   def isShared(localName: String): Boolean = localName.endsWith(".sst") || localName.endsWith(".blob")
 
   def toJson(m: VersionManifest): String = Serialization.writePretty(m)
+  def toJson(d: SnapshotDescriptor): String = Serialization.writePretty(d)
+  def descriptorFromJson(json: String): SnapshotDescriptor = Serialization.read[SnapshotDescriptor](json)
 
   def fromJson(json: String): VersionManifest = {
     val m = Serialization.read[VersionManifest](json)
