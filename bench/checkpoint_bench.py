@@ -124,7 +124,9 @@ def feed(data: Path, name: str, inputs: Path) -> None:
 
 def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches: int) -> Result:
     use_provider(spark, name)
-    inputs, checkpoint = work / name / "in", work / name / "ck"
+    # Each phase its own folder, removed only after the session stops: background maintenance
+    # of a stopped query may still write to its checkpoint.
+    inputs, checkpoint = work / f"{name}-updates" / "in", work / f"{name}-updates" / "ck"
     inputs.mkdir(parents=True)
     query = start(spark, inputs, checkpoint)
     feed(data, "initial", inputs)
@@ -144,13 +146,12 @@ def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches:
         result.commit_ms.append(progress["stateOperators"][0]["commitTimeMs"])
     query.stop()
     result.rows_per_s = rows / seconds
-    shutil.rmtree(work / name, ignore_errors=True)
     return result
 
 
 def run_restart(spark: SparkSession, name: str, data: Path, work: Path) -> float:
     use_provider(spark, name)
-    inputs, checkpoint = work / name / "in", work / name / "ck"
+    inputs, checkpoint = work / f"{name}-restart" / "in", work / f"{name}-restart" / "ck"
     inputs.mkdir(parents=True)
     query = start(spark, inputs, checkpoint)
     feed(data, "big", inputs)
@@ -163,7 +164,6 @@ def run_restart(spark: SparkSession, name: str, data: Path, work: Path) -> float
     query.processAllAvailable()
     elapsed = time.perf_counter() - began
     query.stop()
-    shutil.rmtree(work / name, ignore_errors=True)
     return elapsed
 
 

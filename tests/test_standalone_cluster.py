@@ -1,7 +1,7 @@
 """State moves between executors on a real standalone cluster (a master and two workers).
 
-An executor is killed mid-stream; its partitions are scheduled on another executor, which must
-load versions it never wrote from the checkpoint. The final result must equal a batch
+The executors are killed mid-stream; the master starts new ones, which must load versions they
+never wrote from the checkpoint. The final result must equal a batch
 computation of the same input, and the progress must show that state was downloaded.
 """
 
@@ -77,7 +77,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             p.wait(timeout=60)
 
 
-def test_partitions_load_state_written_by_a_killed_executor(cluster: str, tmp_path: Path) -> None:
+def test_partitions_load_state_written_by_killed_executors(cluster: str, tmp_path: Path) -> None:
     # Its own driver process: this test session may already hold a local SparkSession.
     run = subprocess.run(
         [sys.executable, str(DRIVER), cluster, str(tmp_path / "job")],

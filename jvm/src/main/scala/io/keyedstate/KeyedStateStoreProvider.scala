@@ -315,8 +315,9 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     try {
       val base = lineage.checkpointId
       val (_, stats) = filesLock.synchronized {
-        lineage.commit(loaded.db, loaded.takeChangelog(), loaded.describeColumnFamilies, newVersion,
-          commitId, store.forceSnapshot)
+        val columnFamilies = loaded.describeColumnFamilies
+        lineage.commit(loaded.db, loaded.takeChangelog(), columnFamilies, columnFamilies.map(_.numKeys).sum,
+          newVersion, commitId, store.forceSnapshot)
       }
       loaded.dirty = false
       lastCommit = Some(stats)

@@ -57,10 +57,21 @@ class FlatMapGroupsWithStateEquivalenceSuite extends AnyFunSuite with BeforeAndA
     output.asScala.toMap
   }
 
+  private val phases = Seq(
+    Seq(Seq("a" -> 1, "b" -> 2, "a" -> 3), Seq("c" -> 1, "a" -> 1), Seq("b" -> 5)),
+    Seq(Seq("a" -> 2, "d" -> 1), Seq("c" -> 10, "c" -> 1, "b" -> 1), Seq("a" -> 1, "e" -> 2)))
+
+  test("checkpoint format v2: commit ids flow through the commit log and back into loads") {
+    spark.conf.set("spark.sql.streaming.stateStore.checkpointFormatVersion", "2")
+    try {
+      val expected = run(rocksdb, phases)
+      val actual = run(ours, phases)
+      assert(actual == expected)
+      assert(actual.size == 6)
+    } finally spark.conf.unset("spark.sql.streaming.stateStore.checkpointFormatVersion")
+  }
+
   test("flatMapGroupsWithState: same output as Spark's RocksDB provider across a restart") {
-    val phases = Seq(
-      Seq(Seq("a" -> 1, "b" -> 2, "a" -> 3), Seq("c" -> 1, "a" -> 1), Seq("b" -> 5)),
-      Seq(Seq("a" -> 2, "d" -> 1), Seq("c" -> 10, "c" -> 1, "b" -> 1), Seq("a" -> 1, "e" -> 2)))
     val expected = run(rocksdb, phases)
     val actual = run(ours, phases)
     assert(actual == expected)

@@ -348,6 +348,20 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     assert(m6.changelogs.size <= 2, m6)
   }
 
+  test("a bulk load is snapshotted at once: replaying it would cost more than loading the state") {
+    val root = tempDir()
+    val p = newProvider(root) // minDeltasForSnapshot: 10
+    commitWith(p, 0) { s => (0 until 150000).foreach(i => s.put(key(s"k$i"), value(i))) }
+    p.awaitSnapshotUpload()
+    p.close()
+    val fresh = newProvider(root, storeConf(KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath))
+    val s = fresh.getStore(1)
+    val m = s.metrics.customMetrics.map { case (k, v) => k.name -> v }
+    assert(m("keyedstateLoadChangelogRecordsReplayed") == 0, m)
+    assert(s.metrics.numKeys == 150000)
+    s.abort(); fresh.close()
+  }
+
   test("changelog commits upload one small file; snapshots follow every minDeltasForSnapshot versions") {
     val root = tempDir()
     val conf = storeConf("spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "3")

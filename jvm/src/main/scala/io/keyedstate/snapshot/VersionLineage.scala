@@ -15,9 +15,9 @@ import io.keyedstate.rocks.LocalRocksDB
  * The durable history behind a loaded RocksDB instance, and the commit path that extends it.
  *
  * With changelog checkpointing (the default) a commit uploads only the version's changelog and
- * the manifest. Every `snapshotInterval` versions it also takes a native checkpoint (hard links,
- * synchronously: the only part that needs the task) and uploads its new SST files in the
- * background; the first commit after that upload finished bases its manifest on the new
+ * the manifest. Every `snapshotInterval` versions (or sooner, see `snapshotDue`) it also takes a
+ * native checkpoint (hard links, synchronously: the only part that needs the task) and uploads
+ * its new SST files in the background; the first commit after that upload finished bases its manifest on the new
  * snapshot, so a load replays at most about `snapshotInterval` changelogs. Without changelog
  * checkpointing every commit is a full, incremental snapshot.
  */
@@ -47,6 +47,7 @@ final class VersionLineage(
       db: LocalRocksDB,
       changelog: Option[Changelog.Writer],
       columnFamilies: Seq[ManifestColumnFamily],
+      stateKeys: Long,
       newVersion: Long,
       commitId: String,
       forceSnapshot: Boolean): (VersionManifest, CommitStats) = {
@@ -60,7 +61,7 @@ final class VersionLineage(
       cache.adopt(w.file, entry)
       stats = stats.copy(uploadMs = ms, bytesUploaded = entry.size, filesUploaded = 1,
         changelogRecords = w.numRecords)
-      ChangelogFile(newVersion, commitId, entry)
+      ChangelogFile(newVersion, commitId, w.numRecords, entry)
     }
     changelog.foreach(_.close()) // deletes the local log unless it was adopted above
 
@@ -79,7 +80,7 @@ final class VersionLineage(
       } finally snapshots.discard(cp)
     } else {
       changelogs = changelogs ++ logged
-      if (pending.isEmpty && (forceSnapshot || newVersion - snapshotVersion >= snapshotInterval)) {
+      if (pending.isEmpty && (forceSnapshot || snapshotDue(newVersion, stateKeys))) {
         val cp = snapshots.checkpointLocally(db, newVersion, commitId)
         val base = snapshotFiles
         val upload = Future {
@@ -104,6 +105,14 @@ final class VersionLineage(
     _checkpointId = Some(commitId)
     (manifest, stats.copy(manifestMs = manifestMs))
   }
+
+  /**
+   * Every `snapshotInterval` versions, and sooner when replaying the chain would cost more than
+   * loading the whole state (more changelog records than keys, e.g. after a bulk load).
+   */
+  private def snapshotDue(version: Long, stateKeys: Long): Boolean =
+    version - snapshotVersion >= snapshotInterval ||
+      changelogs.iterator.map(_.records).sum >= math.max(stateKeys, VersionLineage.MinRecordsForEarlySnapshot)
 
   private def promoteFinishedSnapshot(stats: CommitStats): CommitStats = pending match {
     case Some(Pending(cp, upload)) if upload.isCompleted =>
@@ -142,6 +151,9 @@ final class VersionLineage(
 }
 
 object VersionLineage {
+  /** Below this many changelog records a chain is cheap to replay whatever the state size. */
+  val MinRecordsForEarlySnapshot = 100000L
+
   @volatile private var pool: ExecutionContext = _
 
   /** Background snapshot uploads, one pool per executor JVM (file transfers use their own). */

@@ -8,7 +8,7 @@ import org.json4s.jackson.Serialization
 final case class ManifestFile(localName: String, path: String, size: Long, crc32c: Long)
 
 /** The changes of one version (committed as `checkpointId`), replayed on top of a snapshot. */
-final case class ChangelogFile(version: Long, checkpointId: String, file: ManifestFile)
+final case class ChangelogFile(version: Long, checkpointId: String, records: Long, file: ManifestFile)
 
 /**
  * A snapshot whose upload finished: written next to the manifests as

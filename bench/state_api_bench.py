@@ -1,0 +1,415 @@
+"""Python state API benchmark: keyedstate's Flink-style API against transformWithStateInPandas.
+
+The same per-key logic runs four ways on the same input, in one process, one after the other:
+
+* ``keyedstate`` - this API (``key_by(...).process(KeyedProcessFunction)``) on keyedstate's
+  provider;
+* ``keyedstate-on-spark-rocksdb`` - the same query on Spark's RocksDB provider;
+* ``transformWithStateInPandas`` - a ``StatefulProcessor`` with the same three states, on
+  Spark's RocksDB provider (it refuses other providers);
+* ``plain Python loop`` - the same logic over the same rows in memory, no Spark: the floor.
+
+The logic, per event of a key (events ordered by ``seq``): a running count (ValueState), the last
+10 events (ListState), totals per category (MapState); one output row per event
+``(user_id, seq, count, category_total, recent_sum)``. Every Spark run must produce exactly the
+floor's rows (checked after timing).
+
+Micro-batch 1 (the headline) is ``--rows`` events over ``--keys`` keys in ``--partitions``
+parquet files, read as ONE micro-batch on ``--partitions`` partitions (shuffle partitions too).
+Micro-batch 2 is ``--update-keys`` events of as many existing keys: it shows the cost of a small
+batch against a large state (keyedstate rewrites every bucket it touches). Every implementation
+first runs once on a small input, untimed, so that no timed run pays JIT and worker start-up.
+
+    python bench/state_api_bench.py --rows 400000 --keys 100000      # the documented run
+    python bench/state_api_bench.py --rows 40000 --keys 10000        # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+import keyedstate  # noqa: E402
+from keyedstate import (  # noqa: E402
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    RuntimeContext,
+    Types,
+    ValueStateDescriptor,
+)
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
+RECENT = 10
+CATEGORIES = ["books", "games", "music", "food", "travel", "sport", "home", "tech"]
+
+INPUT_SCHEMA = StructType(
+    [
+        StructField("user_id", StringType()),
+        StructField("seq", LongType()),
+        StructField("category", StringType()),
+        StructField("amount", LongType()),
+    ]
+)
+OUTPUT_DDL = "user_id string, seq long, count long, category_total long, recent_sum long"
+OUTPUT_COLUMNS = ["user_id", "seq", "count", "category_total", "recent_sum"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Input
+
+
+def make_input(rows: int, keys: int, seed: int, first_seq: int = 0) -> pd.DataFrame:
+    """``rows`` events; every one of ``keys`` keys occurs (rows >= keys), in random order."""
+    rng = np.random.default_rng(seed)
+    key_ids = np.concatenate([np.arange(keys), rng.integers(0, keys, rows - keys)])
+    rng.shuffle(key_ids)
+    return pd.DataFrame(
+        {
+            "user_id": [f"u{k:07d}" for k in key_ids],
+            "seq": np.arange(first_seq, first_seq + rows, dtype=np.int64),
+            "category": np.array(CATEGORIES)[rng.integers(0, len(CATEGORIES), rows)],
+            "amount": rng.integers(1, 1000, rows).astype(np.int64),
+        }
+    )
+
+
+def write_input(
+    events: pd.DataFrame, directory: Path, files: int, first_file: int = 0, mtime: int = 0
+) -> None:
+    """``files`` parquet files; their modification time orders them (the file source reads
+    older files first)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    schema = pa.schema(
+        [
+            ("user_id", pa.string()),
+            ("seq", pa.int64()),
+            ("category", pa.string()),
+            ("amount", pa.int64()),
+        ]
+    )
+    for i, part in enumerate(np.array_split(np.arange(len(events)), files)):
+        table = pa.Table.from_pandas(events.iloc[part], schema=schema, preserve_index=False)
+        path = directory / f"part-{first_file + i:03d}.parquet"
+        pq.write_table(table, path)
+        if mtime:
+            os.utime(path, (mtime, mtime))
+
+
+# ---------------------------------------------------------------------------------------------
+# The floor: a plain Python loop
+
+
+def plain_loop(rows: list[tuple]) -> list[tuple]:
+    counts: dict[str, int] = {}
+    recents: dict[str, list[tuple[int, int]]] = {}
+    totals: dict[str, dict[str, int]] = {}
+    out = []
+    for user_id, seq, category, amount in rows:
+        count = counts.get(user_id, 0) + 1
+        counts[user_id] = count
+        recent = recents.get(user_id, [])
+        recent.append((seq, amount))
+        if len(recent) > RECENT:
+            recent = recent[-RECENT:]
+        recents[user_id] = recent
+        per_category = totals.setdefault(user_id, {})
+        total = per_category.get(category, 0) + amount
+        per_category[category] = total
+        out.append((user_id, seq, count, total, sum(a for _, a in recent)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# keyedstate's API
+
+
+class UserActivity(KeyedProcessFunction):
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+        self.recent = runtime_context.get_list_state(
+            ListStateDescriptor("recent", Types.TUPLE([Types.LONG(), Types.LONG()]))
+        )
+        self.totals = runtime_context.get_map_state(
+            MapStateDescriptor("totals", Types.STRING(), Types.LONG())
+        )
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Iterator[tuple]:  # noqa: ANN401
+        count = (self.count.value() or 0) + 1
+        self.count.update(count)
+        recent = self.recent.get()
+        recent.append((value.seq, value.amount))
+        if len(recent) > RECENT:
+            recent = recent[-RECENT:]
+        self.recent.update(recent)
+        total = (self.totals.get(value.category) or 0) + value.amount
+        self.totals.put(value.category, total)
+        yield (value.user_id, value.seq, count, total, sum(a for _, a in recent))
+
+
+# ---------------------------------------------------------------------------------------------
+# transformWithStateInPandas
+
+
+class UserActivityProcessor(StatefulProcessor):
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.count = handle.getValueState("count", "count long")
+        self.recent = handle.getListState("recent", "seq long, amount long")
+        self.totals = handle.getMapState("totals", "category string", "total long")
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[pd.DataFrame]:  # noqa: ANN401, N803
+        pdf = pd.concat(list(rows)).sort_values("seq", kind="stable")
+        user_id = key[0]
+        count = self.count.get()[0] if self.count.exists() else 0
+        recent = [tuple(r) for r in self.recent.get()] if self.recent.exists() else []
+        totals: dict[str, int] = {}
+        out = []
+        for seq, category, amount in zip(
+            pdf["seq"].tolist(), pdf["category"].tolist(), pdf["amount"].tolist(), strict=True
+        ):
+            count += 1
+            recent.append((seq, amount))
+            if len(recent) > RECENT:
+                recent = recent[-RECENT:]
+            if category not in totals:
+                stored = self.totals.getValue((category,))
+                totals[category] = stored[0] if stored is not None else 0
+            totals[category] += amount
+            out.append((user_id, seq, count, totals[category], sum(a for _, a in recent)))
+        self.count.update((count,))
+        self.recent.put(recent)
+        for category, total in totals.items():
+            self.totals.updateValue((category,), (total,))
+        yield pd.DataFrame(out, columns=OUTPUT_COLUMNS)
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+@dataclass
+class Run:
+    name: str
+    provider: str
+    wall_s: float  # start() to the end of the query (both micro-batches)
+    batch_s: list[float]  # triggerExecution of each micro-batch with input
+    correct: bool
+
+
+def session(partitions: int) -> SparkSession:
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("keyedstate-state-api-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "4g")
+        .config("spark.sql.shuffle.partitions", str(partitions))
+        .config("spark.default.parallelism", str(partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.python.worker.reuse", "true")
+        # One input file per partition.
+        .config("spark.sql.files.openCostInBytes", str(1 << 30))
+    )
+    spark = keyedstate.configure(builder).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def run_query(
+    spark: SparkSession,
+    name: str,
+    provider: str,
+    frame: Any,  # noqa: ANN401 - a streaming DataFrame
+    workdir: Path,
+    expected: pd.DataFrame,
+) -> Run:
+    short = provider.rsplit(".", 1)[-1]
+    print(f"[bench] running {name} on {short} ...", file=sys.stderr, flush=True)
+    checkpoint = workdir / f"checkpoint-{name}"
+    output = workdir / f"output-{name}"
+    spark.conf.set(PROVIDER_KEY, provider)
+    started = time.perf_counter()
+    query = (
+        frame.writeStream.format("parquet")
+        .option("path", str(output))
+        .option("checkpointLocation", str(checkpoint))
+        .outputMode("append")
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    wall = time.perf_counter() - started
+    if query.exception() is not None:
+        raise RuntimeError(f"{name} failed: {query.exception()}")
+    batches = [
+        p.durationMs.get("triggerExecution", 0) / 1000
+        for p in query.recentProgress
+        if p.numInputRows
+    ]
+    got = pd.read_parquet(output).sort_values("seq").reset_index(drop=True)[OUTPUT_COLUMNS]
+    correct = len(got) == len(expected) and all(
+        got[c].tolist() == expected[c].tolist() for c in OUTPUT_COLUMNS
+    )
+    return Run(name, short, wall, batches, correct)
+
+
+def prepare(
+    directory: Path, rows: int, keys: int, update_keys: int, files: int, seed: int
+) -> pd.DataFrame:
+    """The input files (micro-batch 1 in ``files`` files, micro-batch 2 in one); all events."""
+    first = make_input(rows, keys, seed)
+    write_input(first, directory, files, mtime=1_600_000_000)
+    if not update_keys:
+        return first
+    rng = np.random.default_rng(seed + 100)
+    chosen = rng.choice(keys, size=update_keys, replace=False)
+    second = pd.DataFrame(
+        {
+            "user_id": [f"u{k:07d}" for k in chosen],
+            "seq": np.arange(rows, rows + update_keys, dtype=np.int64),
+            "category": np.array(CATEGORIES)[rng.integers(0, len(CATEGORIES), update_keys)],
+            "amount": rng.integers(1, 1000, update_keys).astype(np.int64),
+        }
+    )
+    write_input(second, directory, 1, first_file=files, mtime=1_600_000_100)
+    return pd.concat([first, second], ignore_index=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=400_000)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--update-keys", type=int, default=1000, help="keys in micro-batch 2")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--buckets", type=int, default=None, help="key_by buckets (default: API)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--skip-tws", action="store_true", help="skip transformWithStateInPandas")
+    parser.add_argument("--skip-spark-rocksdb", action="store_true")
+    args = parser.parse_args()
+    if args.rows < args.keys or args.update_keys > args.keys:
+        parser.error("need rows >= keys >= update-keys")
+    try:
+        import google.protobuf  # noqa: F401 - transformWithStateInPandas needs it
+    except ImportError:
+        if not args.skip_tws:
+            parser.error("transformWithStateInPandas needs protobuf: pip install 'protobuf>=6.33'")
+
+    workdir = Path(tempfile.mkdtemp(prefix="keyedstate-state-api-bench-"))
+    try:
+        events = prepare(
+            workdir / "input", args.rows, args.keys, args.update_keys, args.partitions, args.seed
+        )
+        warmup = prepare(workdir / "warmup-input", 2000, 500, 50, args.partitions, args.seed + 1)
+
+        # The floor: micro-batch 1 then micro-batch 2, timed separately, no Spark.
+        rows = list(events.itertuples(index=False, name=None))
+        started = time.perf_counter()
+        floor_out = plain_loop(rows[: args.rows])
+        floor_first = time.perf_counter() - started
+        floor_out += plain_loop_continue(rows[: args.rows], rows[args.rows :])
+        expected = pd.DataFrame(floor_out, columns=OUTPUT_COLUMNS)
+        warmup_expected = pd.DataFrame(
+            plain_loop(list(warmup.itertuples(index=False, name=None))), columns=OUTPUT_COLUMNS
+        )
+
+        spark = session(args.partitions)
+
+        def queries(input_dir: Path) -> list[tuple[str, str, Any]]:
+            source = (
+                spark.readStream.schema(INPUT_SCHEMA)
+                .option("maxFilesPerTrigger", args.partitions)
+                .parquet(str(input_dir))
+            )
+            keyed = keyedstate.key_by(source, "user_id", buckets=args.buckets, order_by="seq")
+            ours = keyed.process(UserActivity(), OUTPUT_DDL)
+            plan = [("keyedstate", keyedstate.PROVIDER_CLASS, ours)]
+            if not args.skip_spark_rocksdb:
+                plan.append(("keyedstate-on-spark-rocksdb", SPARK_ROCKSDB, ours))
+            if not args.skip_tws:
+                tws = source.groupBy("user_id").transformWithStateInPandas(
+                    statefulProcessor=UserActivityProcessor(),
+                    outputStructType=OUTPUT_DDL,
+                    outputMode="Append",
+                    timeMode="None",
+                )
+                plan.append(("transformWithStateInPandas", SPARK_ROCKSDB, tws))
+            return plan
+
+        # Warm-up: every implementation once on a small input (JIT, Python workers, imports).
+        for name, provider, frame in queries(workdir / "warmup-input"):
+            run = run_query(spark, f"warmup-{name}", provider, frame, workdir, warmup_expected)
+            if not run.correct:
+                sys.exit(f"{name} gave a wrong result on the warm-up input")
+        runs = [
+            run_query(spark, name, provider, frame, workdir, expected)
+            for name, provider, frame in queries(workdir / "input")
+        ]
+        buckets = keyedstate.key_by(spark.range(1), "id", buckets=args.buckets).buckets
+        spark.stop()
+        report(args, runs, floor_first, buckets)
+        if not all(r.correct for r in runs):
+            sys.exit("some implementation did not produce the floor's output")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def plain_loop_continue(before: list[tuple], rows: list[tuple]) -> list[tuple]:
+    """The floor's outputs for ``rows`` given the state left by ``before``."""
+    return plain_loop(before + rows)[len(before) :]
+
+
+def report(args: argparse.Namespace, runs: list[Run], floor_s: float, buckets: int) -> None:
+    print()
+    print(
+        f"micro-batch 1: {args.rows} rows, {args.keys} keys on {args.partitions} partitions; "
+        f"micro-batch 2: {args.update_keys} keys; local[2]; keyedstate buckets={buckets}; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    tws = next((r for r in runs if r.name == "transformWithStateInPandas"), None)
+    header = (
+        f"{'implementation':<29} {'provider':<26} {'batch 1 s':>9} {'rows/s':>9} "
+        f"{'vs TWS':>7} {'x floor':>8} {'batch 2 s':>9} {'wall s':>7} {'correct':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    for run in runs:
+        first = run.batch_s[0]
+        second = f"{run.batch_s[1]:9.2f}" if len(run.batch_s) > 1 else f"{'-':>9}"
+        versus = f"{tws.batch_s[0] / first:6.1f}x" if tws else f"{'-':>7}"
+        print(
+            f"{run.name:<29} {run.provider:<26} {first:9.2f} {args.rows / first:9.0f} "
+            f"{versus} {first / floor_s:8.1f} {second} {run.wall_s:7.1f} "
+            f"{'yes' if run.correct else 'NO':>7}"
+        )
+    print(
+        f"{'plain Python loop (floor)':<29} {'-':<26} {floor_s:9.2f} {args.rows / floor_s:9.0f} "
+        f"{'-':>7} {1.0:8.1f} {'-':>9} {'-':>7} {'yes':>7}"
+    )
+
+
+if __name__ == "__main__":
+    main()
