@@ -59,13 +59,13 @@ final class KeyedStateStore private[keyedstate] (
   override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
     checkOpen("get")
     val codec = state.codec(colFamilyName)
-    val bytes = state.db.get(colFamilyName, codec.encodeKey(key))
+    val bytes = state.read(colFamilyName, codec.encodeKey(key))
     if (bytes == null) null else codec.decodeValue(bytes)
   }
 
   override def keyExists(key: UnsafeRow, colFamilyName: String): Boolean = {
     checkOpen("keyExists")
-    state.db.get(colFamilyName, state.codec(colFamilyName).encodeKey(key)) != null
+    state.read(colFamilyName, state.codec(colFamilyName).encodeKey(key)) != null
   }
 
   override def multiGet(keys: Array[UnsafeRow], colFamilyName: String): Iterator[UnsafeRow] =
@@ -74,7 +74,7 @@ final class KeyedStateStore private[keyedstate] (
   override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] = {
     checkOpen("valuesIterator")
     val codec = state.codec(colFamilyName)
-    val bytes = state.db.get(colFamilyName, codec.encodeKey(key))
+    val bytes = state.read(colFamilyName, codec.encodeKey(key))
     if (bytes == null) Iterator.empty else codec.decodeValues(bytes).iterator
   }
 

@@ -320,6 +320,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
           newVersion, commitId, store.forceSnapshot)
       }
       loaded.dirty = false
+      loaded.forgetKnownKeys()
       lastCommit = Some(stats)
       logInfo(s"Committed $id version $newVersion: $stats")
       // Spark 4.3 checks on the driver that every partition's store committed the batch

@@ -14,6 +14,11 @@ import io.keyedstate.snapshot.{Changelog, ManifestColumnFamily}
  * `trackNumKeys` is on, so `numRowsTotal` is exact; otherwise RocksDB's estimate is reported).
  * With changelog checkpointing every write is also recorded in the version's changelog.
  */
+private[keyedstate] object StoreInstance {
+  /** At most this many keys' existence is remembered per version (about 100 bytes each). */
+  val MaxKnownKeys = 1000000
+}
+
 private[keyedstate] final class StoreInstance(
     val db: LocalRocksDB,
     conf: KeyedStateConf,
@@ -28,6 +33,39 @@ private[keyedstate] final class StoreInstance(
 
   /** Writes happened since the version was loaded or committed. */
   var dirty: Boolean = false
+
+  // Whether keys exist, as learnt from reads and writes since the last commit: operators read a
+  // key before they write it, so exact key counting needs no second lookup. Bounded in size.
+  private val knownKeys = mutable.Map[String, java.util.HashMap[java.nio.ByteBuffer, java.lang.Boolean]]()
+  private var knownKeyCount = 0
+
+  private def remember(cf: String, key: Array[Byte], exists: Boolean): Unit =
+    if (conf.trackNumKeys && knownKeyCount < StoreInstance.MaxKnownKeys) {
+      // A copy: encoders may hand out the buffer of a row the caller reuses.
+      val stable = java.nio.ByteBuffer.wrap(key.clone())
+      if (knownKeys.getOrElseUpdate(cf, new java.util.HashMap()).put(stable, exists) == null) {
+        knownKeyCount += 1
+      }
+    }
+
+  private def exists(cf: String, key: Array[Byte]): Boolean =
+    knownKeys.get(cf).flatMap(m => Option(m.get(java.nio.ByteBuffer.wrap(key)))) match {
+      case Some(known) => known.booleanValue()
+      case None => db.get(cf, key) != null
+    }
+
+  /** A point read (that also teaches the key count whether the key exists). */
+  def read(cf: String, key: Array[Byte]): Array[Byte] = {
+    val value = db.get(cf, key)
+    remember(cf, key, value != null)
+    value
+  }
+
+  /** Called at commit: the memo serves one version's writes. */
+  def forgetKnownKeys(): Unit = {
+    knownKeys.clear()
+    knownKeyCount = 0
+  }
 
   private var changelog: Option[Changelog.Writer] = None
   private def log: Option[Changelog.Writer] = {
@@ -85,6 +123,7 @@ private[keyedstate] final class StoreInstance(
     }
     codecs.remove(name)
     keyCounts.remove(name)
+    knownKeys.remove(name)
     val existed = db.dropColumnFamily(name)
     if (existed) {
       log.foreach(_.dropColumnFamily(name))
@@ -94,7 +133,8 @@ private[keyedstate] final class StoreInstance(
   }
 
   def write(cf: String, key: Array[Byte], value: Array[Byte], merge: Boolean): Unit = {
-    if (conf.trackNumKeys && db.get(cf, key) == null) adjust(cf, 1)
+    if (conf.trackNumKeys && !exists(cf, key)) adjust(cf, 1)
+    remember(cf, key, exists = true)
     if (merge) {
       db.merge(cf, key, value)
       log.foreach(_.merge(cf, key, value))
@@ -106,7 +146,8 @@ private[keyedstate] final class StoreInstance(
   }
 
   def delete(cf: String, key: Array[Byte]): Unit = {
-    if (conf.trackNumKeys && db.get(cf, key) != null) adjust(cf, -1)
+    if (conf.trackNumKeys && exists(cf, key)) adjust(cf, -1)
+    remember(cf, key, exists = false)
     db.delete(cf, key)
     log.foreach(_.delete(cf, key))
     dirty = true
@@ -118,6 +159,7 @@ private[keyedstate] final class StoreInstance(
       try adjust(cf, -it.size) finally it.close()
     }
     db.deleteRange(cf, begin, end)
+    knownKeys.remove(cf) // a range is not worth tracking key by key
     log.foreach(_.deleteRange(cf, begin, end))
     dirty = true
   }
