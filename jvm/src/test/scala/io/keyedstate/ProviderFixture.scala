@@ -37,6 +37,8 @@ trait ProviderFixture {
 
   def storeConf(settings: (String, String)*): StateStoreConf = {
     val sql = new SQLConf()
+    // These tests drive the provider directly: there is no driver coordinator to report to.
+    sql.setConfString("spark.sql.streaming.stateStore.commitValidation.enabled", "false")
     settings.foreach { case (k, v) => sql.setConfString(k, v) }
     new StateStoreConf(sql)
   }
