@@ -1,0 +1,309 @@
+"""The entry point: ``keyedstate.key_by(df, "user_id").process(MyFunction(), output_schema)``.
+
+Every method returns a streaming DataFrame; write it with ``writeStream`` as usual (output mode
+``append``, or ``update`` with ``output_mode="update"``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame
+
+from keyedstate.engine import planner
+from keyedstate.engine.planner import OutputSchema
+from keyedstate.functions import (
+    FilterFunction,
+    FlatMapFunction,
+    KeyedProcessFunction,
+    MapFunction,
+    ReduceFunction,
+    RuntimeContext,
+)
+from keyedstate.state.descriptors import KeyedStateError, ValueStateDescriptor
+from keyedstate.state.states import ValueState
+from keyedstate.state.types import Types, to_type_info
+
+__all__ = ["KeyedStream", "key_by"]
+
+WITH_STATE_NAME = "withState"
+
+
+def key_by(
+    df: DataFrame,
+    *key_columns: str | Sequence[str],
+    buckets: int | None = None,
+    order_by: str | None = None,
+) -> KeyedStream:
+    """Key a streaming DataFrame by one or more columns.
+
+    ``buckets`` is the number of key buckets (Spark groups): the unit of one Python call, of one
+    stored state row, and of "parallel instance" for operator state. It is fixed for the life of
+    a checkpoint (default ``keyedstate.engine.DEFAULT_BUCKETS``). ``order_by`` names a column
+    by which each micro-batch's elements are processed (ties keep arrival order); without it,
+    elements are processed in the order Spark delivers them.
+    """
+    names: list[str] = []
+    for column in key_columns:
+        if isinstance(column, str):
+            names.append(column)
+        elif isinstance(column, Sequence):
+            names.extend(column)
+        else:
+            raise TypeError(f"key columns are names (str), got {column!r}")
+    if not names:
+        raise KeyedStateError("key_by needs at least one key column")
+    return KeyedStream(df, names, planner.DEFAULT_BUCKETS if buckets is None else buckets, order_by)
+
+
+class KeyedStream:
+    """A DataFrame partitioned by key, ready for a stateful function."""
+
+    def __init__(
+        self, df: DataFrame, key_columns: list[str], buckets: int, order_by: str | None
+    ) -> None:
+        self._df = df
+        self.key_columns = key_columns
+        self.buckets = buckets
+        self.order_by = order_by
+
+    def _build(
+        self,
+        kind: str,
+        function: Any,  # noqa: ANN401
+        output_schema: OutputSchema | None,
+        **options: Any,  # noqa: ANN401
+    ) -> DataFrame:
+        return planner.build(
+            self._df,
+            self.key_columns,
+            kind,
+            function,
+            output_schema if output_schema is not None else self._df.schema,
+            num_buckets=self.buckets,
+            order_by=self.order_by,
+            **options,
+        )
+
+    def process(
+        self,
+        function: KeyedProcessFunction,
+        output_schema: OutputSchema,
+        *,
+        timer_mode: str = "auto",
+        output_mode: str = "append",
+    ) -> DataFrame:
+        """Run a :class:`KeyedProcessFunction`.
+
+        ``timer_mode``: ``"auto"`` (default: none without ``on_timer``; with it, ``"event"`` when
+        the input has a watermark, else ``"processing"``), ``"none"``, ``"event"`` (Spark
+        event-time timeouts; processing-time timers are refused) or ``"processing"`` (Spark
+        processing-time timeouts; both kinds of timers; a no-data micro-batch runs at every
+        trigger, so an ``availableNow`` query never finishes).
+        """
+        return self._build(
+            "process", function, output_schema, timer_mode=timer_mode, output_mode=output_mode
+        )
+
+    def map(
+        self,
+        function: MapFunction | Callable[[Any], Any],
+        output_schema: OutputSchema,
+        *,
+        output_mode: str = "append",
+    ) -> DataFrame:
+        """One output per element (a :class:`RichMapFunction` or a plain callable)."""
+        if not isinstance(function, MapFunction) and callable(function):
+            function = _CallableMap(function)
+        return self._build("map", function, output_schema, output_mode=output_mode)
+
+    def flat_map(
+        self,
+        function: FlatMapFunction | Callable[[Any], Iterable[Any] | None],
+        output_schema: OutputSchema,
+        *,
+        output_mode: str = "append",
+    ) -> DataFrame:
+        """Any number of outputs per element (a :class:`RichFlatMapFunction` or a callable)."""
+        if not hasattr(function, "flat_map") and callable(function):
+            function = _CallableFlatMap(function)
+        return self._build("flat_map", function, output_schema, output_mode=output_mode)
+
+    def filter(
+        self,
+        function: FilterFunction | Callable[[Any], bool],
+        *,
+        output_mode: str = "append",
+    ) -> DataFrame:
+        """The elements for which the function returns True (same columns as the input)."""
+        if not isinstance(function, FilterFunction) and callable(function):
+            function = _CallableFilter(function)
+        return self._build("filter", function, None, output_mode=output_mode)
+
+    def reduce(
+        self, function: ReduceFunction | Callable[[Any, Any], Any], *, output_mode: str = "append"
+    ) -> DataFrame:
+        """Flink's rolling reduce: per element, the reduction of the key's elements so far
+        (outputs have the input's columns; ``reduce(a, b)`` returns a row as a tuple)."""
+        return self._build(
+            "map", _RunningReduce(function), self._df.schema, output_mode=output_mode
+        )
+
+    def map_with_state(
+        self,
+        fun: Callable[[Any, Any], tuple[Any, Any]],
+        output_schema: OutputSchema,
+        state_type: Any = None,  # noqa: ANN401
+        *,
+        output_mode: str = "append",
+    ) -> DataFrame:
+        """Flink Scala's ``mapWithState``: ``fun(value, state_or_None) -> (output, new_state)``;
+        a ``None`` new state clears it. The state type is ``state_type`` or the annotation of
+        ``fun``'s second parameter (``count: int | None``); without either, any picklable value.
+        """
+        return self._build(
+            "map",
+            _MapWithState(fun, _state_type(fun, state_type)),
+            output_schema,
+            output_mode=output_mode,
+        )
+
+    def flat_map_with_state(
+        self,
+        fun: Callable[[Any, Any], tuple[Iterable[Any] | None, Any]],
+        output_schema: OutputSchema,
+        state_type: Any = None,  # noqa: ANN401
+        *,
+        output_mode: str = "append",
+    ) -> DataFrame:
+        """``fun(value, state_or_None) -> (outputs, new_state)``."""
+        return self._build(
+            "flat_map",
+            _FlatMapWithState(fun, _state_type(fun, state_type)),
+            output_schema,
+            output_mode=output_mode,
+        )
+
+    def filter_with_state(
+        self,
+        fun: Callable[[Any, Any], tuple[bool, Any]],
+        state_type: Any = None,  # noqa: ANN401
+        *,
+        output_mode: str = "append",
+    ) -> DataFrame:
+        """``fun(value, state_or_None) -> (keep, new_state)``."""
+        return self._build(
+            "filter",
+            _FilterWithState(fun, _state_type(fun, state_type)),
+            None,
+            output_mode=output_mode,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Adapters (module level, so executors import them instead of unpickling them by value)
+
+
+def _state_type(fun: Callable[..., Any], declared: Any) -> Any:  # noqa: ANN401
+    if not callable(fun):
+        raise TypeError(f"expected a function (value, state) -> (...), got {fun!r}")
+    if declared is not None:
+        return to_type_info(declared)
+    try:
+        parameters = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return Types.PICKLED_BYTE_ARRAY()
+    if len(parameters) < 2:
+        raise TypeError(
+            f"{getattr(fun, '__name__', fun)!r} must take (value, state), "
+            f"it takes {len(parameters)} parameter(s)"
+        )
+    try:
+        hints = typing.get_type_hints(fun)
+    except Exception:  # noqa: BLE001 - unresolvable annotations
+        hints = {}
+    hint = hints.get(parameters[1].name)
+    return Types.PICKLED_BYTE_ARRAY() if hint is None else to_type_info(hint)
+
+
+class _CallableMap(MapFunction):
+    def __init__(self, fun: Callable[[Any], Any]) -> None:
+        self.fun = fun
+
+    def map(self, value: Any) -> Any:  # noqa: ANN401
+        return self.fun(value)
+
+
+class _CallableFlatMap(FlatMapFunction):
+    def __init__(self, fun: Callable[[Any], Iterable[Any] | None]) -> None:
+        self.fun = fun
+
+    def flat_map(self, value: Any) -> Iterable[Any] | None:  # noqa: ANN401
+        return self.fun(value)
+
+
+class _CallableFilter(FilterFunction):
+    def __init__(self, fun: Callable[[Any], bool]) -> None:
+        self.fun = fun
+
+    def filter(self, value: Any) -> bool:  # noqa: ANN401
+        return bool(self.fun(value))
+
+
+class _WithState:
+    state: ValueState
+
+    def __init__(self, fun: Callable[..., Any], state_type: Any) -> None:  # noqa: ANN401
+        self.fun = fun
+        self.state_type = state_type
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.state = runtime_context.get_state(
+            ValueStateDescriptor(WITH_STATE_NAME, self.state_type)
+        )
+
+
+class _MapWithState(_WithState, MapFunction):
+    def map(self, value: Any) -> Any:  # noqa: ANN401
+        state = self.state
+        output, new_state = self.fun(value, state.value())
+        state.update(new_state)
+        return output
+
+
+class _FlatMapWithState(_WithState, FlatMapFunction):
+    def flat_map(self, value: Any) -> Iterable[Any] | None:  # noqa: ANN401
+        state = self.state
+        outputs, new_state = self.fun(value, state.value())
+        state.update(new_state)
+        return outputs
+
+
+class _FilterWithState(_WithState, FilterFunction):
+    def filter(self, value: Any) -> bool:  # noqa: ANN401
+        state = self.state
+        keep, new_state = self.fun(value, state.value())
+        state.update(new_state)
+        return bool(keep)
+
+
+class _RunningReduce(MapFunction):
+    state: ValueState
+
+    def __init__(self, function: ReduceFunction | Callable[[Any, Any], Any]) -> None:
+        reduce = getattr(function, "reduce", None)
+        self.reduce_fn = reduce if callable(reduce) else function
+        if not callable(self.reduce_fn):
+            raise TypeError("reduce() needs a ReduceFunction or a callable (a, b) -> c")
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.state = runtime_context.get_state(ValueStateDescriptor("reduce"))
+
+    def map(self, value: Any) -> Any:  # noqa: ANN401
+        current = self.state.value()
+        result = value if current is None else self.reduce_fn(current, value)
+        self.state.update(tuple(result))
+        return result

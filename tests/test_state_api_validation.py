@@ -1,0 +1,313 @@
+"""Errors of the Python state API: before the query starts, with clear messages at run time, and
+recovery: a micro-batch that fails half-way is replayed from the checkpoint exactly once."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from keyedstate import (
+    KeyedProcessFunction,
+    KeyedStateError,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    RichMapFunction,
+    RuntimeContext,
+    StateTtlConfig,
+    StateTypeError,
+    Time,
+    Types,
+    ValueStateDescriptor,
+    key_by,
+)
+from keyedstate.engine.planner import output_struct
+from keyedstate.keyed_stream import _state_type
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from state_api_support import PROVIDERS, ship_by_value
+from streaming_harness import (
+    PROVIDER_UNDER_TEST,
+    BatchCollector,
+    FileInput,
+    await_finished,
+    start_query,
+)
+
+ship_by_value(__name__)
+
+SCHEMA = T.StructType([T.StructField("k", T.StringType()), T.StructField("v", T.LongType())])
+
+
+@pytest.fixture
+def stream(spark: SparkSession, tmp_path: Path) -> DataFrame:
+    source = FileInput(tmp_path / "input", SCHEMA)
+    return source.read_stream(spark)
+
+
+class Counter(KeyedProcessFunction):
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        count = (self.count.value() or 0) + value.v
+        self.count.update(count)
+        yield (value.k, count)
+
+
+# ---------------------------------------------------------------------------------------------
+# Before the query starts
+
+
+class BadType(KeyedProcessFunction):
+    def open(self, runtime_context: RuntimeContext) -> None:
+        runtime_context.get_state(ValueStateDescriptor("x", set))
+
+    def process_element(self, value: Any, ctx: Any) -> None:  # noqa: ANN401
+        return None
+
+
+class TwoKinds(KeyedProcessFunction):
+    def open(self, runtime_context: RuntimeContext) -> None:
+        runtime_context.get_state(ValueStateDescriptor("x", int))
+        runtime_context.get_list_state(ListStateDescriptor("x", int))
+
+    def process_element(self, value: Any, ctx: Any) -> None:  # noqa: ANN401
+        return None
+
+
+class WithTimer(Counter):
+    def on_timer(self, timestamp: int, ctx: Any) -> None:  # noqa: ANN401
+        return None
+
+
+class Unpicklable(Counter):
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
+class AMap(RichMapFunction):
+    def map(self, value: Any) -> Any:  # noqa: ANN401
+        return value
+
+
+def test_mistakes_fail_before_the_query_starts(spark: SparkSession, stream: DataFrame) -> None:
+    keyed = key_by(stream, "k", buckets=2)
+    with pytest.raises(StateTypeError, match="cannot map <class 'set'> to a Spark type"):
+        keyed.process(BadType(), "k string")
+    with pytest.raises(KeyedStateError, match="'x' is already registered as ValueStateDescriptor"):
+        keyed.process(TwoKinds(), "k string")
+    with pytest.raises(TypeError, match="process_element"):
+        keyed.process(AMap(), "k string")  # type: ignore[arg-type]
+    with pytest.raises(KeyedStateError, match="no column 'user'"):
+        key_by(stream, "user").process(Counter(), "k string, n long")
+    with pytest.raises(KeyedStateError, match="no column 'seq'"):
+        key_by(stream, "k", order_by="seq").process(Counter(), "k string, n long")
+    with pytest.raises(KeyedStateError, match="needs an event-time watermark"):
+        keyed.process(WithTimer(), "k string, n long", timer_mode="event")
+    with pytest.raises(StateTypeError, match="cannot parse output schema"):
+        keyed.process(Counter(), "k string, n lung")
+    with pytest.raises(KeyedStateError, match="cannot be shipped to executors"):
+        keyed.process(Unpicklable(), "k string, n long")
+    with pytest.raises(KeyedStateError, match="buckets must be a positive int"):
+        key_by(stream, "k", buckets=0).process(Counter(), "k string, n long")
+    with pytest.raises(KeyedStateError, match="streaming DataFrames"):
+        key_by(spark.range(3).withColumnRenamed("id", "k"), "k").process(Counter(), "k long")
+    with pytest.raises(TypeError, match="must take \\(value, state\\)"):
+        keyed.map_with_state(lambda value: value, "k string")
+    with pytest.raises(KeyedStateError, match="timers are only available to KeyedProcessFunction"):
+        keyed._build("map", AMap(), "k string", timer_mode="processing")
+
+
+def test_declared_python_types_map_to_spark_types(stream: DataFrame) -> None:
+    assert output_struct([("k", str), ("n", int), ("xs", list[float]), ("m", dict[str, int])]) == (
+        T.StructType(
+            [
+                T.StructField("k", T.StringType()),
+                T.StructField("n", T.LongType()),
+                T.StructField("xs", T.ArrayType(T.DoubleType())),
+                T.StructField("m", T.MapType(T.StringType(), T.LongType())),
+            ]
+        )
+    )
+    assert output_struct({"k": Types.STRING(), "when": T.TimestampType()}).names == ["k", "when"]
+
+    def running(value: Any, count: int | None) -> tuple[Any, int | None]:  # noqa: ANN401
+        return value, count
+
+    assert _state_type(running, None) == Types.LONG()
+    assert _state_type(lambda value, state: (value, state), None).is_pickled()
+    # A watermark column is found, so on_timer picks event-time timers by default.
+    watermarked = stream.withColumn("ts", F.timestamp_seconds("v")).withWatermark("ts", "1 second")
+    assert key_by(watermarked, "k").process(WithTimer(), "k string, n long").isStreaming
+
+
+# ---------------------------------------------------------------------------------------------
+# At run time
+
+
+class WrongValue(KeyedProcessFunction):
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+
+    def process_element(self, value: Any, ctx: Any) -> Any:  # noqa: ANN401
+        self.count.update(f"{value.v}")
+        yield (value.k, 1)
+
+
+class WrongOutput(KeyedProcessFunction):
+    def process_element(self, value: Any, ctx: Any) -> Any:  # noqa: ANN401
+        yield (value.k, str(value.v))
+
+
+def failure_of(spark: SparkSession, workdir: Path, frame: DataFrame) -> str:
+    query = start_query(
+        spark, PROVIDER_UNDER_TEST, frame, "append", workdir / "checkpoint", BatchCollector()
+    )
+    with pytest.raises(StreamingQueryException) as failure:
+        await_finished(query)
+    return str(failure.value)
+
+
+def test_wrong_values_fail_with_the_state_or_column_named(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add([{"k": "a", "v": 1}])
+    keyed = key_by(source.read_stream(spark), "k", buckets=2)
+    message = failure_of(spark, tmp_path / "q1", keyed.process(WrongValue(), "k string, n long"))
+    assert "ValueState 'count' holds: expected LONG (int), got str '1'" in message
+    message = failure_of(spark, tmp_path / "q2", keyed.process(WrongOutput(), "k string, n long"))
+    assert "output column 'n' is bigint, got str '1'" in message
+
+
+def test_changing_the_number_of_buckets_of_a_checkpoint_is_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    source = FileInput(tmp_path / "input", SCHEMA)
+    rows = [{"k": f"k{i}", "v": i} for i in range(20)]
+    source.add(rows)
+    checkpoint = tmp_path / "checkpoint"
+    first = key_by(source.read_stream(spark), "k", buckets=2).process(Counter(), "k string, n long")
+    await_finished(
+        start_query(spark, PROVIDER_UNDER_TEST, first, "append", checkpoint, BatchCollector())
+    )
+    source.add(rows)
+    again = key_by(source.read_stream(spark), "k", buckets=3).process(Counter(), "k string, n long")
+    query = start_query(spark, PROVIDER_UNDER_TEST, again, "append", checkpoint, BatchCollector())
+    with pytest.raises(
+        StreamingQueryException, match="written with buckets=2, the query now uses buckets=3"
+    ):
+        await_finished(query)
+
+
+class FailOnce(Counter):
+    """Fails the first time it meets a row with v == 99 (the marker file says it has not yet)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def process_element(self, value: Any, ctx: Any) -> Any:  # noqa: ANN401
+        if value.v == 99 and os.path.exists(self.marker):
+            os.remove(self.marker)
+            raise RuntimeError("injected failure")
+        yield from super().process_element(value, ctx)
+
+
+def run_fail_once(
+    spark: SparkSession, provider: str, workdir: Path, collector: BatchCollector, fails: bool
+) -> None:
+    source = FileInput(workdir / "input", SCHEMA)
+    frame = key_by(source.read_stream(spark), "k", buckets=2).process(
+        FailOnce(str(workdir / "fail-once")), "k string, n long"
+    )
+    query = start_query(spark, provider, frame, "append", workdir / "checkpoint", collector)
+    if fails:
+        with pytest.raises(StreamingQueryException, match="injected failure"):
+            await_finished(query)
+    else:
+        await_finished(query)
+
+
+def test_a_failed_batch_is_replayed_exactly_once(spark: SparkSession, tmp_path: Path) -> None:
+    files = [
+        [{"k": "a", "v": 1}, {"k": "b", "v": 2}, {"k": "c", "v": 3}],
+        [{"k": "a", "v": 10}, {"k": "c", "v": 99}, {"k": "b", "v": 20}],
+        [{"k": "a", "v": 100}, {"k": "c", "v": 1}],
+    ]
+    want = {
+        0: [{"k": "a", "n": 1}, {"k": "b", "n": 2}, {"k": "c", "n": 3}],
+        1: [{"k": "a", "n": 11}, {"k": "b", "n": 22}, {"k": "c", "n": 102}],
+        2: [{"k": "a", "n": 111}, {"k": "c", "n": 103}],
+    }
+    for label, provider in PROVIDERS.items():
+        workdir = tmp_path / label
+        source = FileInput(workdir / "input", SCHEMA)
+        collector = BatchCollector()
+        source.add(files[0])
+        run_fail_once(spark, provider, workdir, collector, fails=False)
+        (workdir / "fail-once").touch()
+        source.add_all(files[1:])
+        run_fail_once(spark, provider, workdir, collector, fails=True)
+        assert not (workdir / "fail-once").exists()
+        run_fail_once(spark, provider, workdir, collector, fails=False)
+        assert collector.batches == want, (label, collector.batches)
+
+
+# ---------------------------------------------------------------------------------------------
+# The state layer's own checks (no Spark)
+
+
+def test_types_check_and_normalise_values() -> None:
+    long = Types.LONG()
+    assert long.coerce(3) == 3
+    with pytest.raises(StateTypeError, match="out of range for LONG"):
+        long.coerce(2**63)
+    with pytest.raises(StateTypeError, match="expected LONG"):
+        long.coerce(True)
+    assert Types.DOUBLE().coerce(2) == 2.0 and isinstance(Types.DOUBLE().coerce(2), float)
+    assert Types.LIST(int).coerce((1, 2)) == [1, 2]
+    with pytest.raises(StateTypeError, match="expected STRING"):
+        Types.MAP(str, int).coerce({1: 2})
+    row = Types.ROW_NAMED(["a", "b"], [int, str]).coerce({"a": 1, "b": "x"})
+    assert row.a == 1 and row.b == "x"
+    assert Types.TUPLE([int, str]).spark_type() == T.StructType(
+        [T.StructField("f0", T.LongType()), T.StructField("f1", T.StringType())]
+    )
+    assert Types.PRIMITIVE_ARRAY(Types.BYTE()).spark_type() == T.BinaryType()
+    descriptor = MapStateDescriptor("m", str, list[int])
+    assert descriptor.type_info.spark_type() == T.MapType(T.StringType(), T.ArrayType(T.LongType()))
+
+
+def test_ttl_config_builder_mirrors_pyflink() -> None:
+    config = StateTtlConfig.new_builder(Time.seconds(10)).build()
+    assert config.get_ttl().to_milliseconds() == 10_000
+    assert config.get_update_type() is StateTtlConfig.UpdateType.OnCreateAndWrite
+    assert config.get_state_visibility() is StateTtlConfig.StateVisibility.NeverReturnExpired
+    assert config.get_cleanup_strategies().is_cleanup_in_background()
+    config = (
+        StateTtlConfig.new_builder(Time.minutes(1))
+        .set_update_type(StateTtlConfig.UpdateType.OnReadAndWrite)
+        .set_state_visibility(StateTtlConfig.StateVisibility.ReturnExpiredIfNotCleanedUp)
+        .cleanup_full_snapshot()
+        .cleanup_incrementally(5, True)
+        .cleanup_in_rocksdb_compact_filter(1000)
+        .build()
+    )
+    strategies = config.get_cleanup_strategies()
+    assert strategies.in_full_snapshot()
+    assert strategies.get_incremental_cleanup_strategy().cleanup_size == 5
+    assert strategies.get_rocksdb_compact_filter_cleanup_strategy() is not None
+    assert config.update_on_read and config.return_expired
+    disabled = StateTtlConfig.new_builder(Time.seconds(1)).set_update_type(
+        StateTtlConfig.UpdateType.Disabled
+    )
+    descriptor = ValueStateDescriptor("v", int)
+    descriptor.enable_time_to_live(disabled.build())
+    assert descriptor.ttl_config is None
+    with pytest.raises(ValueError, match="TTL must be positive"):
+        StateTtlConfig.new_builder(Time.seconds(0)).build()
