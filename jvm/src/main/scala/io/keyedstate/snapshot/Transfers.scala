@@ -11,16 +11,19 @@ object Transfers {
   @volatile private var pool: ExecutionContext = _
 
   private def executionContext(threads: Int): ExecutionContext = synchronized {
-    if (pool == null) {
-      val counter = new AtomicInteger()
-      val factory: ThreadFactory = r => {
-        val t = new Thread(r, s"keyedstate-transfer-${counter.incrementAndGet()}")
-        t.setDaemon(true)
-        t
-      }
-      pool = ExecutionContext.fromExecutorService(Executors.newFixedThreadPool(threads, factory))
-    }
+    if (pool == null) pool = daemonPool("keyedstate-transfer", threads)
     pool
+  }
+
+  /** A fixed pool of daemon threads named `<prefix>-<n>`. */
+  def daemonPool(prefix: String, threads: Int): ExecutionContext = {
+    val counter = new AtomicInteger()
+    val factory: ThreadFactory = r => {
+      val t = new Thread(r, s"$prefix-${counter.incrementAndGet()}")
+      t.setDaemon(true)
+      t
+    }
+    ExecutionContext.fromExecutorService(Executors.newFixedThreadPool(threads, factory))
   }
 
   /** Runs `f` on every item in parallel; the first failure is rethrown after all finished. */

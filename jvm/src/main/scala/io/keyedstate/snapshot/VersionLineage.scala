@@ -1,8 +1,5 @@
 package io.keyedstate.snapshot
 
-import java.util.concurrent.{Executors, ThreadFactory}
-import java.util.concurrent.atomic.AtomicInteger
-
 import scala.concurrent.{ExecutionContext, Future}
 import scala.util.{Failure, Success}
 
@@ -158,16 +155,7 @@ object VersionLineage {
 
   /** Background snapshot uploads, one pool per executor JVM (file transfers use their own). */
   private def uploads(conf: KeyedStateConf): ExecutionContext = synchronized {
-    if (pool == null) {
-      val counter = new AtomicInteger()
-      val factory: ThreadFactory = r => {
-        val t = new Thread(r, s"keyedstate-snapshot-${counter.incrementAndGet()}")
-        t.setDaemon(true)
-        t
-      }
-      pool = ExecutionContext.fromExecutorService(
-        Executors.newFixedThreadPool(math.max(1, conf.transferThreads / 2), factory))
-    }
+    if (pool == null) pool = Transfers.daemonPool("keyedstate-snapshot", math.max(1, conf.transferThreads / 2))
     pool
   }
 }
