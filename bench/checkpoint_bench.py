@@ -122,12 +122,17 @@ def feed(data: Path, name: str, inputs: Path) -> None:
         shutil.copy(part, inputs / f"{name}-{part.name}")
 
 
-def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches: int) -> Result:
+def new_phase(spark: SparkSession, name: str, work: Path, phase: str) -> tuple[Path, Path]:
+    """Selects the provider; input and checkpoint folders of its own for this phase, removed
+    only after the session stops (background maintenance of a stopped query may still write)."""
     use_provider(spark, name)
-    # Each phase its own folder, removed only after the session stops: background maintenance
-    # of a stopped query may still write to its checkpoint.
-    inputs, checkpoint = work / f"{name}-updates" / "in", work / f"{name}-updates" / "ck"
+    inputs, checkpoint = work / f"{name}-{phase}" / "in", work / f"{name}-{phase}" / "ck"
     inputs.mkdir(parents=True)
+    return inputs, checkpoint
+
+
+def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches: int) -> Result:
+    inputs, checkpoint = new_phase(spark, name, work, "updates")
     query = start(spark, inputs, checkpoint)
     feed(data, "initial", inputs)
     query.processAllAvailable()
@@ -150,9 +155,7 @@ def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches:
 
 
 def run_restart(spark: SparkSession, name: str, data: Path, work: Path) -> float:
-    use_provider(spark, name)
-    inputs, checkpoint = work / f"{name}-restart" / "in", work / f"{name}-restart" / "ck"
-    inputs.mkdir(parents=True)
+    inputs, checkpoint = new_phase(spark, name, work, "restart")
     query = start(spark, inputs, checkpoint)
     feed(data, "big", inputs)
     query.processAllAvailable()

@@ -10,10 +10,12 @@ import io.keyedstate.rocks.{ClosableIterator, ColumnFamilyCodec}
  * One version of one state store partition, open for reading (`getReadStore`) or for updates
  * (`getStore`). Reads see the store's own uncommitted writes. `commit()` makes the next version
  * durable; `abort()` drops the writes. The provider owns the RocksDB instance; a store is a
- * short-lived view of it for one task.
+ * short-lived view of it for one task, holding the instance it was opened on (no provider lock
+ * per read or write).
  */
 final class KeyedStateStore private[keyedstate] (
     provider: KeyedStateStoreProvider,
+    state: StoreInstance,
     override val version: Long,
     private var writable: Boolean,
     private var snapshotOnCommit: Boolean) extends StateStore {
@@ -30,7 +32,6 @@ final class KeyedStateStore private[keyedstate] (
 
   override def id: StateStoreId = provider.stateStoreId
 
-  private def state = provider.instance
 
   private def checkOpen(op: String): Unit = if (phase != Open) {
     throw new IllegalStateException(

@@ -97,11 +97,6 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 
   override def stateStoreId: StateStoreId = id
 
-  private[keyedstate] def instance: StoreInstance = synchronized {
-    if (loaded == null) throw new IllegalStateException(s"State store $id is not loaded")
-    loaded
-  }
-
   // ---- opening stores ----
 
   override def getStore(
@@ -140,7 +135,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       acquire()
       try {
         load(version, checkpointId, loadEmpty)
-        val store = new KeyedStateStore(this, version, writable, forceSnapshot)
+        val store = new KeyedStateStore(this, loaded, version, writable, forceSnapshot)
         activeStore = store
         activeThread = Thread.currentThread()
         store
