@@ -32,6 +32,7 @@ from keyedstate.functions import (
     TimerService,
 )
 from keyedstate.keyed_stream import KeyedStream, key_by
+from keyedstate.ops import InspectReport, RescaleResult, inspect, rescale
 from keyedstate.state import (
     AggregatingState,
     AggregatingStateDescriptor,
@@ -57,6 +58,10 @@ from keyedstate.state import (
 )
 
 __all__ = [
+    "InspectReport",
+    "RescaleResult",
+    "inspect",
+    "rescale",
     "OPTION_PREFIX",
     "PROVIDER_CLASS",
     "AggregateFunction",

@@ -121,7 +121,7 @@ final class KeyedStateStore private[keyedstate] (
   private def scanRange(start: Option[UnsafeRow], end: Option[UnsafeRow], cf: String, multi: Boolean) = {
     checkOpen("rangeScan")
     val codec = rangeCodec(cf, "rangeScan")
-    pairs(state.db.scan(cf, start.map(codec.encodeKey), end.map(codec.encodeKey)), codec, multi)
+    pairs(state.db.scan(cf, start.map(codec.encodeBound), end.map(codec.encodeBound)), codec, multi)
   }
 
   private def rangeCodec(cf: String, op: String): ColumnFamilyCodec = {
@@ -211,7 +211,7 @@ final class KeyedStateStore private[keyedstate] (
   override def deleteRange(beginKey: UnsafeRow, endKey: UnsafeRow, colFamilyName: String): Unit = {
     checkWritable("deleteRange")
     val codec = rangeCodec(colFamilyName, "deleteRange")
-    state.deleteRange(colFamilyName, codec.encodeKey(beginKey), codec.encodeKey(endKey))
+    state.deleteRange(colFamilyName, codec.encodeBound(beginKey), codec.encodeBound(endKey))
   }
 
   // ---- lifecycle ----

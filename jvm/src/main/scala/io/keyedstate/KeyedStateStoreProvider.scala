@@ -14,6 +14,7 @@ import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 
 import io.keyedstate.metrics.KeyedStateMetrics
+import io.keyedstate.rescale.RescaleJournal
 import io.keyedstate.rocks.LocalRocksDB
 import io.keyedstate.snapshot._
 
@@ -81,6 +82,8 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     this.storeConf = storeConfs
     this.hadoopConf = hadoopConf
 
+    // A rescale of this checkpoint in progress (or interrupted) makes its state unusable.
+    RescaleJournal.checkNoRescaleInProgress(new Path(stateStoreId.checkpointRootLocation).getParent, hadoopConf)
     checkpointStore = new CheckpointStore(new Path(stateStoreId.storeCheckpointLocation().toString), hadoopConf)
     checkpointStore.ensureRoot()
     val localBase = KeyedStateStoreProvider.localBaseDir(conf)
@@ -196,52 +199,25 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
           newLineage(version, None, snapshotVersion = version, Nil, Vector.empty))
         lastLoad = Some(LoadStats())
       } else {
-        lastLoad = Some(restore(latestBase(resolveManifest(version, checkpointId)), checkpointId))
+        lastLoad = Some(restore(restores.latestBase(resolveManifest(version, checkpointId))))
       }
     }
   }
 
   /** Snapshot files from the cache or the checkpoint, then the changelogs replayed in order. */
-  private def restore(manifest: VersionManifest, checkpointId: Option[String]): LoadStats = {
-    val version = manifest.version
-    val start = System.nanoTime()
-    val snapshotFiles = restores.materialize(manifest, dbDir)
-    val db =
-      try LocalRocksDB.open(dbDir, conf)
-      catch {
-        case NonFatal(e) => throw new CheckpointFileException(
-          s"State version $version of $id (manifest ${checkpointStore.manifestPath(version,
-            checkpointId)}) could not be opened: ${e.getMessage}", e)
-      }
+  private def restore(manifest: VersionManifest): LoadStats = {
+    val (db, stats) = restores.rebuild(manifest, dbDir, workDir, id.toString)
     try {
-      val replayDir = new File(workDir, s"replay-${UUID.randomUUID()}")
-      val logs =
-        try {
-          val fetched = restores.fetchInto(manifest.changelogs.map(_.file), version, replayDir)(
-            _.path.replace('/', '_'))
-          val replayed = manifest.changelogs.zip(fetched).map { case (log, (local, _)) =>
-            Changelog.replay(local, db, checkpointStore.resolve(log.file.path).toString, log.version)
-          }.sum
-          (fetched, replayed)
-        } finally LocalFiles.deleteRecursively(replayDir)
-      val replayed = logs._2
       cache.retainOnly(manifest.allFiles)
-      install(db, manifest.columnFamilies, newLineage(version, Some(manifest.checkpointId),
+      install(db, manifest.columnFamilies, newLineage(manifest.version, Some(manifest.checkpointId),
         manifest.snapshotVersion, manifest.files, manifest.changelogs.toVector))
-      val fetched = snapshotFiles ++ logs._1
-      val stats = LoadStats(
-        loadMs = (System.nanoTime() - start) / 1000000,
-        bytesDownloaded = fetched.iterator.flatMap(_._2).sum,
-        filesDownloaded = fetched.count(_._2.isDefined),
-        filesReusedLocally = fetched.count(_._2.isEmpty),
-        changelogRecordsReplayed = replayed)
-      logInfo(s"Loaded $id version $version: $stats")
-      stats
     } catch {
       case NonFatal(e) =>
         db.close()
         throw e
     }
+    logInfo(s"Loaded $id version ${manifest.version}: $stats")
+    stats
   }
 
   private def newLineage(
@@ -258,31 +234,12 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       if (conf.changelogCheckpointing) {
         Some(() => new Changelog.Writer(new File(workDir, s"changelog-${UUID.randomUUID()}.log")))
       } else None
-    val inst = new StoreInstance(db, conf, useColumnFamilies, columnFamilies, changelogs)
+    val inst = new StoreInstance(db, id.storeName, conf, useColumnFamilies, columnFamilies, changelogs)
     inst.registerCodec(StateStore.DEFAULT_COL_FAMILY_NAME, keySchema, valueSchema, keySpec,
       multipleValuesPerKey, isInternal = false)
     loaded = inst
     lineage = history
   }
-
-  /**
-   * The manifest, rebased on the newest snapshot of its own history whose upload finished after
-   * the manifest was written (the query stopped before a commit could name it), if any.
-   */
-  private def latestBase(manifest: VersionManifest): VersionManifest =
-    checkpointStore.listSnapshotDescriptors().reverse.iterator
-      .filter(ref => ref.version > manifest.snapshotVersion && ref.version <= manifest.version)
-      .flatMap { ref =>
-        try Some(checkpointStore.readSnapshotDescriptor(ref))
-        catch {
-          case NonFatal(e) =>
-            logWarning(s"Ignoring unreadable snapshot descriptor ${ref.path}: ${e.getMessage}")
-            None
-        }
-      }
-      .find(manifest.hasInLineage)
-      .map(manifest.rebasedOn)
-      .getOrElse(manifest)
 
   /** The manifest of `version`: by checkpoint id (format v2) or by version alone (v1). */
   private def resolveManifest(version: Long, checkpointId: Option[String]): VersionManifest =
@@ -398,7 +355,7 @@ object KeyedStateStoreProvider {
    * `localDir` if set, else the executor's first Spark local directory, else java.io.tmpdir.
    * Local recovery serves executors that live on, so the folder is removed when the JVM exits.
    */
-  private def localBaseDir(conf: KeyedStateConf): File = {
+  private[keyedstate] def localBaseDir(conf: KeyedStateConf): File = {
     val sparkLocal = Option(SparkEnv.get).flatMap(_.conf.getOption("spark.local.dir"))
     val base = conf.localDir
       .orElse(sys.env.get("LOCAL_DIRS"))

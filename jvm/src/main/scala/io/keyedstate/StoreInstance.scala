@@ -21,6 +21,7 @@ private[keyedstate] object StoreInstance {
 
 private[keyedstate] final class StoreInstance(
     val db: LocalRocksDB,
+    storeName: String,
     conf: KeyedStateConf,
     useColumnFamilies: Boolean,
     knownColumnFamilies: Seq[ManifestColumnFamily],
@@ -98,7 +99,7 @@ private[keyedstate] final class StoreInstance(
       throw new UnsupportedOperationException(
         s"Column family '$name' needs a state store initialised with useColumnFamilies=true")
     }
-    codecs(name) = new ColumnFamilyCodec(name, keySchema, valueSchema, spec, multipleValues, isInternal)
+    codecs(name) = new ColumnFamilyCodec(storeName, name, keySchema, valueSchema, spec, multipleValues, isInternal)
   }
 
   def createColumnFamily(

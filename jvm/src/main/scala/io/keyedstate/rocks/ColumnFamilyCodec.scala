@@ -8,16 +8,20 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, RocksDBKeyStateEncoder, UnsafeRowDataEncoder}
 import org.apache.spark.sql.types.StructType
 
+import io.keyedstate.keygroups.{KeyGroupHasher, KeyGroups}
+
 /**
  * How one column family's rows become RocksDB bytes.
  *
  * Keys use Spark's own key encoders for the column family's [[KeyStateEncoderSpec]], so prefix
- * scans and the order-preserving range-scan encoding behave exactly as operators expect. Values
+ * scans and the order-preserving range-scan encoding behave exactly as operators expect; each
+ * stored key ends with its key-group tag ([[KeyGroups]]), scan bounds and prefixes do not. Values
  * are the UnsafeRow bytes. In a multi-value column family the stored value is a sequence of
  * `[int32 length][row bytes]` entries, appended by RocksDB's string-append merge operator with an
  * empty delimiter, so `merge` never reads the old value.
  */
 final class ColumnFamilyCodec(
+    storeName: String,
     val name: String,
     val keySchema: StructType,
     val valueSchema: StructType,
@@ -29,14 +33,19 @@ final class ColumnFamilyCodec(
     keySpec.toEncoder(new UnsafeRowDataEncoder(keySpec, valueSchema), false)
 
   private val numValueFields = valueSchema.length
+  private val keyGroups =
+    new KeyGroupHasher(keySchema, KeyGroups.partitionKeyOrdinals(storeName, keySchema, keySpec))
 
   def supportsPrefixScan: Boolean = keyEncoder.supportPrefixKeyScan
   def supportsRangeScan: Boolean = keyEncoder.supportsRangeScan
 
-  def encodeKey(key: UnsafeRow): Array[Byte] = keyEncoder.encodeKey(key)
+  /** The stored key: Spark's encoding followed by the key-group tag. */
+  def encodeKey(key: UnsafeRow): Array[Byte] = KeyGroups.withTag(keyEncoder.encodeKey(key), keyGroups.tag(key))
+  /** A range-scan bound: Spark's encoding alone, so it sorts before every tagged key it starts. */
+  def encodeBound(key: UnsafeRow): Array[Byte] = keyEncoder.encodeKey(key)
   def encodePrefix(prefix: UnsafeRow): Array[Byte] = keyEncoder.encodePrefixKey(prefix)
   /** A fresh row: Spark's decoder reuses one row object, callers may keep ours. */
-  def decodeKey(bytes: Array[Byte]): UnsafeRow = keyEncoder.decodeKey(bytes).copy()
+  def decodeKey(bytes: Array[Byte]): UnsafeRow = keyEncoder.decodeKey(KeyGroups.withoutTag(bytes)).copy()
 
   def encodeValue(value: UnsafeRow): Array[Byte] =
     if (multipleValues) encodeValues(Array(value)) else value.getBytes

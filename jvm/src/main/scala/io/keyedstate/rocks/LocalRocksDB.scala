@@ -142,6 +142,16 @@ final class LocalRocksDB private (
 
   def compactRange(): Unit = handles.values.foreach(h => db.compactRange(h))
 
+  /**
+   * Adds SST files written by [[SstWriter]] to a column family in one step, moving (not copying)
+   * them into the database. The files may overlap each other; their keys must be new.
+   */
+  def ingest(cf: String, files: Seq[File]): Unit = if (files.nonEmpty) {
+    val opts = new IngestExternalFileOptions().setMoveFiles(true).setAllowGlobalSeqNo(true)
+    try db.ingestExternalFile(handle(cf), files.map(_.getAbsolutePath).asJava, opts)
+    finally opts.close()
+  }
+
   override def close(): Unit = if (!closed) {
     closed = true
     openIterators.asScala.foreach(_.close())
@@ -157,6 +167,40 @@ final class LocalRocksDB private (
 
 trait ClosableIterator[A] extends Iterator[A] with AutoCloseable
 
+/**
+ * Writes one SST file of key-ordered entries for bulk ingestion ([[LocalRocksDB.ingest]]).
+ * Nothing is written for an empty writer: `finish()` returns the entry count, 0 meaning no file.
+ */
+final class SstWriter(val file: File, conf: KeyedStateConf) extends AutoCloseable {
+  private val envOptions = new EnvOptions()
+  private val options = new Options().setCompressionType(LocalRocksDB.compressionType(conf.compression))
+  private val writer = new SstFileWriter(envOptions, options)
+  private var opened = false
+  private var count = 0L
+  private var bytes = 0L
+
+  def put(key: Array[Byte], value: Array[Byte]): Unit = {
+    if (!opened) { writer.open(file.getAbsolutePath); opened = true }
+    writer.put(key, value)
+    count += 1
+    bytes += key.length + value.length
+  }
+
+  def entries: Long = count
+  def rawBytes: Long = bytes
+
+  def finish(): Long = {
+    if (opened) writer.finish()
+    count
+  }
+
+  override def close(): Unit = {
+    writer.close()
+    options.close()
+    envOptions.close()
+  }
+}
+
 object LocalRocksDB {
   val DefaultColumnFamily = "default"
 
@@ -170,7 +214,7 @@ object LocalRocksDB {
     sharedCache
   }
 
-  private def compressionType(name: String): CompressionType = name match {
+  private[rocks] def compressionType(name: String): CompressionType = name match {
     case "none" => CompressionType.NO_COMPRESSION
     case "snappy" => CompressionType.SNAPPY_COMPRESSION
     case "lz4" => CompressionType.LZ4_COMPRESSION

@@ -1,0 +1,142 @@
+package io.keyedstate.rescale
+
+import org.apache.spark.sql.SparkSession
+import org.json4s.{DefaultFormats, Formats}
+import org.json4s.jackson.Serialization
+
+import io.keyedstate.KeyedStateConf
+import io.keyedstate.keygroups.KeyGroups
+
+/** One store partition: its keys and bytes, and how they spread over the key groups. */
+final case class PartitionReport(
+    operatorId: Int,
+    storeName: String,
+    partition: Int,
+    version: Long,
+    keys: Long,
+    fileBytes: Long,
+    dataBytes: Long,
+    keyGroupKeys: Seq[Long],
+    keyGroupBytes: Seq[Long],
+    misplacedKeys: Long) {
+  /** The heaviest key group's bytes over the mean of the non-empty ones (1.0 = even). */
+  def keyGroupSkew: Double = InspectReport.skew(keyGroupBytes)
+}
+
+final case class OperatorReport(
+    operatorId: Int,
+    operatorName: String,
+    stores: Seq[String],
+    keys: Long,
+    fileBytes: Long,
+    partitionSkew: Double,
+    keyGroupSkew: Double)
+
+final case class InspectReport(
+    checkpoint: String,
+    batchId: Long,
+    stateVersion: Long,
+    partitions: Int,
+    provider: String,
+    keyGroups: Int,
+    operators: Seq[OperatorReport],
+    partitionReports: Seq[PartitionReport])
+
+object InspectReport {
+  def skew(values: Seq[Long]): Double = {
+    val nonEmpty = values.filter(_ > 0)
+    if (nonEmpty.isEmpty) 1.0 else nonEmpty.max.toDouble / (nonEmpty.sum.toDouble / nonEmpty.size)
+  }
+}
+
+/**
+ * `keyedstate inspect`: per operator and partition, the keys and bytes of the state of the last
+ * committed batch, and their spread over key groups (`pmod(tag, keyGroups)`: the unit a rescale
+ * moves). Reads every key as a Spark job (one task per store partition); decodes no value.
+ */
+final class CheckpointInspector(spark: SparkSession, keyGroups: Int) {
+  import QueryCheckpoint._
+
+  def inspect(checkpoint: String): InspectReport = {
+    val hadoopConf = {
+      val c = new org.apache.hadoop.conf.Configuration(spark.sparkContext.hadoopConfiguration)
+      spark.conf.getAll.foreach { case (k, v) => c.set(k, v) }
+      c
+    }
+    val path = new org.apache.hadoop.fs.Path(checkpoint)
+    val ckpt = new QueryCheckpoint(path.getFileSystem(hadoopConf).makeQualified(path), hadoopConf)
+    if (!ckpt.exists) throw new IllegalArgumentException(s"No checkpoint at ${ckpt.root}")
+    val batch = ckpt.batches("commits").lastOption.getOrElse(
+      throw new IllegalStateException(s"${ckpt.root} has no committed batch"))
+    val pinned = ckpt.pinnedConf(batch)
+    val provider = pinned.getOrElse(ProviderKey, SparkDefaultProvider)
+    if (provider != OurProvider) {
+      throw new UnsupportedOperationException(
+        s"The state of ${ckpt.root} is written by $provider; keyedstate inspect reads only $OurProvider state")
+    }
+    val partitions = pinned.get(PartitionsKey).flatMap(_.toIntOption).getOrElse(0)
+    val version = batch + 1
+    val tasks = for {
+      op <- ckpt.operators
+      store <- ckpt.storeNames(op, 0)
+      p <- ckpt.partitions(op)
+    } yield StoreRef(op, store, p) -> ckpt.storeDir(StoreRef(op, store, p)).toString
+    val settings = RescaleTasks.fromHadoop(hadoopConf)
+    val conf = KeyedStateConf.fromMap(spark.conf.getAll)
+    val groups = keyGroups
+    spark.sparkContext.setJobDescription(s"keyedstate inspect ${ckpt.root}")
+    val reports = spark.sparkContext.parallelize(tasks, math.max(1, tasks.size)).map { case (ref, dir) =>
+      CheckpointInspector.scan(ref, dir, version, partitions, groups, settings, conf)
+    }.collect().toSeq.sortBy(r => (r.operatorId, r.storeName, r.partition))
+    val operators = reports.groupBy(_.operatorId).toSeq.sortBy(_._1).map { case (op, rs) =>
+      val perPartition = rs.groupBy(_.partition).values.map(_.map(_.keys).sum).toSeq
+      val perGroup = rs.map(_.keyGroupBytes).transpose.map(_.sum)
+      OperatorReport(op, operatorName(ckpt, op), rs.map(_.storeName).distinct, rs.map(_.keys).sum,
+        rs.map(_.fileBytes).sum, InspectReport.skew(perPartition), InspectReport.skew(perGroup))
+    }
+    InspectReport(ckpt.root.toString, batch, version, partitions, provider, keyGroups, operators, reports)
+  }
+
+  private def operatorName(ckpt: QueryCheckpoint, op: Int): String = {
+    val meta = new org.apache.hadoop.fs.Path(ckpt.stateRoot, s"$op/_metadata/metadata")
+    if (!ckpt.fs.exists(meta)) ""
+    else "\"operatorName\":\"([^\"]*)\"".r.findFirstMatchIn(ckpt.readLines(meta).mkString).map(_.group(1)).getOrElse("")
+  }
+}
+
+object CheckpointInspector {
+  private implicit val formats: Formats = DefaultFormats
+
+  def scan(
+      ref: StoreRef,
+      dir: String,
+      version: Long,
+      partitions: Int,
+      keyGroups: Int,
+      settings: Map[String, String],
+      conf: KeyedStateConf): PartitionReport =
+    RescaleTasks.withStoreVersion(ref, dir, version, settings, conf) { (_, manifest, db, _) =>
+      val keys = new Array[Long](keyGroups)
+      val bytes = new Array[Long](keyGroups)
+      var misplaced = 0L
+      manifest.columnFamilies.filter(cf => db.hasColumnFamily(cf.name)).foreach { cf =>
+        val it = db.scan(cf.name, None, None)
+        try it.foreach { case (k, v) =>
+          val tag = KeyGroups.tagOf(k)
+          val g = KeyGroups.owner(tag, keyGroups)
+          keys(g) += 1
+          bytes(g) += k.length + v.length
+          if (partitions > 0 && KeyGroups.owner(tag, partitions) != ref.partition) misplaced += 1
+        } finally it.close()
+      }
+      PartitionReport(ref.operatorId, ref.storeName, ref.partition, version, keys.sum, manifest.totalBytes,
+        bytes.sum, keys.toSeq, bytes.toSeq, misplaced)
+    }
+
+  /** The entry point of the Python package and the CLI: the report as JSON. */
+  def report(spark: SparkSession, checkpoint: String, keyGroups: Int): String = {
+    require(keyGroups >= 1 && keyGroups <= (1 << 16),
+      s"Invalid key group count $keyGroups for inspect: allowed is an integer from 1 to 65536")
+    Serialization.write(new CheckpointInspector(spark, keyGroups).inspect(checkpoint))
+  }
+}

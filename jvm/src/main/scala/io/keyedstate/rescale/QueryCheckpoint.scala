@@ -1,0 +1,157 @@
+package io.keyedstate.rescale
+
+import java.nio.charset.StandardCharsets.UTF_8
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.{FileSystem, FileUtil, Path}
+import org.apache.spark.sql.execution.streaming.state.StateStoreId
+import org.json4s._
+import org.json4s.jackson.JsonMethods.{compact, parse, render}
+
+import io.keyedstate.snapshot.CheckpointStore
+
+/** One state store partition directory of a checkpoint. */
+final case class StoreRef(operatorId: Int, storeName: String, partition: Int) {
+  def describe: String =
+    if (storeName == StateStoreId.DEFAULT_STORE_NAME) s"state/$operatorId/$partition"
+    else s"state/$operatorId/$partition/$storeName"
+}
+
+/**
+ * A streaming query's checkpoint as Spark lays it out: the offset and commit logs, the query
+ * metadata and the state directories (`state/<operator>/<partition>[/<store>]`). Reads go through
+ * the Hadoop FileSystem of the checkpoint, and so do writes (on the local file system that keeps
+ * Hadoop's `.crc` side files consistent with the files Spark reads back).
+ */
+final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
+  val fs: FileSystem = root.getFileSystem(hadoopConf)
+  val stateRoot = new Path(root, "state")
+
+  def exists: Boolean = fs.exists(root)
+
+  /** The batch ids with an entry in `offsets` or `commits`. */
+  def batches(log: String): Seq[Long] = listNames(new Path(root, log)).flatMap(_.toLongOption).sorted
+
+  def lastBatch(log: String): Option[Long] = batches(log).lastOption
+
+  private def listNames(dir: Path): Seq[String] =
+    if (!fs.exists(dir)) Nil
+    else fs.listStatus(dir).toSeq.map(_.getPath.getName).filterNot(n => n.startsWith(".") || n.startsWith("_"))
+
+  def readLines(path: Path): Seq[String] = {
+    val in = fs.open(path)
+    try new String(in.readAllBytes(), UTF_8).split("\n", -1).toSeq finally in.close()
+  }
+
+  def writeFile(path: Path, text: String): Unit = {
+    val out = fs.create(path, true)
+    try out.write(text.getBytes(UTF_8)) finally out.close()
+  }
+
+  def offsetPath(batch: Long): Path = new Path(root, s"offsets/$batch")
+  def commitPath(batch: Long): Path = new Path(root, s"commits/$batch")
+
+  /** The session configuration Spark pinned in the offset log entry of `batch`. */
+  def pinnedConf(batch: Long): Map[String, String] = offsetMetadata(batch) \ "conf" match {
+    case JObject(fields) => fields.collect { case (k, JString(v)) => k -> v }.toMap
+    case _ => Map.empty
+  }
+
+  private def offsetMetadata(batch: Long): JValue = {
+    val lines = readLines(offsetPath(batch))
+    if (lines.size < 2) throw new IllegalStateException(s"Offset log entry ${offsetPath(batch)} is truncated")
+    parse(lines(1))
+  }
+
+  /** Rewrites one pinned setting in the offset log entry of `batch`, keeping everything else. */
+  def rewritePinnedConf(batch: Long, key: String, value: String): Unit = {
+    val path = offsetPath(batch)
+    val lines = readLines(path)
+    val updated = parse(lines(1)).transformField {
+      case ("conf", JObject(fields)) =>
+        ("conf", JObject(fields.filterNot(_._1 == key) :+ (key -> JString(value))))
+    }
+    writeFile(path, lines.updated(1, compact(render(updated))).mkString("\n"))
+  }
+
+  /** Whether the commit log entry of `batch` carries state checkpoint ids (checkpoint format v2). */
+  def usesCheckpointIds(batch: Long): Boolean = {
+    val lines = readLines(commitPath(batch))
+    lines.size >= 2 && (parse(lines(1)) \ "stateUniqueIds" match {
+      case JObject(fields) => fields.nonEmpty
+      case _ => false
+    })
+  }
+
+  def operators: Seq[Int] = listNames(stateRoot).flatMap(_.toIntOption).sorted
+
+  def partitions(operatorId: Int): Seq[Int] =
+    listNames(new Path(stateRoot, operatorId.toString)).flatMap(_.toIntOption).sorted
+
+  def storeDir(store: StoreRef): Path =
+    new Path(StateStoreId(stateRoot.toString, store.operatorId, store.partition, store.storeName)
+      .storeCheckpointLocation().toString)
+
+  /**
+   * The stores of an operator, found in its partition directories: the default store keeps its
+   * manifests in the partition directory itself, named stores (stream-stream joins) in
+   * sub-directories. Other files (Spark's schema and metadata files) are not stores.
+   */
+  def storeNames(operatorId: Int, partition: Int): Seq[String] = {
+    val dir = new Path(stateRoot, s"$operatorId/$partition")
+    if (!fs.exists(dir)) return Nil
+    val entries = fs.listStatus(dir).toSeq
+    val default =
+      if (entries.exists(st => st.isFile && CheckpointStore.parseManifestName(st.getPath.getName).isDefined)) {
+        Seq(StateStoreId.DEFAULT_STORE_NAME)
+      } else Nil
+    val named = entries.filter(_.isDirectory).map(_.getPath.getName)
+      .filterNot(n => QueryCheckpoint.StoreInternalDirs.contains(n) || n.startsWith("_") || n.startsWith("."))
+    default ++ named.sorted
+  }
+
+  /** Files of the store directory that are not keyedstate's own (other providers' files). */
+  def foreignStateFiles(store: StoreRef): Seq[String] = {
+    val dir = storeDir(store)
+    if (!fs.exists(dir)) Nil
+    else fs.listStatus(dir).toSeq.filter(_.isFile).map(_.getPath.getName)
+      .filterNot(n => n.startsWith(".") || n.endsWith(".manifest") || n.endsWith(".snapshot"))
+  }
+
+  /**
+   * Every file that is query metadata rather than keyedstate state data, relative to the root:
+   * the logs, `metadata`, `sources/`, and Spark's schema and operator metadata files under
+   * `state/`. A rescaled copy starts from these.
+   */
+  def metadataFiles(): Seq[String] = {
+    val out = Seq.newBuilder[String]
+    def walk(dir: Path, rel: String, underState: Boolean): Unit = fs.listStatus(dir).foreach { st =>
+      val name = st.getPath.getName
+      val path = if (rel.isEmpty) name else s"$rel/$name"
+      if (name.startsWith(".")) () // .crc side files, temporary files, the rescale journal
+      else if (st.isDirectory) {
+        if (!(underState && QueryCheckpoint.StoreInternalDirs.contains(name))) walk(st.getPath, path, underState || path == "state")
+      } else if (!(underState && (name.endsWith(".manifest") || name.endsWith(".snapshot")))) out += path
+    }
+    if (fs.exists(root)) walk(root, "", underState = false)
+    out.result()
+  }
+
+  /** Copies a file of this checkpoint to the same place under `target` (checksums rewritten). */
+  def copyTo(relative: String, target: QueryCheckpoint): Unit =
+    FileUtil.copy(fs, new Path(root, relative), target.fs, new Path(target.root, relative), false, true, hadoopConf)
+}
+
+object QueryCheckpoint {
+  /** keyedstate's own directories inside a store directory. */
+  val StoreInternalDirs: Set[String] =
+    Set(CheckpointStore.SharedDir, CheckpointStore.PrivateDir, CheckpointStore.ChangelogDir)
+
+  /** Where a rescale keeps its journal and staging files, under the checkpoint root. */
+  val RescaleDir = ".keyedstate-rescale"
+
+  val ProviderKey = "spark.sql.streaming.stateStore.providerClass"
+  val PartitionsKey = "spark.sql.shuffle.partitions"
+  val OurProvider = "io.keyedstate.KeyedStateStoreProvider"
+  val SparkDefaultProvider = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+}

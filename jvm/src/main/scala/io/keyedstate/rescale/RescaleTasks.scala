@@ -1,0 +1,163 @@
+package io.keyedstate.rescale
+
+import java.io.File
+import java.net.URLEncoder
+import java.nio.charset.StandardCharsets.UTF_8
+import java.util.UUID
+
+import scala.jdk.CollectionConverters._
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
+
+import io.keyedstate.{KeyedStateConf, KeyedStateStoreProvider}
+import io.keyedstate.keygroups.KeyGroups
+import io.keyedstate.rocks.{LocalRocksDB, SstWriter}
+import io.keyedstate.snapshot._
+
+/** One SST file of a source partition's keys that belong to one target partition. */
+final case class StagedFile(columnFamily: String, source: Int, target: Int, file: ManifestFile, keys: Long)
+
+/** Cut one source partition's store into per-target SST files. */
+final case class SplitTask(
+    store: StoreRef,
+    sourceDir: String,
+    version: Long,
+    fromPartitions: Int,
+    toPartitions: Int,
+    stagingDir: String)
+
+final case class SplitResult(
+    store: StoreRef,
+    columnFamilies: Seq[ManifestColumnFamily],
+    staged: Seq[StagedFile],
+    keys: Long,
+    bytesDownloaded: Long)
+
+/** Assemble one target partition's store from the staged files and commit it as `version`. */
+final case class BuildTask(
+    store: StoreRef,
+    targetDir: String,
+    version: Long,
+    columnFamilies: Seq[ManifestColumnFamily],
+    files: Seq[StagedFile],
+    stagingDir: String,
+    manifestDir: Option[String])
+
+final case class BuildResult(store: StoreRef, keys: Long, bytesUploaded: Long, files: Int)
+
+/**
+ * The two executor-side steps of a rescale. Data moves in bulk: a split streams the source
+ * RocksDB once, in key order, into one SST writer per target partition (the target is read from
+ * each stored key's key-group tag, no row is decoded); a build ingests those SST files into a
+ * fresh RocksDB and uploads it as a full snapshot, the new store's first version.
+ */
+object RescaleTasks {
+
+  def split(task: SplitTask, hadoopSettings: Map[String, String], conf: KeyedStateConf): SplitResult =
+    withStoreVersion(task.store, task.sourceDir, task.version, hadoopSettings, conf) { (work, manifest, db, load) =>
+      val staging = new CheckpointStore(new Path(task.stagingDir), toHadoop(hadoopSettings))
+      val outDir = new File(work, "out")
+      outDir.mkdirs()
+      val staged = manifest.columnFamilies.filter(cf => db.hasColumnFamily(cf.name)).flatMap { cf =>
+        val writers = Array.tabulate(task.toPartitions)(t => new SstWriter(new File(outDir, s"${encode(cf.name)}-$t.sst"), conf))
+        try {
+          var misplaced = 0L
+          val it = db.scan(cf.name, None, None)
+          try it.foreach { case (key, value) =>
+            val tag = KeyGroups.tagOf(key)
+            if (KeyGroups.owner(tag, task.fromPartitions) != task.store.partition) misplaced += 1
+            writers(KeyGroups.owner(tag, task.toPartitions)).put(key, value)
+          } finally it.close()
+          if (misplaced > 0) {
+            throw new IllegalStateException(
+              s"$misplaced key(s) of column family '${cf.name}' in ${task.store.describe} (version ${task.version}) " +
+                s"carry key-group tags that Spark's partitioning does not assign to partition ${task.store.partition} " +
+                s"of ${task.fromPartitions}: the state cannot be rescaled safely")
+          }
+          writers.toSeq.zipWithIndex.flatMap { case (w, target) =>
+            val keys = w.finish()
+            if (keys == 0) None
+            else {
+              val relative = s"${task.store.operatorId}/${encode(task.store.storeName)}/$target/" +
+                s"${encode(cf.name)}/${task.store.partition}.sst"
+              val entry = staging.upload(w.file, w.file.getName, relative)
+              w.file.delete()
+              Some(StagedFile(cf.name, task.store.partition, target, entry, keys))
+            }
+          }
+        } finally writers.foreach(_.close())
+      }
+      SplitResult(task.store, manifest.columnFamilies, staged, staged.iterator.map(_.keys).sum, load.bytesDownloaded)
+    }
+
+  /** Opens `version` of a store in a local scratch directory, dropped afterwards. */
+  def withStoreVersion[T](
+      store: StoreRef,
+      storeDir: String,
+      version: Long,
+      hadoopSettings: Map[String, String],
+      conf: KeyedStateConf)(f: (File, VersionManifest, LocalRocksDB, LoadStats) => T): T =
+    withWorkDir(conf) { work =>
+      val source = new CheckpointStore(new Path(storeDir), toHadoop(hadoopSettings))
+      val restores = new RestoreOperation(source, LocalFileCache.forStore(new File(work, "cache"), storeDir), conf)
+      val manifest = restores.latestBase(source.readManifest(version, None))
+      val (db, load) = restores.rebuild(manifest, new File(work, "db"), work, store.describe)
+      try f(work, manifest, db, load) finally db.close()
+    }
+
+  def build(task: BuildTask, hadoopSettings: Map[String, String], conf: KeyedStateConf): BuildResult =
+    withWorkDir(conf) { work =>
+      val hadoopConf = toHadoop(hadoopSettings)
+      val target = new CheckpointStore(new Path(task.targetDir), hadoopConf)
+      target.ensureRoot()
+      val staging = new CheckpointStore(new Path(task.stagingDir), hadoopConf)
+      val db = LocalRocksDB.open(new File(work, "db"), conf)
+      try {
+        task.columnFamilies.foreach(cf => db.createColumnFamily(cf.name))
+        val inDir = new File(work, "in")
+        inDir.mkdirs()
+        task.files.groupBy(_.columnFamily).foreach { case (cf, files) =>
+          val local = Transfers.parallel(files, conf.transferThreads) { f =>
+            val file = new File(inDir, s"${encode(cf)}-${f.source}.sst")
+            staging.download(f.file, task.version, file, verifyChecksum = true)
+            file
+          }
+          db.ingest(cf, local)
+        }
+        // Ingested files overlap (one per source partition): compacting them once keeps reads
+        // and the restarted query's first writes from paying for many level-0 files.
+        if (task.files.groupBy(_.columnFamily).exists(_._2.size > 4)) db.compactRange()
+        val commitId = UUID.randomUUID().toString
+        val snapshotDir = new File(work, "snapshot")
+        snapshotDir.mkdirs()
+        val snapshots = new SnapshotStrategy(target, snapshotDir, conf)
+        val cp = snapshots.checkpointLocally(db, task.version, commitId)
+        val uploaded = try snapshots.upload(cp, Nil) finally snapshots.discard(cp)
+        val manifest = VersionManifest(VersionManifest.FormatVersion, task.version, commitId, None,
+          System.currentTimeMillis(), task.columnFamilies, task.version, uploaded.files, Nil)
+        val manifestStore = task.manifestDir.fold(target)(d => new CheckpointStore(new Path(d), hadoopConf))
+        manifestStore.ensureRoot()
+        manifestStore.writeManifest(manifest, checkpointIdsEnabled = false)
+        BuildResult(task.store, task.columnFamilies.iterator.map(_.numKeys).sum, uploaded.bytesUploaded,
+          uploaded.filesUploaded)
+      } finally db.close()
+    }
+
+  private def withWorkDir[T](conf: KeyedStateConf)(f: File => T): T = {
+    val dir = new File(KeyedStateStoreProvider.localBaseDir(conf), s"rescale-${UUID.randomUUID()}")
+    dir.mkdirs()
+    try f(dir) finally LocalFiles.deleteRecursively(dir)
+  }
+
+  private def encode(name: String): String = URLEncoder.encode(name, UTF_8)
+
+  def toHadoop(settings: Map[String, String]): Configuration = {
+    val c = new Configuration(false)
+    settings.foreach { case (k, v) => c.set(k, v) }
+    c
+  }
+
+  def fromHadoop(c: Configuration): Map[String, String] =
+    c.iterator().asScala.map(e => e.getKey -> e.getValue).toMap
+}

@@ -1,0 +1,333 @@
+package io.keyedstate.rescale
+
+import java.util.concurrent.atomic.AtomicBoolean
+
+import scala.util.control.NonFatal
+
+import org.apache.hadoop.fs.Path
+import org.apache.spark.SparkContext
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper
+import org.json4s.{DefaultFormats, Formats}
+import org.json4s.jackson.Serialization
+
+import io.keyedstate.KeyedStateConf
+
+/** What a rescale did. */
+final case class RescaleResult(
+    source: String,
+    output: String,
+    inPlace: Boolean,
+    fromPartitions: Int,
+    toPartitions: Int,
+    batchId: Long,
+    stateVersion: Long,
+    operators: Seq[Int],
+    stores: Int,
+    keys: Long,
+    bytesWritten: Long,
+    splitMs: Long,
+    buildMs: Long,
+    totalMs: Long,
+    resumed: Boolean)
+
+/**
+ * Rewrites the state of every stateful operator of a stopped query's checkpoint for another
+ * partition count, as a Spark job, so that the restarted query runs with the new count.
+ *
+ * The state of the last committed batch B (state version B+1) is split by key-group tag into
+ * per-target SST files (one task per source partition), then each target partition's RocksDB is
+ * built from them (one task per target) and committed as version B+1. The offset log entry of B
+ * then pins the new partition count and the operator metadata says it too; nothing else of the
+ * query changes, so the restarted query continues with batch B+1.
+ *
+ * By default the result is a new checkpoint (`output`) and the source is only read. In place,
+ * a journal makes it crash-safe: see [[RescaleJournal]].
+ */
+final class Rescaler(spark: SparkSession, progress: String => Unit) {
+  import QueryCheckpoint._
+
+  private val hadoopConf = {
+    val c = spark.sparkContext.hadoopConfiguration
+    val copy = new org.apache.hadoop.conf.Configuration(c)
+    spark.conf.getAll.foreach { case (k, v) => copy.set(k, v) }
+    copy
+  }
+  private lazy val conf = KeyedStateConf.fromMap(spark.conf.getAll)
+
+  def run(source: String, partitions: Int, output: Option[String], inPlace: Boolean): RescaleResult = {
+    if (partitions < 1 || partitions > Rescaler.MaxPartitions) {
+      throw new IllegalArgumentException(
+        s"Invalid partition count $partitions for rescale: allowed is an integer from 1 to ${Rescaler.MaxPartitions}")
+    }
+    if (inPlace && output.exists(o => qualify(o) != qualify(source))) {
+      throw new IllegalArgumentException(s"Rescale in place writes to the source; do not also give an output ($output)")
+    }
+    val src = new QueryCheckpoint(qualify(source), hadoopConf)
+    if (!src.exists) throw new IllegalArgumentException(s"No checkpoint at ${src.root}")
+    val started = System.currentTimeMillis()
+
+    // An interrupted in-place rescale is finished or undone first.
+    val resumed = RescaleJournal.read(src.root, hadoopConf).filter(_.inPlace) match {
+      case Some(j) if j.phase == RescaleJournal.Publishing =>
+        progress(s"completing the interrupted in-place rescale to ${j.toPartitions} partitions")
+        publishInPlace(src, j)
+        if (j.toPartitions == partitions && inPlace) {
+          return summary(src, src, j, inPlace = true, Nil, Nil, started, resumed = true)
+        }
+        true
+      case Some(j) =>
+        progress(s"undoing the interrupted in-place rescale to ${j.toPartitions} partitions (it had not published)")
+        undoInPlace(src)
+        false
+      case None => false
+    }
+
+    val dst =
+      if (inPlace) src
+      else new QueryCheckpoint(qualify(output.getOrElse(s"${src.root}-rescaled-$partitions")), hadoopConf)
+    if (!inPlace) prepareOutput(src, dst)
+    checkNotRunning(src)
+    val batch = lastCommittedBatch(src)
+    val pinned = src.pinnedConf(batch)
+    checkProvider(src, batch, pinned)
+    if (src.usesCheckpointIds(batch)) {
+      throw new UnsupportedOperationException(
+        s"${src.commitPath(batch)} carries state checkpoint ids (spark.sql.streaming.stateStore." +
+          "checkpointFormatVersion=2): rescale supports checkpoint format version 1 only")
+    }
+    val from = pinned.get(PartitionsKey).flatMap(_.toIntOption).getOrElse(throw new IllegalStateException(
+      s"${src.offsetPath(batch)} does not pin $PartitionsKey"))
+    val version = batch + 1
+    val stores = discoverStores(src, from, version)
+
+    val journal = RescaleJournal(RescaleJournal.Building, src.root.toString, dst.root.toString, inPlace, batch,
+      from, partitions, started)
+    RescaleJournal.write(dst.root, journal, hadoopConf)
+    val staging = new Path(new Path(dst.root, RescaleDir), "staging")
+    try {
+      progress(s"rescaling ${src.root} (batch $batch, state version $version) from $from to $partitions " +
+        s"partitions: ${stores.size} store(s) of operator(s) ${stores.map(_._1).distinct.mkString(", ")}")
+      val splitStart = System.currentTimeMillis()
+      val splitTasks = for ((op, store) <- stores; p <- 0 until from) yield {
+        val ref = StoreRef(op, store, p)
+        SplitTask(ref, src.storeDir(ref).toString, version, from, partitions, staging.toString)
+      }
+      val splits = runTasks("split", splitTasks)((t: SplitTask, h, c) => RescaleTasks.split(t, h, c))
+      val splitMs = System.currentTimeMillis() - splitStart
+
+      val buildStart = System.currentTimeMillis()
+      val buildTasks = for ((op, store) <- stores; t <- 0 until partitions) yield {
+        val ref = StoreRef(op, store, t)
+        val mine = splits.filter(s => s.store.operatorId == op && s.store.storeName == store)
+        val files = mine.flatMap(_.staged).filter(_.target == t)
+        val families = mine.flatMap(_.columnFamilies).groupBy(_.name).values.map(_.head).toSeq.sortBy(_.name)
+          .map(cf => cf.copy(numKeys = files.filter(_.columnFamily == cf.name).map(_.keys).sum))
+        val manifestDir = if (inPlace) Some(new Path(staging, s"manifests/$op/$store/$t").toString) else None
+        BuildTask(ref, dst.storeDir(ref).toString, version, families, files, staging.toString, manifestDir)
+      }
+      val builds = runTasks("build", buildTasks)((t: BuildTask, h, c) => RescaleTasks.build(t, h, c))
+      val buildMs = System.currentTimeMillis() - buildStart
+
+      // The query must not have moved on meanwhile: its next batch would not see the new state.
+      if (src.lastBatch("offsets") != Some(batch) || src.lastBatch("commits") != Some(batch)) {
+        throw new IllegalStateException(
+          s"The query ran past batch $batch of ${src.root} during the rescale: it is running. Stop it, then rescale.")
+      }
+      val publishing = journal.copy(phase = RescaleJournal.Publishing)
+      RescaleJournal.write(dst.root, publishing, hadoopConf)
+      if (inPlace) publishInPlace(src, publishing) else publishCopy(src, dst, publishing)
+      val result = summary(src, dst, journal, inPlace, splits, builds, started, resumed)
+      result.copy(splitMs = splitMs, buildMs = buildMs)
+    } catch {
+      case NonFatal(e) =>
+        // Before publishing nothing the query reads was changed: drop what was written.
+        if (RescaleJournal.read(dst.root, hadoopConf).exists(_.phase == RescaleJournal.Building)) {
+          if (inPlace) undoInPlace(src) else dst.fs.delete(dst.root, true)
+        }
+        throw e
+    }
+  }
+
+  private def summary(
+      src: QueryCheckpoint,
+      dst: QueryCheckpoint,
+      j: RescaleJournal,
+      inPlace: Boolean,
+      splits: Seq[SplitResult],
+      builds: Seq[BuildResult],
+      started: Long,
+      resumed: Boolean): RescaleResult =
+    RescaleResult(src.root.toString, dst.root.toString, inPlace, j.fromPartitions, j.toPartitions, j.batchId,
+      j.batchId + 1, builds.map(_.store.operatorId).distinct.sorted,
+      builds.map(b => (b.store.operatorId, b.store.storeName)).distinct.size, splits.map(_.keys).sum,
+      builds.map(_.bytesUploaded).sum, 0, 0, System.currentTimeMillis() - started, resumed)
+
+  private def qualify(path: String): Path = {
+    val p = new Path(path)
+    p.getFileSystem(hadoopConf).makeQualified(p)
+  }
+
+  /** A fresh output, or the leftovers of an interrupted rescale into it (which are ours to drop). */
+  private def prepareOutput(src: QueryCheckpoint, dst: QueryCheckpoint): Unit = if (dst.exists) {
+    RescaleJournal.read(dst.root, hadoopConf) match {
+      case Some(j) if j.source == src.root.toString && j.phase == RescaleJournal.Publishing =>
+        throw new IllegalStateException(
+          s"${dst.root} holds a rescale of ${src.root} interrupted while publishing; delete ${dst.root} and rescale again")
+      case Some(j) if j.source == src.root.toString =>
+        progress(s"dropping the unfinished output of an interrupted rescale at ${dst.root}")
+        dst.fs.delete(dst.root, true)
+      case _ if dst.fs.listStatus(dst.root).nonEmpty =>
+        throw new IllegalArgumentException(
+          s"The rescale output ${dst.root} already exists and is not empty; give a new path")
+      case _ => ()
+    }
+  }
+
+  /** A query of this application on the checkpoint is running: refuse (others: see the batch check). */
+  private def checkNotRunning(src: QueryCheckpoint): Unit =
+    spark.streams.active.foreach {
+      case q: StreamingQueryWrapper if qualify(q.streamingQuery.resolvedCheckpointRoot) == src.root =>
+        throw new IllegalStateException(
+          s"The query '${Option(q.name).getOrElse(q.id)}' (id ${q.id}) is running on ${src.root}; stop it, then rescale")
+      case _ => ()
+    }
+
+  private def lastCommittedBatch(src: QueryCheckpoint): Long = {
+    val offsets = src.lastBatch("offsets").getOrElse(throw new IllegalStateException(
+      s"${src.root} has no batch in its offset log: there is no state to rescale"))
+    if (!src.batches("commits").contains(offsets)) {
+      throw new IllegalStateException(
+        s"Batch $offsets of ${src.root} is planned (${src.offsetPath(offsets)}) but not committed: the query is " +
+          "running, or stopped in the middle of a batch. Stop it, or restart it and let it finish a batch, then rescale.")
+    }
+    offsets
+  }
+
+  private def checkProvider(src: QueryCheckpoint, batch: Long, pinned: Map[String, String]): Unit = {
+    val provider = pinned.getOrElse(ProviderKey, SparkDefaultProvider)
+    if (provider != OurProvider) {
+      val hint =
+        if (provider.endsWith("RocksDBStateStoreProvider")) {
+          " (for Spark's RocksDB provider, Spark 4.2+ has spark._streamingCheckpointManager.repartition)"
+        } else ""
+      throw new UnsupportedOperationException(
+        s"The state of ${src.root} is written by $provider (${src.offsetPath(batch)}); keyedstate rescale reads " +
+          s"only $OurProvider state$hint")
+    }
+  }
+
+  /** (operator, store name) pairs, after checking every source partition has the version. */
+  private def discoverStores(src: QueryCheckpoint, from: Int, version: Long): Seq[(Int, String)] = {
+    val stores = src.operators.flatMap(op => src.storeNames(op, 0).map(op -> _))
+    if (stores.isEmpty) throw new IllegalStateException(s"${src.root} has no state to rescale")
+    for ((op, store) <- stores; p <- 0 until from) {
+      val ref = StoreRef(op, store, p)
+      val manifest = new Path(src.storeDir(ref), s"$version.manifest")
+      if (!src.fs.exists(manifest)) {
+        val foreign = src.foreignStateFiles(ref)
+        throw new IllegalStateException(
+          if (foreign.nonEmpty) {
+            s"${ref.describe} of ${src.root} holds files of another state store provider (${foreign.take(3).mkString(", ")}); " +
+              "keyedstate rescale reads only keyedstate state"
+          } else s"State version $version of ${ref.describe} is missing: $manifest does not exist")
+      }
+    }
+    stores
+  }
+
+  private def publishCopy(src: QueryCheckpoint, dst: QueryCheckpoint, j: RescaleJournal): Unit = {
+    progress("writing the query metadata")
+    src.metadataFiles().filterNot(isRetiredPartitionFile(_, j.toPartitions)).foreach(src.copyTo(_, dst))
+    pinPartitions(dst, j)
+    dst.fs.delete(new Path(dst.root, RescaleDir), true)
+  }
+
+  /**
+   * Moves the staged manifests over the live ones, retires partitions the new count does not
+   * have, and pins the new count. Every step can be repeated: an interrupted publish is redone.
+   */
+  private def publishInPlace(src: QueryCheckpoint, j: RescaleJournal): Unit = {
+    progress("publishing the rescaled state in place")
+    val staging = new Path(new Path(src.root, RescaleDir), "staging")
+    for (op <- src.operators; store <- src.storeNames(op, 0); t <- 0 until j.toPartitions) {
+      val staged = new Path(staging, s"manifests/$op/$store/$t/${j.batchId + 1}.manifest")
+      if (src.fs.exists(staged)) {
+        val live = new Path(src.storeDir(StoreRef(op, store, t)), s"${j.batchId + 1}.manifest")
+        org.apache.hadoop.fs.FileUtil.copy(src.fs, staged, src.fs, live, false, true, hadoopConf)
+      }
+    }
+    for (op <- src.operators; p <- src.partitions(op) if p >= j.toPartitions) {
+      src.fs.delete(new Path(src.stateRoot, s"$op/$p"), true)
+    }
+    pinPartitions(src, j)
+    src.fs.delete(new Path(src.root, RescaleDir), true)
+  }
+
+  private def undoInPlace(src: QueryCheckpoint): Unit =
+    src.fs.delete(new Path(src.root, RescaleDir), true)
+
+  private def isRetiredPartitionFile(relative: String, partitions: Int): Boolean =
+    relative.split('/') match {
+      case Array("state", _, p, _*) => p.toIntOption.exists(_ >= partitions)
+      case _ => false
+    }
+
+  /** The new count in the offset log entry Spark restores its session from, and in the metadata. */
+  private def pinPartitions(ckpt: QueryCheckpoint, j: RescaleJournal): Unit = {
+    ckpt.rewritePinnedConf(j.batchId, PartitionsKey, j.toPartitions.toString)
+    for (op <- ckpt.operators) {
+      val meta = new Path(ckpt.stateRoot, s"$op/_metadata/metadata")
+      if (ckpt.fs.exists(meta)) {
+        val text = ckpt.readLines(meta).mkString("\n")
+        ckpt.writeFile(meta, text.replaceAll("\"numPartitions\":\\d+", s"\"numPartitions\":${j.toPartitions}"))
+      }
+    }
+  }
+
+  /** Runs one task per item as a Spark job, reporting progress every few seconds. */
+  private def runTasks[T: scala.reflect.ClassTag, R: scala.reflect.ClassTag](phase: String, tasks: Seq[T])(
+      f: (T, Map[String, String], KeyedStateConf) => R): Seq[R] = {
+    val sc = spark.sparkContext
+    val settings = RescaleTasks.fromHadoop(hadoopConf)
+    val c = conf
+    val group = s"keyedstate-rescale-$phase-${java.util.UUID.randomUUID()}"
+    sc.setJobGroup(group, s"keyedstate rescale: $phase (${tasks.size} tasks)", interruptOnCancel = true)
+    val done = new AtomicBoolean(false)
+    val reporter = new Thread(() => {
+      while (!done.get()) {
+        Thread.sleep(2000)
+        if (!done.get()) progress(s"$phase: ${Rescaler.completed(sc, group)}/${tasks.size} tasks done")
+      }
+    }, "keyedstate-rescale-progress")
+    reporter.setDaemon(true)
+    reporter.start()
+    try {
+      val out = sc.parallelize(tasks, math.max(1, tasks.size)).map(t => f(t, settings, c)).collect().toSeq
+      progress(s"$phase: ${tasks.size}/${tasks.size} tasks done")
+      out
+    } finally {
+      done.set(true)
+      sc.clearJobGroup()
+    }
+  }
+}
+
+object Rescaler {
+  val MaxPartitions = 100000
+
+  private implicit val formats: Formats = DefaultFormats
+
+  private def completed(sc: SparkContext, group: String): Int =
+    sc.statusTracker.getJobIdsForGroup(group).iterator
+      .flatMap(id => sc.statusTracker.getJobInfo(id))
+      .flatMap(_.stageIds().iterator.flatMap(s => sc.statusTracker.getStageInfo(s)))
+      .map(_.numCompletedTasks()).sum
+
+  /** The entry point of the Python package and the CLI: the result as JSON. */
+  def rescale(spark: SparkSession, source: String, partitions: Int, output: String, inPlace: Boolean): String = {
+    val result = new Rescaler(spark, msg => System.err.println(s"[keyedstate rescale] $msg"))
+      .run(source, partitions, Option(output).filter(_.nonEmpty), inPlace)
+    Serialization.write(result)
+  }
+}
