@@ -1,10 +1,108 @@
-"""The ``keyedstate`` command line."""
+"""The ``keyedstate`` command line: ``jar``, ``demo``, ``rescale``, ``inspect``."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import sys
 
 from keyedstate import _session, demo
+
+
+def _add_spark_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--master",
+        default=None,
+        help="Spark master for the job (default: spark-submit's, else local[*])",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the job (repeatable), e.g. the checkpoint file system's",
+    )
+
+
+def _spark(args: argparse.Namespace, app: str):  # noqa: ANN202 - pyspark is imported lazily
+    from pyspark.sql import SparkSession
+
+    builder = _session.configure(SparkSession.builder.appName(app))
+    if args.master:
+        builder = builder.master(args.master)
+    elif not _has_master():
+        builder = builder.master("local[*]")
+    for setting in args.conf:
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--conf expects KEY=VALUE, got {setting!r}")
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _has_master() -> bool:
+    import os
+
+    return "--master" in os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+
+
+def _rescale(args: argparse.Namespace) -> int:
+    from keyedstate.ops import rescale
+
+    spark = _spark(args, "keyedstate rescale")
+    try:
+        result = rescale(
+            spark, args.checkpoint, args.partitions, args.output, in_place=args.in_place
+        )
+    finally:
+        spark.stop()
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result), indent=2))
+    else:
+        print(
+            f"rescaled {result.source} from {result.from_partitions} to "
+            f"{result.to_partitions} partitions (batch {result.batch_id}): {result.keys} keys, "
+            f"{result.stores} store(s), {result.bytes_written} bytes written in "
+            f"{result.total_ms / 1000:.1f} s\n"
+            f"restart the query with checkpointLocation={result.output}"
+        )
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from keyedstate.ops import inspect
+
+    spark = _spark(args, "keyedstate inspect")
+    try:
+        report = inspect(spark, args.checkpoint, key_groups=args.key_groups)
+    finally:
+        spark.stop()
+    if args.json:
+        print(json.dumps(dataclasses.asdict(report), indent=2))
+        return 0
+    print(
+        f"{report.checkpoint}: batch {report.batch_id}, state version {report.state_version}, "
+        f"{report.partitions} partitions, {report.key_groups} key groups"
+    )
+    for op in report.operators:
+        print(
+            f"\noperator {op.operator_id} {op.operator_name} ({', '.join(op.stores)}): "
+            f"{op.keys} keys, {op.file_bytes} bytes, partition skew {op.partition_skew:.2f}, "
+            f"key-group skew {op.key_group_skew:.2f}"
+        )
+        print(f"  {'store':<28}{'part':>5}{'keys':>12}{'bytes':>14}{'kg skew':>9}{'misplaced':>10}")
+        for p in report.partition_reports:
+            if p.operator_id == op.operator_id:
+                print(
+                    f"  {p.store_name:<28}{p.partition:>5}{p.keys:>12}{p.file_bytes:>14}"
+                    f"{p.key_group_skew:>9.2f}{p.misplaced_keys:>10}"
+                )
+    misplaced = sum(p.misplaced_keys for p in report.partition_reports)
+    if misplaced:
+        print(f"\n{misplaced} key(s) are not in the partition Spark assigns them", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,10 +113,36 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("jar", help="print the provider jar's path (for --jars or a classpath)")
     commands.add_parser("demo", help="run the demo streaming job")
+
+    rescale = commands.add_parser(
+        "rescale", help="rewrite a stopped query's state for another partition count"
+    )
+    rescale.add_argument("--checkpoint", required=True, help="the query's checkpoint location")
+    rescale.add_argument("--partitions", required=True, type=int, help="the new partition count")
+    where = rescale.add_mutually_exclusive_group()
+    where.add_argument("--output", help="where to write the rescaled checkpoint")
+    where.add_argument(
+        "--in-place", action="store_true", help="rewrite the checkpoint itself (crash-safe)"
+    )
+    rescale.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_spark_options(rescale)
+
+    inspect = commands.add_parser(
+        "inspect", help="keys, bytes and key-group skew per operator and partition"
+    )
+    inspect.add_argument("--checkpoint", required=True, help="the query's checkpoint location")
+    inspect.add_argument("--key-groups", type=int, default=128, help="key groups to report on")
+    inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_spark_options(inspect)
+
     args, rest = parser.parse_known_args(argv)
     if args.command == "jar":
         print(_session.jar_path())
         return 0
+    if args.command == "rescale":
+        return _rescale(args)
+    if args.command == "inspect":
+        return _inspect(args)
     return demo.main(rest)
 
 
