@@ -32,7 +32,13 @@ from keyedstate.functions import (
     TimerService,
 )
 from keyedstate.keyed_stream import KeyedStream, key_by
-from keyedstate.ops import InspectReport, RescaleResult, inspect, rescale
+from keyedstate.ops import (
+    CheckpointOperationError,
+    InspectReport,
+    RescaleResult,
+    inspect,
+    rescale,
+)
 from keyedstate.state import (
     AggregatingState,
     AggregatingStateDescriptor,
@@ -58,6 +64,7 @@ from keyedstate.state import (
 )
 
 __all__ = [
+    "CheckpointOperationError",
     "InspectReport",
     "RescaleResult",
     "inspect",

@@ -139,10 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "jar":
         print(_session.jar_path())
         return 0
-    if args.command == "rescale":
-        return _rescale(args)
-    if args.command == "inspect":
-        return _inspect(args)
+    from keyedstate.ops import CheckpointOperationError
+
+    try:
+        if args.command == "rescale":
+            return _rescale(args)
+        if args.command == "inspect":
+            return _inspect(args)
+    except CheckpointOperationError as e:
+        print(f"keyedstate {args.command}: {e}", file=sys.stderr)
+        return 2
     return demo.main(rest)
 
 

@@ -11,9 +11,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from py4j.java_gateway import JavaClass
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from keyedstate._session import PROVIDER_CLASS
+
+
+class CheckpointOperationError(RuntimeError):
+    """A rescale or inspect refused or failed; the message says why (from the JVM side)."""
+
+
+def _call(method: Any, *args: Any) -> Any:
+    try:
+        return method(*args)
+    except Py4JJavaError as e:
+        message = e.java_exception.getMessage() or e.java_exception.toString()
+        raise CheckpointOperationError(str(message)) from e
 
 
 @dataclass(frozen=True)
@@ -122,7 +135,9 @@ def rescale(
     if isinstance(partitions, bool) or not isinstance(partitions, int):
         raise TypeError(f"partitions must be an int, got {partitions!r}")
     rescaler, session = _entry_point(spark, "Rescaler")
-    raw = json.loads(rescaler.rescale(session, checkpoint, partitions, output or "", in_place))
+    raw = json.loads(
+        _call(rescaler.rescale, session, checkpoint, partitions, output or "", in_place)
+    )
     return RescaleResult(
         source=raw["source"],
         output=raw["output"],
@@ -145,7 +160,7 @@ def rescale(
 def inspect(spark: SparkSession, checkpoint: str, *, key_groups: int = 128) -> InspectReport:
     """Keys, bytes and key-group skew per operator and state partition of a checkpoint."""
     inspector, session = _entry_point(spark, "CheckpointInspector")
-    raw = json.loads(inspector.report(session, checkpoint, key_groups))
+    raw = json.loads(_call(inspector.report, session, checkpoint, key_groups))
     return InspectReport(
         checkpoint=raw["checkpoint"],
         batch_id=raw["batchId"],

@@ -14,7 +14,7 @@ import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 
 import io.keyedstate.metrics.KeyedStateMetrics
-import io.keyedstate.rescale.RescaleJournal
+import io.keyedstate.rescale.{RescaleJournal, StoreLease}
 import io.keyedstate.rocks.LocalRocksDB
 import io.keyedstate.snapshot._
 
@@ -53,6 +53,8 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   private var lineage: VersionLineage = _
   @volatile private var lastCommit: Option[CommitStats] = None
   @volatile private var lastLoad: Option[LoadStats] = None
+  // When this provider last claimed its store partition for the running query (StoreLease).
+  @volatile private var leaseRefreshedMs = 0L
 
   // One store at a time uses the instance.
   private var activeStore: KeyedStateStore = _
@@ -120,6 +122,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       forceSnapshotOnCommit: Boolean): StateStore = synchronized {
     readStore match {
       case ours: KeyedStateStore if (ours eq activeStore) && ours.isOpen && ours.version == version =>
+        claimLease()
         ours.upgradeToWritable(forceSnapshotOnCommit)
       case other =>
         other.release()
@@ -138,6 +141,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       acquire()
       try {
         load(version, checkpointId, loadEmpty)
+        if (writable) claimLease()
         val store = new KeyedStateStore(this, loaded, version, writable, forceSnapshot)
         activeStore = store
         activeThread = Thread.currentThread()
@@ -148,6 +152,10 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
           throw e
       }
     }
+
+  /** A store opened for writes belongs to a running query: say so to `keyedstate rescale`. */
+  private def claimLease(): Unit =
+    leaseRefreshedMs = StoreLease.refresh(checkpointStore.root, hadoopConf, leaseRefreshedMs)
 
   /** Waits for the store in use to finish; the same thread re-entering takes the instance over. */
   private def acquire(): Unit = {
@@ -319,6 +327,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 
   /** Deletes versions older than `minBatchesToRetain` and files no retained version needs. */
   override def doCleanupMaintenance(): Unit = {
+    if (leaseRefreshedMs > 0) claimLease()
     val inFlight: String => Boolean = synchronized {
       val current = lineage
       if (current == null) _ => false else current.inFlight
@@ -333,6 +342,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   }
 
   override def close(): Unit = synchronized {
+    if (leaseRefreshedMs > 0) StoreLease.release(checkpointStore.root, hadoopConf)
     val uploads = if (loaded != null) discardLoaded() else scala.concurrent.Future.unit
     if (localRoot != null) {
       LocalFiles.deleteRecursively(dbDir)

@@ -100,6 +100,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       s"${src.offsetPath(batch)} does not pin $PartitionsKey"))
     val version = batch + 1
     val stores = discoverStores(src, from, version)
+    checkNoLeases(src, stores, from)
 
     val journal = RescaleJournal(RescaleJournal.Building, src.root.toString, dst.root.toString, inPlace, batch,
       from, partitions, started)
@@ -192,6 +193,21 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
           s"The query '${Option(q.name).getOrElse(q.id)}' (id ${q.id}) is running on ${src.root}; stop it, then rescale")
       case _ => ()
     }
+
+  /** A fresh lease of another application on any source partition: that query is running. */
+  private def checkNoLeases(src: QueryCheckpoint, stores: Seq[(Int, String)], from: Int): Unit = {
+    val self = spark.sparkContext.applicationId
+    for ((op, store) <- stores; p <- 0 until from) {
+      val ref = StoreRef(op, store, p)
+      StoreLease.fresh(src.storeDir(ref), hadoopConf).filter(_._1.applicationId != self).foreach { case (h, age) =>
+        throw new IllegalStateException(
+          s"${ref.describe} of ${src.root} is in use by application ${h.applicationId} (executor ${h.executorId} " +
+            s"on ${h.host}, lease ${StoreLease.path(src.storeDir(ref))} refreshed ${age / 1000} s ago): the query is " +
+            s"running. Stop it, then rescale; a lease left by a killed executor expires " +
+            s"${StoreLease.StaleAfterMs / 60000} minutes after its last refresh.")
+      }
+    }
+  }
 
   private def lastCommittedBatch(src: QueryCheckpoint): Long = {
     val offsets = src.lastBatch("offsets").getOrElse(throw new IllegalStateException(
