@@ -2,8 +2,10 @@
 
 Run with ``make demo`` (or ``python -m keyedstate.demo``). It generates a stream of purchase
 events as files, runs a per-user aggregation on local Spark with a local checkpoint folder,
-stops the query half-way, restarts it from the checkpoint, and prints the results, the
-provider's metrics, and whether the streamed result equals a batch computation of the same data.
+stops the query half-way, restarts it from the checkpoint, stops it again, rescales its state
+from 4 to 6 partitions (``keyedstate.rescale``), restarts it on the rescaled checkpoint, and
+prints the results, the provider's metrics, and whether the streamed result equals a batch
+computation of the same data.
 """
 
 from __future__ import annotations
@@ -121,6 +123,17 @@ def main(argv: list[str] | None = None) -> int:
         write_events(events_dir, args.files, args.files, args.rows, rng)
         run_phase(spark, events_dir, checkpoint, "restarted from the checkpoint")
 
+        rescaled = workdir / "checkpoint-6"
+        result = keyedstate.rescale(spark, str(checkpoint), 6, str(rescaled))
+        print(
+            f"\n   (query stopped; state rescaled from {result.from_partitions} to "
+            f"{result.to_partitions} partitions: {result.keys} keys in {result.total_ms} ms; "
+            "more events arrive)"
+        )
+        checkpoint = rescaled
+        write_events(events_dir, 2 * args.files, args.files, args.rows, rng)
+        run_phase(spark, events_dir, checkpoint, "restarted from the rescaled checkpoint")
+
         streamed = spark.table("per_user_totals")
         print("\n== top users by amount spent")
         for row in streamed.orderBy(F.desc("spent"), "user").limit(5).collect():
@@ -129,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         batch = per_user_totals(spark.read.schema(SCHEMA).json(str(events_dir)))
         differences = streamed.exceptAll(batch).count() + batch.exceptAll(streamed).count()
         state = spark.read.format("statestore").load(str(checkpoint))
+        partitions = state.select("partition_id").distinct().count()
         print(f"\n== {streamed.count()} users; state rows read back from the checkpoint: "
-              f"{state.count()}")
+              f"{state.count()} in {partitions} partitions")
         print(f"== streamed result equals the batch computation: {differences == 0}")
         return 0 if differences == 0 else 1
     finally:
