@@ -47,7 +47,8 @@ final class VersionLineage(
       stateKeys: Long,
       newVersion: Long,
       commitId: String,
-      forceSnapshot: Boolean): (VersionManifest, CommitStats) = {
+      forceSnapshot: Boolean,
+      ttlCursors: Map[String, String] = Map.empty): (VersionManifest, CommitStats) = {
     var stats = CommitStats()
 
     // 1. This version's changes.
@@ -95,7 +96,7 @@ final class VersionLineage(
 
     // 4. The manifest makes the version exist.
     val manifest = VersionManifest(VersionManifest.FormatVersion, newVersion, commitId, _checkpointId,
-      System.currentTimeMillis(), columnFamilies, snapshotVersion, snapshotFiles, changelogs)
+      System.currentTimeMillis(), columnFamilies, snapshotVersion, snapshotFiles, changelogs, ttlCursors)
     val manifestMs = LocalFiles.timed(store.writeManifest(manifest, conf.checkpointIdsEnabled))
     cache.retainOnly(manifest.allFiles, alsoKeep = inFlight)
     _version = newVersion
@@ -104,12 +105,28 @@ final class VersionLineage(
   }
 
   /**
+   * Whether a commit of `newVersion` now would take a snapshot (TTL's full-snapshot and
+   * compaction cleanup run in exactly those commits). A finished background upload counts as
+   * done: the commit promotes it before deciding.
+   */
+  def snapshotPlanned(newVersion: Long, stateKeys: Long, forceSnapshot: Boolean): Boolean =
+    !conf.changelogCheckpointing || {
+      val base = pending match {
+        case None => Some(snapshotVersion)
+        case Some(p) if p.upload.isCompleted => Some(p.upload.value.get.map(_.version).getOrElse(snapshotVersion))
+        case Some(_) => None
+      }
+      base.exists(b => forceSnapshot || snapshotDue(newVersion, stateKeys, b))
+    }
+
+  /**
    * Every `snapshotInterval` versions, and sooner when replaying the chain would cost more than
    * loading the whole state (more changelog records than keys, e.g. after a bulk load).
    */
-  private def snapshotDue(version: Long, stateKeys: Long): Boolean =
-    version - snapshotVersion >= snapshotInterval ||
-      changelogs.iterator.map(_.records).sum >= math.max(stateKeys, VersionLineage.MinRecordsForEarlySnapshot)
+  private def snapshotDue(version: Long, stateKeys: Long, base: Long = snapshotVersion): Boolean =
+    version - base >= snapshotInterval ||
+      changelogs.iterator.filter(_.version > base).map(_.records).sum >=
+        math.max(stateKeys, VersionLineage.MinRecordsForEarlySnapshot)
 
   private def promoteFinishedSnapshot(stats: CommitStats): CommitStats = pending match {
     case Some(Pending(cp, upload)) if upload.isCompleted =>
