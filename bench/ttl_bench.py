@@ -185,6 +185,7 @@ def main() -> int:
         SparkSession.builder.master("local[2]").appName("ttl-bench")
         .config("spark.driver.memory", "4g")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(args.partitions))
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "2s")
     ).getOrCreate()

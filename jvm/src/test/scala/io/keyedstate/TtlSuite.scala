@@ -328,6 +328,55 @@ class TtlSuite extends AnyFunSuite with ProviderFixture {
     newProvider(q.stateRoot, ttlConf("duration" -> "1h")).close()
   }
 
+  test("all strategies together under random operations: visible state matches a model, counts stay exact") {
+    val q = new Query()
+    val conf = ttlConf("duration" -> "5s", "updateType" -> "OnReadAndWrite", "cleanup.incremental.size" -> "3",
+      "cleanup.compaction" -> "true", "cleanup.background" -> "true",
+      "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "3")
+    val rng = new scala.util.Random(7)
+    val p = newProvider(q.stateRoot, conf)
+    // key -> (value, last access)
+    val model = scala.collection.mutable.Map[String, (Long, Long)]()
+    var now = 0L
+    val removed = scala.collection.mutable.Map[String, Long]().withDefaultValue(0L)
+    for (v <- 0 until 30) {
+      now += rng.nextInt(3000)
+      def live(k: String) = model.get(k).filter(_._2 + 5000 > now)
+      q.batch(v, now)
+      val s = p.getStore(v)
+      if (rng.nextBoolean()) p.backgroundTtlScan()
+      for (_ <- 0 until 20) {
+        val k = s"k${rng.nextInt(40)}"
+        rng.nextInt(4) match {
+          case 0 =>
+            assert(get(s, k) == live(k).map(_._1), s"get $k at $now")
+            live(k).foreach { case (value, _) => model(k) = (value, now) } // read refresh
+          case 1 => s.remove(key(k)); model.remove(k)
+          case _ =>
+            val n = rng.nextInt(1000).toLong
+            s.put(key(k), value(n)); model(k) = (n, now)
+        }
+      }
+      assert(contents(s) == model.collect { case (k, (value, t)) if t + 5000 > now => (k, 0) -> value }.toMap)
+      s.commit()
+      p.awaitSnapshotUpload()
+      assert(s.metrics.numKeys == p.rawEntryCount(), s"version ${v + 1}")
+      Seq("ttlRemovedIncremental", "ttlRemovedCompaction", "ttlRemovedBackground").foreach(m => removed(m) += metric(s, m))
+      // Whatever is stored beyond the visible state has expired.
+      assert(p.rawEntryCount() >= model.count(_._2._2 + 5000 > now))
+      assert(p.rawEntryCount() <= model.size)
+    }
+    p.close()
+    assert(removed.size == 3 && removed.values.forall(_ > 0), removed) // every strategy had work
+    val fresh = newProvider(q.stateRoot, conf)
+    q.batch(30, now)
+    val s = fresh.getStore(30)
+    assert(contents(s) == model.collect { case (k, (value, t)) if t + 5000 > now => (k, 0) -> value }.toMap)
+    assert(s.metrics.numKeys == fresh.rawEntryCount())
+    s.abort()
+    fresh.close()
+  }
+
   test("invalid TTL options name the key, the value and what is allowed") {
     def fails(k: String, v: String, allowed: String): Unit = {
       val e = intercept[IllegalArgumentException](KeyedStateConf.fromMap(Map(P + k -> v)))

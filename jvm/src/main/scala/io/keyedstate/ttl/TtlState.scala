@@ -20,7 +20,7 @@ final class TtlState(configOf: String => TtlConfig, rewrite: (String, Array[Byte
   // reads with TTL off never needs it). Volatile: background cleanup reads the last one.
   @volatile private var timeSource: () => BatchTime = () => throw new IllegalStateException("no batch started")
   @volatile private var time: BatchTime = _
-  @volatile private var started = false
+  @volatile private var lastKnown: BatchTime = _
 
   private var _stats = TtlStats()
   def stats: TtlStats = _stats
@@ -30,7 +30,6 @@ final class TtlState(configOf: String => TtlConfig, rewrite: (String, Array[Byte
   def beginBatch(batchTime: () => BatchTime): Unit = {
     time = null
     timeSource = batchTime
-    started = true
     _stats = TtlStats()
   }
 
@@ -39,12 +38,16 @@ final class TtlState(configOf: String => TtlConfig, rewrite: (String, Array[Byte
     if (t == null) {
       t = timeSource()
       time = t
+      lastKnown = t
     }
     t
   }
 
-  /** The last batch's time, if a store was opened (for background cleanup). */
-  def lastBatchTime: Option[BatchTime] = if (started) Option(time) else None
+  /**
+   * The time of the current batch if it was needed yet, else of the last batch that needed one
+   * (for background cleanup; the commit judges its findings again with its own time).
+   */
+  def lastBatchTime: Option[BatchTime] = Option(time).orElse(Option(lastKnown))
 
   def now(cf: String): Long = batchTime.now(config(cf).timeCharacteristic)
 
