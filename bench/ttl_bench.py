@@ -38,11 +38,12 @@ PREFIX = "spark.sql.streaming.stateStore.keyedstate."
 BATCH_SECONDS = 10  # event time between batches
 
 
-def strategies(keys_per_batch: int, partitions: int) -> dict[str, dict[str, str]]:
+def strategies(keys_per_batch: int, partitions: int, factor: int) -> dict[str, dict[str, str]]:
     """The keyedstate options of each run (TTL duration and time characteristic added later)."""
-    # The cursor must at least keep pace with the churn: each partition gets about
-    # keys_per_batch / partitions new keys per batch; check twice that per commit.
-    per_commit = max(1, 2 * keys_per_batch // partitions)
+    # The cursor must outpace the churn: each partition gets about keys_per_batch / partitions
+    # new keys per batch; a whole pass over the state takes state / size commits, and expired
+    # keys wait for it.
+    per_commit = max(1, factor * keys_per_batch // partitions)
     return {
         "no-ttl": {},
         "fullSnapshot": {"ttl.cleanup.fullSnapshot": "true"},
@@ -102,7 +103,7 @@ def run(spark: SparkSession, name: str, conf: dict[str, str], data: Path, work: 
     for key in TTL_KEYS:
         spark.conf.unset(PREFIX + key)
     settings = dict(conf)
-    if name != "no-ttl":
+    if name not in ("no-ttl", "warmup"):
         settings |= {"ttl.duration": f"{ttl_s}s", "ttl.timeCharacteristic": "EventTime"}
     for key, value in settings.items():
         spark.conf.set(PREFIX + key, value)
@@ -140,7 +141,7 @@ def run(spark: SparkSession, name: str, conf: dict[str, str], data: Path, work: 
                         metric, 0)
             stored = new[-1]["stateOperators"][0]["numRowsTotal"]
             live = live_keys(b + 1, watermark_s(new[-1]), keys_per_batch, ttl_s)
-            if b >= warmup:
+            if b >= warmup and live:
                 result.ratios.append(stored / live)
             result.stored_end, result.live_end = stored, live
     finally:
@@ -174,6 +175,13 @@ def main() -> int:
     parser.add_argument("--ttl-batches", type=int, default=10,
                         help="the TTL, in batches of event time (10 s each)")
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--incremental-factor", type=int, default=4,
+                        help="incremental cleanup checks this many times the churn per commit")
+    parser.add_argument("--min-deltas", type=int, default=10,
+                        help="spark.sql.streaming.stateStore.minDeltasForSnapshot (snapshot "
+                             "commits run full-snapshot and compaction cleanup)")
+    parser.add_argument("--warmup-batches", type=int, default=10,
+                        help="batches of a discarded run first (JIT, caches)")
     parser.add_argument("--runs", default="no-ttl,fullSnapshot,incremental,compaction,background")
     parser.add_argument("--data", default=str(Path(tempfile.gettempdir()) / "keyedstate-ttl-bench"))
     parser.add_argument("--json", help="also write the raw figures here")
@@ -188,15 +196,19 @@ def main() -> int:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(args.partitions))
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "2s")
+        .config("spark.sql.streaming.stateStore.minDeltasForSnapshot", str(args.min_deltas))
     ).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     data = Path(args.data) / f"b{args.batches}-k{args.keys_per_batch}"
     generate(spark, data, args.batches, args.keys_per_batch)
     work = Path(tempfile.mkdtemp(prefix="keyedstate-ttl-bench-"))
     ttl_s = args.ttl_batches * BATCH_SECONDS
-    confs = strategies(args.keys_per_batch, args.partitions)
+    confs = strategies(args.keys_per_batch, args.partitions, args.incremental_factor)
     results = []
     try:
+        if args.warmup_batches:
+            print("[warmup] ...", flush=True)
+            run(spark, "warmup", {}, data, work, args.warmup_batches, args.keys_per_batch, ttl_s)
         for name in args.runs.split(","):
             print(f"[churn] {name} ...", flush=True)
             results.append(run(spark, name, confs[name], data, work, args.batches,
@@ -205,7 +217,9 @@ def main() -> int:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nbatches={args.batches} keys/batch={args.keys_per_batch:,} "
-          f"ttl={args.ttl_batches} batches ({ttl_s} s event time) partitions={args.partitions}\n")
+          f"ttl={args.ttl_batches} batches ({ttl_s} s event time) partitions={args.partitions} "
+          f"minDeltasForSnapshot={args.min_deltas} "
+          f"incremental size={confs['incremental'].get('ttl.cleanup.incremental.size')}\n")
     print(report(results))
     if args.json:
         Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=1))

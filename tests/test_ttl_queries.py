@@ -294,3 +294,54 @@ def test_apply_in_pandas_with_state_ttl_per_operator_and_cleanup(
     off = {**settings, "ttl.operator.0.duration": "none", "ttl.duration": "10s"}
     q2.run([events(("a", 0)), events(("k", 8)), events(("k", 16)), events(("a", 17))], off)
     assert q2.outputs()[-1] == [{"key": "a", "cnt": 2}]
+
+
+# ---------------------------------------------------------------------------------------------
+# Session windows and dropDuplicatesWithinWatermark evict by watermark themselves; a TTL longer
+# than their state's life must change nothing (stamps, hidden-entry checks and cleanup scans
+# run on their prefix-scanned and watermark-evicted state all the same).
+
+
+def sessions(df: DataFrame) -> DataFrame:
+    return (
+        with_watermark(df)
+        .groupBy("key", F.session_window("ts", "5 seconds"))
+        .agg(F.count("*").alias("cnt"))
+        .select("key", F.col("session_window.start").cast("long").alias("start"), "cnt")
+    )
+
+
+def dedup_within_watermark(df: DataFrame) -> DataFrame:
+    return (
+        df.withColumn("ts", F.timestamp_seconds("t")).withWatermark("ts", "5 seconds")
+        .dropDuplicatesWithinWatermark(["key"]).drop("ts")
+    )
+
+
+@pytest.mark.parametrize("build", [sessions, dedup_within_watermark])
+def test_long_ttl_changes_nothing_for_operators_that_evict_by_watermark(
+    spark: SparkSession, tmp_path: Path, build: Callable[[DataFrame], DataFrame]
+) -> None:
+    files = [
+        events(("a", 0), ("b", 1)),
+        events(("a", 3), ("b", 9)),
+        events(("a", 20), ("c", 21)),
+        events(("b", 22), ("a", 40)),
+        events(("z", 60)),
+    ]
+    settings = {
+        "ttl.duration": "1d",
+        "ttl.timeCharacteristic": "EventTime",
+        "ttl.cleanup.incremental.size": "100",
+        "changelogCheckpointing": "false",  # full-snapshot cleanup scans on every commit
+    }
+    with_ttl = Query(spark, tmp_path / "ttl", build, output_mode="append")
+    with_ttl.run(files[:3], settings)
+    with_ttl.run(files[3:], settings)
+    without = Query(spark, tmp_path / "plain", build, output_mode="append")
+    without.run(files[:3], {})
+    without.run(files[3:], {})
+    assert with_ttl.outputs() == without.outputs()
+    assert sum(len(rows) for rows in with_ttl.outputs()) >= 4
+    assert with_ttl.metric_total("ttlExpiredHidden") == 0
+    assert with_ttl.metric_total("ttlRemovedFullSnapshot") == 0
