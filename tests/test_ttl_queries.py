@@ -345,3 +345,24 @@ def test_long_ttl_changes_nothing_for_operators_that_evict_by_watermark(
     assert sum(len(rows) for rows in with_ttl.outputs()) >= 4
     assert with_ttl.metric_total("ttlExpiredHidden") == 0
     assert with_ttl.metric_total("ttlRemovedFullSnapshot") == 0
+
+
+def test_ttl_on_a_stream_stream_join_fails_naming_the_operator(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    left, right = FileInput(tmp_path / "left", SCHEMA), FileInput(tmp_path / "right", SCHEMA)
+    left.add(events(("a", 0)))
+    right.add(events(("a", 0)))
+    joined = left.read_stream(spark).join(
+        right.read_stream(spark).withColumnRenamed("t", "t2"), "key"
+    )
+    with session_conf(spark, {"ttl.duration": "1h"}):
+        query = start_query(
+            spark, keyedstate.PROVIDER_CLASS, joined, "append", tmp_path / "ck", BatchCollector()
+        )
+        with pytest.raises(AssertionError) as failure:
+            await_finished(query)
+    message = str(failure.value)
+    assert "keyedstate TTL cannot be used for operator 0" in message
+    assert "stream-stream join" in message
+    assert PREFIX + "ttl.operator.0.duration=none" in message
