@@ -20,6 +20,7 @@ from typing import Any
 import keyedstate
 import pandas as pd
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
@@ -360,7 +361,7 @@ def test_ttl_on_a_stream_stream_join_fails_naming_the_operator(
         query = start_query(
             spark, keyedstate.PROVIDER_CLASS, joined, "append", tmp_path / "ck", BatchCollector()
         )
-        with pytest.raises(AssertionError) as failure:
+        with pytest.raises(StreamingQueryException) as failure:
             await_finished(query)
     message = str(failure.value)
     assert "keyedstate TTL cannot be used for operator 0" in message
