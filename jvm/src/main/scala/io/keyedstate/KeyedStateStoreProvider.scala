@@ -405,9 +405,16 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     val instance = synchronized(loaded)
     if (instance == null) 0
     else {
-      val found = instance.ttlCleanup.backgroundScan()
-      if (found > 0) logInfo(s"TTL background cleanup of $id found $found expired entries for the next commit")
-      found
+      try {
+        val found = instance.ttlCleanup.backgroundScan()
+        if (found > 0) logInfo(s"TTL background cleanup of $id found $found expired entries for the next commit")
+        found
+      } catch {
+        // E.g. a column family dropped by the task meanwhile: the next maintenance run tries again.
+        case NonFatal(e) =>
+          logWarning(s"TTL background cleanup of $id skipped: ${e.getMessage}")
+          0
+      }
     }
   }
 

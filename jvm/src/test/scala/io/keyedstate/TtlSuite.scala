@@ -307,9 +307,12 @@ class TtlSuite extends AnyFunSuite with ProviderFixture {
     fresh.close()
     p.close()
     assert(TtlClock.at(q.stateRoot.getAbsolutePath, 1, new Configuration()).processingMs == 10000)
-    // No offset log (the provider driven directly): wall-clock time.
+    // The version after the last batch (what the state data source reads): the last batch's time.
+    assert(TtlClock.at(q.stateRoot.getAbsolutePath, 2, new Configuration()).processingMs == 10000)
+    // No offset log (the provider driven directly): wall-clock time, watermark 0.
     val t = TtlClock.at(tempDir().getAbsolutePath + "/state", 7, new Configuration())
     assert(!t.fromOffsetLog && math.abs(t.processingMs - System.currentTimeMillis()) < 60000)
+    assert(t.watermarkMs == 0)
   }
 
   test("TTL on stream-stream join state is refused at init, naming the operator; none exempts it") {

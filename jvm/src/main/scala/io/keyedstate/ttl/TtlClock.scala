@@ -37,26 +37,31 @@ object TtlClock extends Logging {
   /** `stateRoot` is `StateStoreId.checkpointRootLocation`. */
   def at(stateRoot: String, batchId: Long, hadoopConf: Configuration): BatchTime = {
     val root = new Path(stateRoot).getParent
-    if (root == null) return wallClock
+    if (root == null) return fallback
     val cacheKey = (root.toString, batchId)
     val cached = cache.get(cacheKey)
     if (cached != null) return cached
-    read(new Path(new Path(root, "offsets"), batchId.toString), hadoopConf) match {
+    def entry(id: Long) = new Path(new Path(root, "offsets"), id.toString)
+    read(entry(batchId), hadoopConf) match {
       case Some(t) =>
         if (cache.size() >= MaxCached) cache.clear()
         cache.put(cacheKey, t)
         t
       case None =>
-        // No offset log: the provider is driven directly (unit tests, tools), not by a query.
-        // Wall-clock time is the best there is; it is not cached, nor deterministic on replay.
-        wallClock
+        // No entry for this batch: a reader of the state after the last batch (Spark's state
+        // data source reads version = last batch + 1) sees it as that batch left it. Not cached:
+        // the entry may appear when the query plans the batch.
+        if (batchId > 0) read(entry(batchId - 1), hadoopConf).getOrElse(fallback)
+        else fallback
     }
   }
 
-  private def wallClock: BatchTime = {
-    val now = System.currentTimeMillis()
-    BatchTime(now, now, fromOffsetLog = false)
-  }
+  /**
+   * No offset log at all: the provider is driven directly (unit tests, tools), not by a query.
+   * Processing time is the wall clock (not deterministic); the watermark is Spark's initial 0,
+   * so event-time TTL expires nothing written at a later watermark.
+   */
+  private def fallback: BatchTime = BatchTime(System.currentTimeMillis(), 0L, fromOffsetLog = false)
 
   /** Spark's offset log entry: a version line (`v1`), then the metadata JSON, then one line per source. */
   private[ttl] def parse(text: String, path: String): BatchTime = {
