@@ -197,6 +197,11 @@ def test_dedup_expired_key_is_new_again_reads_refresh_as_configured(
         events(("y", 16)),
         last_output,
     ]
+    # Spark's state reader, through the provider with the same TTL, at the last batch's time
+    # (watermark 16): x, written at watermark 0 and never cleaned up, is stored but expired.
+    with session_conf(spark, settings):
+        state = spark.read.format("statestore").load(str(q.checkpoint)).collect()
+    assert sorted(row["key"]["key"] for row in state) == ["1", "2", "y"]
 
 
 @pytest.mark.parametrize(
