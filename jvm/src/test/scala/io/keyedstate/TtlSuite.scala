@@ -122,6 +122,29 @@ class TtlSuite extends AnyFunSuite with ProviderFixture {
     fresh.close()
   }
 
+  test("OnReadAndWrite with ReturnExpiredIfNotCleanedUp: live reads refresh, stale reads are returned but not revived") {
+    val q = new Query()
+    val p = newProvider(q.stateRoot, ttlConf("duration" -> "10s", "updateType" -> "OnReadAndWrite",
+      "visibility" -> "ReturnExpiredIfNotCleanedUp", "cleanup.fullSnapshot" -> "false"))
+    batch(q, p, 0, at = 0) { s => s.put(key("a"), value(1)); s.put(key("b"), value(2)) }
+    batch(q, p, 1, at = 6000) { s => assert(get(s, "a").contains(1L)) } // a refreshed to 6000
+    val s2 = batch(q, p, 2, at = 12000) { s =>
+      assert(get(s, "a").contains(1L)) // alive: refreshed again, to 12000
+      assert(get(s, "b").contains(2L)) // expired, shown, not refreshed
+      assert(contents(s) == Map(("a", 0) -> 1L, ("b", 0) -> 2L))
+    }
+    assert(metric(s2, "ttlExpiredHidden") == 0)
+    // An incremental pass at 21000 removes b (expired since 10000) and keeps a (until 22000).
+    val p2 = newProvider(q.stateRoot, ttlConf("duration" -> "10s", "updateType" -> "OnReadAndWrite",
+      "visibility" -> "ReturnExpiredIfNotCleanedUp", "cleanup.fullSnapshot" -> "false",
+      "cleanup.incremental.size" -> "10"))
+    p.close()
+    val s3 = batch(q, p2, 3, at = 21000)(_ => ())
+    assert(metric(s3, "ttlRemovedIncremental") == 1)
+    batch(q, p2, 4, at = 21000) { s => assert(contents(s) == Map(("a", 0) -> 1L)) }
+    p2.close()
+  }
+
   test("event time: entries expire against the batch watermark, whatever the processing time") {
     val q = new Query()
     val p = newProvider(q.stateRoot, ttlConf("duration" -> "1 minute", "timeCharacteristic" -> "EventTime"))
