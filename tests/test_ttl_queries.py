@@ -204,6 +204,34 @@ def test_dedup_expired_key_is_new_again_reads_refresh_as_configured(
     assert sorted(row["key"]["key"] for row in state) == ["1", "2", "y"]
 
 
+def test_dedup_return_expired_if_not_cleaned_up_until_a_strategy_removes_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    q = Query(spark, tmp_path, dedup, output_mode="append")
+    stale = {
+        **EVENT_TTL,
+        "ttl.visibility": "ReturnExpiredIfNotCleanedUp",
+        "ttl.cleanup.fullSnapshot": "false",
+    }
+    q.run([events(("1", 0), ("2", 0)), events(("x", 8)), events(("y", 16))], stale)
+    # Watermark 16: "1" (written at watermark 0) has expired but nothing removed it, so it is
+    # still returned and the row is a duplicate.
+    q.run([events(("1", 17))], stale)
+    # Incremental cleanup switched on: the commit at watermark 17 removes 1, 2 and x, after which
+    # 1 and 2 are new keys again; the one at watermark 18 removes y (written at watermark 8).
+    cleaning = {**stale, "ttl.cleanup.incremental.size": "100"}
+    q.run([events(("z", 18)), events(("1", 19), ("2", 19))], cleaning)
+    assert q.outputs() == [
+        events(("1", 0), ("2", 0)),
+        events(("x", 8)),
+        events(("y", 16)),
+        events(("z", 18)),
+        events(("1", 19), ("2", 19)),
+    ]
+    assert q.metric_total("ttlRemovedIncremental") == 4
+    assert q.metric_total("ttlExpiredHidden") == 0
+
+
 @pytest.mark.parametrize(
     ("strategy", "settings"),
     [
