@@ -5,6 +5,8 @@ import java.util.Locale
 
 import org.apache.spark.sql.execution.streaming.state.StateStoreConf
 
+import io.keyedstate.ttl.TtlSettings
+
 /**
  * The provider's options, read from the session under `spark.sql.streaming.stateStore.keyedstate.*`
  * (Spark hands every `spark.sql.streaming.stateStore.*` key to the provider through
@@ -24,6 +26,8 @@ final case class KeyedStateConf(
     orphanFileGracePeriodMs: Long,
     maxOpenFiles: Int,
     changelogCheckpointing: Boolean,
+    // The `ttl.*` options (docs/ttl.md), resolved per operator and column family.
+    ttl: TtlSettings,
     // From Spark's own StateStoreConf:
     minVersionsToRetain: Int,
     checkpointIdsEnabled: Boolean)
@@ -83,12 +87,13 @@ object KeyedStateConf {
       settings: Map[String, String],
       minVersionsToRetain: Int = 100,
       checkpointIdsEnabled: Boolean = false): KeyedStateConf = {
-    val ours = settings.filter { case (k, _) => k.startsWith(Prefix) }
+    val (ttlKeys, ours) = settings.filter { case (k, _) => k.startsWith(Prefix) }
+      .partition { case (k, _) => k.startsWith(Prefix + TtlSettings.Prefix) }
     val unknown = ours.keySet.map(_.stripPrefix(Prefix)) -- optionNames
     if (unknown.nonEmpty) {
       throw new IllegalArgumentException(
         s"Unknown keyedstate option(s) ${unknown.toSeq.sorted.map(Prefix + _).mkString(", ")}; " +
-          s"allowed: ${optionNames.map(Prefix + _).mkString(", ")}")
+          s"allowed: ${optionNames.map(Prefix + _).mkString(", ")} and the TTL options ${Prefix}ttl.* (docs/ttl.md)")
     }
     def get[T](opt: Opt[T]): T = ours.get(opt.key) match {
       case None => opt.default
@@ -112,6 +117,7 @@ object KeyedStateConf {
       orphanFileGracePeriodMs = get(OrphanFileGracePeriodMs),
       maxOpenFiles = get(MaxOpenFiles).toInt,
       changelogCheckpointing = get(ChangelogCheckpointing),
+      ttl = TtlSettings.parse(ttlKeys.map { case (k, v) => k.stripPrefix(Prefix) -> v }, Prefix),
       minVersionsToRetain = minVersionsToRetain,
       checkpointIdsEnabled = checkpointIdsEnabled)
   }

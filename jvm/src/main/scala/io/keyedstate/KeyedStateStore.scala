@@ -60,14 +60,25 @@ final class KeyedStateStore private[keyedstate] (
   override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
     checkOpen("get")
     val codec = state.codec(colFamilyName)
-    val bytes = state.read(colFamilyName, codec.encodeKey(key))
+    val bytes = readLive(colFamilyName, codec, codec.encodeKey(key))
     if (bytes == null) null else codec.decodeValue(bytes)
   }
 
   override def keyExists(key: UnsafeRow, colFamilyName: String): Boolean = {
     checkOpen("keyExists")
-    state.read(colFamilyName, state.codec(colFamilyName).encodeKey(key)) != null
+    val codec = state.codec(colFamilyName)
+    readLive(colFamilyName, codec, codec.encodeKey(key)) != null
   }
+
+  /** A point read as TTL lets it be seen (expired entries hidden, refreshed on read if configured). */
+  private def readLive(cf: String, codec: ColumnFamilyCodec, key: Array[Byte]): Array[Byte] = {
+    val bytes = state.ttl.onRead(cf, codec.multipleValues, key, state.read(cf, key), writable)
+    accessed()
+    bytes
+  }
+
+  /** Incremental TTL cleanup per state access (`ttl.cleanup.incremental.everyRecord`). */
+  private def accessed(): Unit = if (writable) state.ttlCleanup.onAccess()
 
   override def multiGet(keys: Array[UnsafeRow], colFamilyName: String): Iterator[UnsafeRow] =
     keys.iterator.map(get(_, colFamilyName))
@@ -75,7 +86,7 @@ final class KeyedStateStore private[keyedstate] (
   override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] = {
     checkOpen("valuesIterator")
     val codec = state.codec(colFamilyName)
-    val bytes = state.read(colFamilyName, codec.encodeKey(key))
+    val bytes = readLive(colFamilyName, codec, codec.encodeKey(key))
     if (bytes == null) Iterator.empty else codec.decodeValues(bytes).iterator
   }
 
@@ -92,17 +103,17 @@ final class KeyedStateStore private[keyedstate] (
       throw new UnsupportedOperationException(
         s"prefixScan needs a prefix-key encoder; column family '$cf' uses ${codec.keySpec}")
     }
-    pairs(state.db.prefixScan(cf, codec.encodePrefix(prefixKey)), codec, multi)
+    pairs(state.db.prefixScan(cf, codec.encodePrefix(prefixKey)), cf, codec, multi)
   }
 
   override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
     checkOpen("iterator")
-    pairs(state.db.scan(colFamilyName, None, None), state.codec(colFamilyName), multi = false)
+    pairs(state.db.scan(colFamilyName, None, None), colFamilyName, state.codec(colFamilyName), multi = false)
   }
 
   override def iteratorWithMultiValues(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
     checkOpen("iterator")
-    pairs(state.db.scan(colFamilyName, None, None), state.codec(colFamilyName), multi = true)
+    pairs(state.db.scan(colFamilyName, None, None), colFamilyName, state.codec(colFamilyName), multi = true)
   }
 
   override def rangeScan(
@@ -121,7 +132,7 @@ final class KeyedStateStore private[keyedstate] (
   private def scanRange(start: Option[UnsafeRow], end: Option[UnsafeRow], cf: String, multi: Boolean) = {
     checkOpen("rangeScan")
     val codec = rangeCodec(cf, "rangeScan")
-    pairs(state.db.scan(cf, start.map(codec.encodeBound), end.map(codec.encodeBound)), codec, multi)
+    pairs(state.db.scan(cf, start.map(codec.encodeBound), end.map(codec.encodeBound)), cf, codec, multi)
   }
 
   private def rangeCodec(cf: String, op: String): ColumnFamilyCodec = {
@@ -133,12 +144,22 @@ final class KeyedStateStore private[keyedstate] (
     codec
   }
 
-  /** Multi-value column families yield one pair per value (`multi`) or the first value. */
+  /**
+   * Multi-value column families yield one pair per value (`multi`) or the first value. Expired
+   * entries (elements) are left out when TTL hides them; scans never refresh.
+   */
   private def pairs(
       raw: ClosableIterator[(Array[Byte], Array[Byte])],
+      cf: String,
       codec: ColumnFamilyCodec,
       multi: Boolean): StateStoreIterator[UnsafeRowPair] = {
-    val rows = raw.flatMap { case (k, v) =>
+    val live =
+      if (!state.ttl.config(cf).hidesExpired) raw
+      else raw.flatMap { case (k, stored) =>
+        val v = state.ttl.onScan(cf, codec.multipleValues, stored)
+        if (v == null) None else Some(k -> v)
+      }
+    val rows = live.flatMap { case (k, v) =>
       val key = codec.decodeKey(k)
       if (multi && codec.multipleValues) codec.decodeValues(v).iterator.map(new UnsafeRowPair(key, _))
       else Iterator.single(new UnsafeRowPair(key, codec.decodeValue(v)))
@@ -181,13 +202,17 @@ final class KeyedStateStore private[keyedstate] (
     checkWritable("put")
     require(value != null, s"Cannot put a null value in column family '$colFamilyName'")
     val codec = state.codec(colFamilyName)
-    state.write(colFamilyName, codec.encodeKey(key), codec.encodeValue(value), merge = false)
+    state.write(colFamilyName, codec.encodeKey(key), codec.encodeValue(value, state.ttl.stamp(colFamilyName)),
+      merge = false)
+    accessed()
   }
 
   override def putList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = {
     checkWritable("putList")
     val codec = state.codec(colFamilyName)
-    state.write(colFamilyName, codec.encodeKey(key), codec.encodeValues(values), merge = false)
+    state.write(colFamilyName, codec.encodeKey(key), codec.encodeValues(values, state.ttl.stamp(colFamilyName)),
+      merge = false)
+    accessed()
   }
 
   override def merge(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit =
@@ -200,12 +225,15 @@ final class KeyedStateStore private[keyedstate] (
       throw new UnsupportedOperationException(
         s"merge needs a column family with multiple values per key; '$colFamilyName' has one")
     }
-    state.write(colFamilyName, codec.encodeKey(key), codec.encodeValues(values), merge = true)
+    state.write(colFamilyName, codec.encodeKey(key), codec.encodeValues(values, state.ttl.stamp(colFamilyName)),
+      merge = true)
+    accessed()
   }
 
   override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
     checkWritable("remove")
     state.delete(colFamilyName, state.codec(colFamilyName).encodeKey(key))
+    accessed()
   }
 
   override def deleteRange(beginKey: UnsafeRow, endKey: UnsafeRow, colFamilyName: String): Unit = {

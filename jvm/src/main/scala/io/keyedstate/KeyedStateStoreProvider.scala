@@ -10,6 +10,7 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.apache.spark.SparkEnv
 import org.apache.spark.internal.Logging
+import org.apache.spark.sql.execution.streaming.runtime.StreamExecution
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 
@@ -17,6 +18,7 @@ import io.keyedstate.metrics.KeyedStateMetrics
 import io.keyedstate.rescale.{RescaleJournal, StoreLease}
 import io.keyedstate.rocks.LocalRocksDB
 import io.keyedstate.snapshot._
+import io.keyedstate.ttl.{TtlClock, TtlStats}
 
 /**
  * keyedstate's state store provider: one RocksDB instance per (operator, partition, store),
@@ -55,6 +57,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   @volatile private var lastLoad: Option[LoadStats] = None
   // When this provider last claimed its store partition for the running query (StoreLease).
   @volatile private var leaseRefreshedMs = 0L
+  @volatile private var lastTtl: TtlStats = TtlStats()
 
   // One store at a time uses the instance.
   private var activeStore: KeyedStateStore = _
@@ -81,6 +84,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     this.useColumnFamilies = useColumnFamilies
     this.multipleValuesPerKey = useMultipleValuesPerKey
     this.conf = KeyedStateConf(storeConfs)
+    KeyedStateStoreProvider.refuseTtlOnJoinState(stateStoreId, conf)
     this.storeConf = storeConfs
     this.hadoopConf = hadoopConf
 
@@ -141,6 +145,10 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       acquire()
       try {
         load(version, checkpointId, loadEmpty)
+        // The store serves micro-batch `version`: TTL stamps and expires with that batch's time.
+        val instance = loaded
+        instance.ttl.beginBatch(() => TtlClock.at(id.checkpointRootLocation, version, hadoopConf))
+        instance.ttlCleanup.refresh()
         if (writable) claimLease()
         val store = new KeyedStateStore(this, loaded, version, writable, forceSnapshot)
         activeStore = store
@@ -203,7 +211,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       if (loaded != null) discardLoaded()
       if (loadEmpty || version == 0) {
         LocalFiles.deleteRecursively(dbDir)
-        install(LocalRocksDB.open(dbDir, conf), Nil,
+        install(LocalRocksDB.open(dbDir, conf), Nil, Map.empty,
           newLineage(version, None, snapshotVersion = version, Nil, Vector.empty))
         lastLoad = Some(LoadStats())
       } else {
@@ -217,7 +225,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     val (db, stats) = restores.rebuild(manifest, dbDir, workDir, id.toString)
     try {
       cache.retainOnly(manifest.allFiles)
-      install(db, manifest.columnFamilies, newLineage(manifest.version, Some(manifest.checkpointId),
+      install(db, manifest.columnFamilies, manifest.ttlCursors, newLineage(manifest.version, Some(manifest.checkpointId),
         manifest.snapshotVersion, manifest.files, manifest.changelogs.toVector))
     } catch {
       case NonFatal(e) =>
@@ -235,14 +243,34 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       files: Seq[ManifestFile],
       changelogs: Vector[ChangelogFile]): VersionLineage =
     new VersionLineage(checkpointStore, snapshots, cache, conf, storeConf.minDeltasForSnapshot,
-      version, checkpointId, snapshotVersion, files, changelogs)
+      version, checkpointId, snapshotVersion, files, changelogs, reportSnapshotUploaded)
 
-  private def install(db: LocalRocksDB, columnFamilies: Seq[ManifestColumnFamily], history: VersionLineage): Unit = {
+  /**
+   * Tells Spark's state store coordinator that a snapshot of `version` is durable. Without it the
+   * coordinator sees the store as lagging and (forceSnapshotUploadOnLag, on by default) asks for
+   * a snapshot on every commit after about 5 x minDeltasForSnapshot versions.
+   */
+  private def reportSnapshotUploaded(version: Long): Unit =
+    try {
+      val runId = Option(hadoopConf.get(StreamExecution.RUN_ID_KEY)).map(UUID.fromString)
+      runId.foreach { run =>
+        KeyedStateCoordinatorBridge.snapshotUploaded(StateStoreProviderId(id, run), version, System.currentTimeMillis())
+      }
+    } catch {
+      case NonFatal(e) => logWarning(s"Could not report the snapshot of version $version of $id: ${e.getMessage}")
+    }
+
+  private def install(
+      db: LocalRocksDB,
+      columnFamilies: Seq[ManifestColumnFamily],
+      ttlCursors: Map[String, String],
+      history: VersionLineage): Unit = {
     val changelogs =
       if (conf.changelogCheckpointing) {
         Some(() => new Changelog.Writer(new File(workDir, s"changelog-${UUID.randomUUID()}.log")))
       } else None
-    val inst = new StoreInstance(db, id.storeName, conf, useColumnFamilies, columnFamilies, changelogs)
+    val inst = new StoreInstance(db, id.storeName, conf, useColumnFamilies, columnFamilies, changelogs,
+      cf => conf.ttl.forColumnFamily(id.operatorId, cf), ttlCursors)
     inst.registerCodec(StateStore.DEFAULT_COL_FAMILY_NAME, keySchema, valueSchema, keySpec,
       multipleValuesPerKey, isInternal = false)
     loaded = inst
@@ -274,11 +302,16 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     val commitId = UUID.randomUUID().toString
     try {
       val base = lineage.checkpointId
+      // TTL cleanup first: its removals are ordinary writes of this version (changelog, key counts).
+      val snapshot = lineage.snapshotPlanned(newVersion, loaded.describeColumnFamilies.map(_.numKeys).sum,
+        store.forceSnapshot)
+      loaded.ttlCleanup.beforeCommit(snapshot)
       val (_, stats) = filesLock.synchronized {
         val columnFamilies = loaded.describeColumnFamilies
         lineage.commit(loaded.db, loaded.takeChangelog(), columnFamilies, columnFamilies.map(_.numKeys).sum,
-          newVersion, commitId, store.forceSnapshot)
+          newVersion, commitId, store.forceSnapshot || snapshot, loaded.ttlCleanup.cursorsForManifest)
       }
+      lastTtl = loaded.ttl.stats
       loaded.dirty = false
       loaded.forgetKnownKeys()
       lastCommit = Some(stats)
@@ -309,13 +342,22 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     if (lineage != null) lineage.awaitPendingSnapshot()
   }
 
+  /** Entries physically in the working RocksDB (tests: expired ones included). */
+  private[keyedstate] def rawEntryCount(cf: String = StateStore.DEFAULT_COL_FAMILY_NAME): Long = synchronized {
+    val it = loaded.db.scan(cf, None, None)
+    try it.size.toLong finally it.close()
+  }
+
+  /** The working RocksDB's directory (tests look at its SST files). */
+  private[keyedstate] def workingDbDir: File = dbDir
+
   // ---- metrics ----
 
   private[keyedstate] def metrics: StateStoreMetrics = synchronized {
     val (keys, memory, sst) =
       if (loaded == null) (0L, 0L, 0L)
       else (loaded.numUserKeys, loaded.db.memoryUsageBytes, loaded.db.totalSstFilesBytes)
-    StateStoreMetrics(keys, memory, KeyedStateMetrics.of(lastCommit, lastLoad, sst))
+    StateStoreMetrics(keys, memory, KeyedStateMetrics.of(lastCommit, lastLoad, sst, lastTtl))
   }
 
   override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = KeyedStateMetrics.all
@@ -334,6 +376,28 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     }
     val stats = filesLock.synchronized(cleaner.cleanup(inFlight))
     if (stats.manifestsDeleted + stats.filesDeleted > 0) logInfo(s"Cleaned up $id: $stats")
+    backgroundTtlScan()
+  }
+
+  /**
+   * TTL's background cleanup: a read-only scan of the loaded instance, concurrent with the task
+   * using it; what it finds is removed by the next commit (which checks each entry again).
+   */
+  private[keyedstate] def backgroundTtlScan(): Int = {
+    val instance = synchronized(loaded)
+    if (instance == null) 0
+    else {
+      try {
+        val found = instance.ttlCleanup.backgroundScan()
+        if (found > 0) logInfo(s"TTL background cleanup of $id found $found expired entries for the next commit")
+        found
+      } catch {
+        // E.g. a column family dropped by the task meanwhile: the next maintenance run tries again.
+        case NonFatal(e) =>
+          logWarning(s"TTL background cleanup of $id skipped: ${e.getMessage}")
+          0
+      }
+    }
   }
 
   override def doMaintenance(): Unit = {
@@ -356,6 +420,24 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 }
 
 object KeyedStateStoreProvider {
+  /** The state stores of a stream-stream join (v1/v2): `<side>-keyToNumValues`, `<side>-keyWithIndexToValue`. */
+  private val JoinStoreNames = Set("keyToNumValues", "keyWithIndexToValue").flatMap(n => Seq(s"left-$n", s"right-$n"))
+
+  /**
+   * A join keeps, per key, a count in one store and the indexed values in another; expiring
+   * entries of either independently of the other would corrupt the join's bookkeeping (counts
+   * pointing at missing values, values beyond the count), so TTL is refused on join state.
+   */
+  private def refuseTtlOnJoinState(id: StateStoreId, conf: KeyedStateConf): Unit =
+    if (JoinStoreNames(id.storeName) && conf.ttl.anyEnabledFor(id.operatorId, StateStore.DEFAULT_COL_FAMILY_NAME)) {
+      throw new IllegalArgumentException(
+        s"keyedstate TTL cannot be used for operator ${id.operatorId}: it is a stream-stream join " +
+          s"(state store '${id.storeName}'), whose two stores (keyToNumValues and keyWithIndexToValue) " +
+          "must stay consistent, and expiring their entries independently would corrupt the join's state. " +
+          "Join state is cleaned by the join's watermark condition instead. Disable TTL for this operator " +
+          s"with ${KeyedStateConf.Prefix}ttl.operator.${id.operatorId}.duration=none")
+    }
+
   /** Distinguishes this JVM's files from those of other executors sharing the local disk. */
   private val jvmDirName = s"jvm-${UUID.randomUUID()}"
   private val jvmDirsToClean = java.util.concurrent.ConcurrentHashMap.newKeySet[File]()

@@ -1,5 +1,7 @@
 package io.keyedstate
 
+import java.util.concurrent.locks.ReentrantReadWriteLock
+
 import scala.collection.mutable
 
 import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, StateStore}
@@ -7,6 +9,7 @@ import org.apache.spark.sql.types.StructType
 
 import io.keyedstate.rocks.{ColumnFamilyCodec, LocalRocksDB}
 import io.keyedstate.snapshot.{Changelog, ManifestColumnFamily}
+import io.keyedstate.ttl.{TtlCleanup, TtlConfig, TtlState}
 
 /**
  * The loaded state of one partition: the working RocksDB, the codec of each column family, and
@@ -25,12 +28,31 @@ private[keyedstate] final class StoreInstance(
     conf: KeyedStateConf,
     useColumnFamilies: Boolean,
     knownColumnFamilies: Seq[ManifestColumnFamily],
-    newChangelog: Option[() => Changelog.Writer]) extends AutoCloseable {
+    newChangelog: Option[() => Changelog.Writer],
+    ttlOf: String => TtlConfig = _ => TtlConfig.Disabled,
+    ttlCursors: Map[String, String] = Map.empty) extends AutoCloseable {
 
   private val codecs = mutable.Map[String, ColumnFamilyCodec]()
   private val keyCounts = mutable.Map[String, Long]()
   knownColumnFamilies.foreach(cf => keyCounts(cf.name) = cf.numKeys)
   private val previousDescriptions = knownColumnFamilies.map(cf => cf.name -> cf).toMap
+
+  /** TTL: stamps, visibility and refresh of reads; and the cleanup strategies (docs/ttl.md). */
+  val ttl: TtlState = new TtlState(ttlOf, (cf, key, value) => write(cf, key, value, merge = false))
+  val ttlCleanup: TtlCleanup = new TtlCleanup(this, ttl, ttlCursors)
+
+  // Background TTL cleanup reads the database from the maintenance thread: close waits for it.
+  private val closeGuard = new ReentrantReadWriteLock()
+  @volatile private var closing = false
+  def isClosing: Boolean = closing
+  /** Runs `f` unless the instance is closing; close waits until `f` returns. */
+  def readGuarded[T](f: => T): Option[T] = {
+    closeGuard.readLock().lock()
+    try if (closing) None else Some(f) finally closeGuard.readLock().unlock()
+  }
+
+  def isMultiValue(cf: String): Boolean =
+    codecs.get(cf).map(_.multipleValues).orElse(previousDescriptions.get(cf).map(_.multipleValues)).getOrElse(false)
 
   /** Writes happened since the version was loaded or committed. */
   var dirty: Boolean = false
@@ -189,7 +211,11 @@ private[keyedstate] final class StoreInstance(
   }
 
   override def close(): Unit = {
-    takeChangelog().foreach(_.close())
-    db.close()
+    closing = true
+    closeGuard.writeLock().lock()
+    try {
+      takeChangelog().foreach(_.close())
+      db.close()
+    } finally closeGuard.writeLock().unlock()
   }
 }

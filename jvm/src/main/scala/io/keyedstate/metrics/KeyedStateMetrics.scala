@@ -3,6 +3,7 @@ package io.keyedstate.metrics
 import org.apache.spark.sql.execution.streaming.state.{StateStoreCustomMetric, StateStoreCustomSizeMetric, StateStoreCustomSumMetric, StateStoreCustomTimingMetric}
 
 import io.keyedstate.snapshot.{CommitStats, LoadStats}
+import io.keyedstate.ttl.TtlStats
 
 /**
  * The provider's custom metrics. Spark sums each over the partitions of an operator and shows
@@ -23,13 +24,23 @@ object KeyedStateMetrics {
   val LoadChangelogRecordsReplayed = StateStoreCustomSumMetric("keyedstateLoadChangelogRecordsReplayed", "keyedstate load: changelog records replayed")
   val LoadFilesReusedLocally = StateStoreCustomSumMetric("keyedstateLoadFilesReusedLocally", "keyedstate load: files reused from local disk")
   val SstFilesBytes = StateStoreCustomSizeMetric("keyedstateSstFilesBytes", "keyedstate: live SST bytes")
+  val TtlExpiredHidden = StateStoreCustomSumMetric("ttlExpiredHidden", "keyedstate TTL: expired entries hidden from reads and scans")
+  val TtlRemovedFullSnapshot = StateStoreCustomSumMetric("ttlRemovedFullSnapshot", "keyedstate TTL: expired entries removed by full-snapshot cleanup")
+  val TtlRemovedIncremental = StateStoreCustomSumMetric("ttlRemovedIncremental", "keyedstate TTL: expired entries removed by incremental cleanup")
+  val TtlRemovedCompaction = StateStoreCustomSumMetric("ttlRemovedCompaction", "keyedstate TTL: expired entries removed by compaction cleanup")
+  val TtlRemovedBackground = StateStoreCustomSumMetric("ttlRemovedBackground", "keyedstate TTL: expired entries removed by background cleanup")
 
   val all: Seq[StateStoreCustomMetric] = Seq(CommitFlushMs, CommitCheckpointMs, CommitUploadMs,
     CommitManifestMs, CommitBytesUploaded, CommitFilesUploaded, CommitFilesReused,
     CommitChangelogRecords, SnapshotBytesUploaded, LoadMs, LoadBytesDownloaded,
-    LoadFilesReusedLocally, LoadChangelogRecordsReplayed, SstFilesBytes)
+    LoadFilesReusedLocally, LoadChangelogRecordsReplayed, SstFilesBytes, TtlExpiredHidden,
+    TtlRemovedFullSnapshot, TtlRemovedIncremental, TtlRemovedCompaction, TtlRemovedBackground)
 
-  def of(commit: Option[CommitStats], load: Option[LoadStats], sstBytes: Long): Map[StateStoreCustomMetric, Long] = {
+  def of(
+      commit: Option[CommitStats],
+      load: Option[LoadStats],
+      sstBytes: Long,
+      ttl: TtlStats = TtlStats()): Map[StateStoreCustomMetric, Long] = {
     val c = commit.getOrElse(CommitStats())
     val l = load.getOrElse(LoadStats())
     Map(
@@ -46,6 +57,11 @@ object KeyedStateMetrics {
       LoadMs -> l.loadMs,
       LoadBytesDownloaded -> l.bytesDownloaded,
       LoadFilesReusedLocally -> l.filesReusedLocally.toLong,
-      SstFilesBytes -> sstBytes)
+      SstFilesBytes -> sstBytes,
+      TtlExpiredHidden -> ttl.expiredHidden,
+      TtlRemovedFullSnapshot -> ttl.removedFullSnapshot,
+      TtlRemovedIncremental -> ttl.removedIncremental,
+      TtlRemovedCompaction -> ttl.removedCompaction,
+      TtlRemovedBackground -> ttl.removedBackground)
   }
 }

@@ -1,12 +1,11 @@
 package io.keyedstate.rocks
 
-import java.nio.ByteBuffer
-
-import scala.collection.mutable.ArrayBuffer
-
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, RocksDBKeyStateEncoder, UnsafeRowDataEncoder}
 import org.apache.spark.sql.types.StructType
+import org.apache.spark.unsafe.Platform
+
+import io.keyedstate.ttl.TtlValueCodec
 
 import io.keyedstate.keygroups.{KeyGroupHasher, KeyGroups}
 
@@ -16,9 +15,10 @@ import io.keyedstate.keygroups.{KeyGroupHasher, KeyGroups}
  * Keys use Spark's own key encoders for the column family's [[KeyStateEncoderSpec]], so prefix
  * scans and the order-preserving range-scan encoding behave exactly as operators expect; each
  * stored key ends with its key-group tag ([[KeyGroups]]), scan bounds and prefixes do not. Values
- * are the UnsafeRow bytes. In a multi-value column family the stored value is a sequence of
- * `[int32 length][row bytes]` entries, appended by RocksDB's string-append merge operator with an
- * empty delimiter, so `merge` never reads the old value.
+ * are the UnsafeRow bytes after an 8-byte last-access stamp (`[int64 stamp][row]`, for TTL). In a
+ * multi-value column family the stored value is a sequence of `[int32 length][int64 stamp][row]`
+ * entries, appended by RocksDB's string-append merge operator with an empty delimiter, so `merge`
+ * never reads the old value.
  */
 final class ColumnFamilyCodec(
     storeName: String,
@@ -47,48 +47,34 @@ final class ColumnFamilyCodec(
   /** A fresh row: Spark's decoder reuses one row object, callers may keep ours. */
   def decodeKey(bytes: Array[Byte]): UnsafeRow = keyEncoder.decodeKey(KeyGroups.withoutTag(bytes)).copy()
 
-  def encodeValue(value: UnsafeRow): Array[Byte] =
-    if (multipleValues) encodeValues(Array(value)) else value.getBytes
+  // Values carry a last-access stamp (see ttl.TtlValueCodec for the layout); TTL decisions are
+  // made by ttl.TtlState, the codec only (de)serialises.
 
-  def encodeValues(values: Array[UnsafeRow]): Array[Byte] = {
+  def encodeValue(value: UnsafeRow, stamp: Long): Array[Byte] =
+    if (multipleValues) encodeValues(Array(value), stamp) else TtlValueCodec.single(value, stamp)
+
+  def encodeValues(values: Array[UnsafeRow], stamp: Long): Array[Byte] = {
     require(multipleValues, s"column family '$name' does not hold multiple values per key")
-    val size = values.iterator.map(_.getSizeInBytes + 4).sum
-    val buf = ByteBuffer.allocate(size)
-    values.foreach { v =>
-      buf.putInt(v.getSizeInBytes)
-      buf.put(v.getBytes)
-    }
-    buf.array()
+    TtlValueCodec.multi(values, stamp)
   }
 
   def decodeValue(bytes: Array[Byte]): UnsafeRow =
-    if (multipleValues) decodeValues(bytes).headOption.orNull else rowOf(bytes, 0, bytes.length)
+    if (multipleValues) decodeValues(bytes).headOption.orNull
+    else rowOf(bytes, TtlValueCodec.StampBytes, bytes.length - TtlValueCodec.StampBytes)
 
-  def decodeValues(bytes: Array[Byte]): IndexedSeq[UnsafeRow] = {
-    if (!multipleValues) return IndexedSeq(rowOf(bytes, 0, bytes.length))
-    val out = new ArrayBuffer[UnsafeRow]()
-    val buf = ByteBuffer.wrap(bytes)
-    while (buf.remaining() > 0) {
-      if (buf.remaining() < 4) corrupt(bytes)
-      val len = buf.getInt()
-      if (len < 0 || len > buf.remaining()) corrupt(bytes)
-      out += rowOf(bytes, buf.position(), len)
-      buf.position(buf.position() + len)
-    }
-    out.toIndexedSeq
-  }
+  def decodeValues(bytes: Array[Byte]): IndexedSeq[UnsafeRow] =
+    if (!multipleValues) IndexedSeq(decodeValue(bytes))
+    else TtlValueCodec.elements(bytes, name).map(rowOf(bytes, _))
+
+  /** The row of one element of a multi-value entry. */
+  def rowOf(bytes: Array[Byte], e: TtlValueCodec.Element): UnsafeRow = rowOf(bytes, e.offset, e.length)
 
   private def rowOf(bytes: Array[Byte], offset: Int, length: Int): UnsafeRow = {
+    if (length < 0) throw new IllegalStateException(
+      s"Corrupt stored value (${bytes.length} bytes) in column family '$name'")
     val row = new UnsafeRow(numValueFields)
-    // Bytes from RocksDB are fresh arrays: point at them unless only a slice is wanted.
-    val data =
-      if (offset == 0 && length == bytes.length) bytes
-      else java.util.Arrays.copyOfRange(bytes, offset, offset + length)
-    row.pointTo(data, length)
+    // Bytes from RocksDB are fresh arrays: point into them (as Spark's own value decoder does).
+    row.pointTo(bytes, Platform.BYTE_ARRAY_OFFSET + offset, length)
     row
   }
-
-  private def corrupt(bytes: Array[Byte]): Nothing =
-    throw new IllegalStateException(
-      s"Corrupt multi-value entry (${bytes.length} bytes) in column family '$name'")
 }

@@ -152,6 +152,16 @@ final class LocalRocksDB private (
     finally opts.close()
   }
 
+  /**
+   * Compacts the keys from `begin` to `end` (both included) of one column family down to the last
+   * level, the last level included, so deleted values and their tombstones leave the SST files.
+   */
+  def compactRange(cf: String, begin: Array[Byte], end: Array[Byte]): Unit = {
+    val opts = new CompactRangeOptions()
+      .setBottommostLevelCompaction(CompactRangeOptions.BottommostLevelCompaction.kForceOptimized)
+    try db.compactRange(handle(cf), begin, end, opts) finally opts.close()
+  }
+
   override def close(): Unit = if (!closed) {
     closed = true
     openIterators.asScala.foreach(_.close())

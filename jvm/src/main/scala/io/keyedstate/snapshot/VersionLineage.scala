@@ -28,7 +28,8 @@ final class VersionLineage(
     private var _checkpointId: Option[String],
     private var snapshotVersion: Long,
     private var snapshotFiles: Seq[ManifestFile],
-    private var changelogs: Vector[ChangelogFile]) extends Logging {
+    private var changelogs: Vector[ChangelogFile],
+    snapshotUploaded: Long => Unit = _ => ()) extends Logging {
 
   private case class Pending(checkpoint: LocalCheckpoint, upload: Future[UploadedSnapshot])
   private var pending: Option[Pending] = None
@@ -47,7 +48,8 @@ final class VersionLineage(
       stateKeys: Long,
       newVersion: Long,
       commitId: String,
-      forceSnapshot: Boolean): (VersionManifest, CommitStats) = {
+      forceSnapshot: Boolean,
+      ttlCursors: Map[String, String] = Map.empty): (VersionManifest, CommitStats) = {
     var stats = CommitStats()
 
     // 1. This version's changes.
@@ -72,6 +74,7 @@ final class VersionLineage(
         val up = snapshots.upload(cp, snapshotFiles)
         up.local.foreach { case (f, e) => cache.adopt(f, e) }
         rebase(newVersion, up.files)
+        snapshotUploaded(newVersion)
         stats = stats.copy(flushMs = cp.flushMs, checkpointMs = cp.checkpointMs, uploadMs = up.uploadMs,
           bytesUploaded = up.bytesUploaded, filesUploaded = up.filesUploaded, filesReused = up.filesReused)
       } finally snapshots.discard(cp)
@@ -84,6 +87,7 @@ final class VersionLineage(
           val up = snapshots.upload(cp, base)
           // Durable on its own: a load can start from it even if no manifest ever names it.
           store.writeSnapshotDescriptor(SnapshotDescriptor(up.version, cp.snapshotId, up.files))
+          snapshotUploaded(up.version)
           // Local recovery can start from it too (the commit that promotes it finds them cached).
           up.local.foreach { case (f, e) => cache.adopt(f, e) }
           up
@@ -95,7 +99,7 @@ final class VersionLineage(
 
     // 4. The manifest makes the version exist.
     val manifest = VersionManifest(VersionManifest.FormatVersion, newVersion, commitId, _checkpointId,
-      System.currentTimeMillis(), columnFamilies, snapshotVersion, snapshotFiles, changelogs)
+      System.currentTimeMillis(), columnFamilies, snapshotVersion, snapshotFiles, changelogs, ttlCursors)
     val manifestMs = LocalFiles.timed(store.writeManifest(manifest, conf.checkpointIdsEnabled))
     cache.retainOnly(manifest.allFiles, alsoKeep = inFlight)
     _version = newVersion
@@ -104,12 +108,28 @@ final class VersionLineage(
   }
 
   /**
+   * Whether a commit of `newVersion` now would take a snapshot (TTL's full-snapshot and
+   * compaction cleanup run in exactly those commits). A finished background upload counts as
+   * done: the commit promotes it before deciding.
+   */
+  def snapshotPlanned(newVersion: Long, stateKeys: Long, forceSnapshot: Boolean): Boolean =
+    !conf.changelogCheckpointing || {
+      val base = pending match {
+        case None => Some(snapshotVersion)
+        case Some(p) if p.upload.isCompleted => Some(p.upload.value.get.map(_.version).getOrElse(snapshotVersion))
+        case Some(_) => None
+      }
+      base.exists(b => forceSnapshot || snapshotDue(newVersion, stateKeys, b))
+    }
+
+  /**
    * Every `snapshotInterval` versions, and sooner when replaying the chain would cost more than
    * loading the whole state (more changelog records than keys, e.g. after a bulk load).
    */
-  private def snapshotDue(version: Long, stateKeys: Long): Boolean =
-    version - snapshotVersion >= snapshotInterval ||
-      changelogs.iterator.map(_.records).sum >= math.max(stateKeys, VersionLineage.MinRecordsForEarlySnapshot)
+  private def snapshotDue(version: Long, stateKeys: Long, base: Long = snapshotVersion): Boolean =
+    version - base >= snapshotInterval ||
+      changelogs.iterator.filter(_.version > base).map(_.records).sum >=
+        math.max(stateKeys, VersionLineage.MinRecordsForEarlySnapshot)
 
   private def promoteFinishedSnapshot(stats: CommitStats): CommitStats = pending match {
     case Some(Pending(cp, upload)) if upload.isCompleted =>

@@ -36,7 +36,11 @@ final case class ManifestColumnFamily(
  * snapshot has no changelogs.
  *
  * `checkpointId` is the unique id of this commit (Spark's checkpoint format v2 names versions by
- * it; v1 does not), `baseCheckpointId` the id of the version it was built on.
+ * it; v1 does not), `baseCheckpointId` the id of the version it was built on. `ttlCursors` holds
+ * the incremental TTL cleanup's position per column family (hex of the last key checked).
+ *
+ * Format 2: stored values carry an 8-byte last-access stamp (see `ttl.TtlValueCodec`); format 1
+ * checkpoints (unstamped values) cannot be read by this build.
  */
 final case class VersionManifest(
     formatVersion: Int,
@@ -47,7 +51,8 @@ final case class VersionManifest(
     columnFamilies: Seq[ManifestColumnFamily],
     snapshotVersion: Long,
     files: Seq[ManifestFile],
-    changelogs: Seq[ChangelogFile]) {
+    changelogs: Seq[ChangelogFile],
+    ttlCursors: Map[String, String] = Map.empty) {
 
   def sharedFiles: Seq[ManifestFile] = files.filter(f => VersionManifest.isShared(f.localName))
   /** Every durable file the version needs. */
@@ -66,7 +71,7 @@ final case class VersionManifest(
 }
 
 object VersionManifest {
-  val FormatVersion = 1
+  val FormatVersion = 2
 
   private implicit val formats: Formats = DefaultFormats
 
