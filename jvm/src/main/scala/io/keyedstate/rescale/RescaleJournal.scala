@@ -10,9 +10,9 @@ import org.json4s.jackson.Serialization
 /**
  * The record of a rescale in progress, at `<checkpoint>/.keyedstate-rescale/journal.json`.
  *
- * While it exists the checkpoint is not usable: the provider refuses to open its stores (so
- * neither the old nor the new query runs on half-written state), and `keyedstate rescale` on
- * the same checkpoint finishes or undoes the interrupted run. `phase` says which:
+ * While a rescale's output has one, or a checkpoint rescaled in place has one in phase
+ * `publishing`, the provider refuses to open its stores (no query runs on half-written state),
+ * and `keyedstate rescale` on the same checkpoint finishes or undoes the interrupted run:
  *  - `building`: nothing the query reads was changed yet; undo = drop the staged files;
  *  - `publishing`: the new state is complete; redo = finish moving it in place (idempotent).
  */
@@ -61,15 +61,18 @@ object RescaleJournal {
   }
 
   /**
-   * Called by the provider before it opens a store of the checkpoint: refuses while a rescale of
-   * it runs or was interrupted, naming the journal and what to do.
+   * Called by the provider before it opens a store of the checkpoint. It refuses while the
+   * checkpoint is a rescale's unfinished output, or an in-place rescale of it is publishing (or
+   * was interrupted while publishing), naming the journal and what to do. An in-place rescale
+   * that has not published yet changed nothing the query reads: the query may run (the rescale
+   * then fails, seeing the logs move, and a re-run undoes it).
    */
   def checkNoRescaleInProgress(checkpointRoot: Path, hadoopConf: Configuration): Unit =
-    read(checkpointRoot, hadoopConf).foreach { j =>
+    read(checkpointRoot, hadoopConf).filterNot(j => j.inPlace && j.phase == Building).foreach { j =>
       throw new IllegalStateException(
         s"The checkpoint $checkpointRoot is being rescaled from ${j.fromPartitions} to ${j.toPartitions} " +
           s"partitions (journal ${path(checkpointRoot)}, phase '${j.phase}', started at " +
           s"${java.time.Instant.ofEpochMilli(j.startedAtMs)}). Wait for `keyedstate rescale` to finish; if it " +
-          "was interrupted, run it again with the same arguments to complete or undo it.")
+          "was interrupted, run it again with the same arguments to complete it.")
     }
 }

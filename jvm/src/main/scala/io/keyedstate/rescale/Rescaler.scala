@@ -8,6 +8,7 @@ import org.apache.hadoop.fs.Path
 import org.apache.spark.SparkContext
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper
+import org.apache.spark.sql.execution.streaming.state.{KeyedStateCoordinatorBridge, StateStoreId, StateStoreProviderId}
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
@@ -98,6 +99,10 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
     }
     val from = pinned.get(PartitionsKey).flatMap(_.toIntOption).getOrElse(throw new IllegalStateException(
       s"${src.offsetPath(batch)} does not pin $PartitionsKey"))
+    if (from == partitions) {
+      throw new IllegalArgumentException(
+        s"${src.root} already has $partitions state partitions (${src.offsetPath(batch)}): nothing to rescale")
+    }
     val version = batch + 1
     val stores = discoverStores(src, from, version)
     checkNoLeases(src, stores, from)
@@ -172,9 +177,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
   /** A fresh output, or the leftovers of an interrupted rescale into it (which are ours to drop). */
   private def prepareOutput(src: QueryCheckpoint, dst: QueryCheckpoint): Unit = if (dst.exists) {
     RescaleJournal.read(dst.root, hadoopConf) match {
-      case Some(j) if j.source == src.root.toString && j.phase == RescaleJournal.Publishing =>
-        throw new IllegalStateException(
-          s"${dst.root} holds a rescale of ${src.root} interrupted while publishing; delete ${dst.root} and rescale again")
+      // No query can have used it (the journal kept the provider off): redo it from the source.
       case Some(j) if j.source == src.root.toString =>
         progress(s"dropping the unfinished output of an interrupted rescale at ${dst.root}")
         dst.fs.delete(dst.root, true)
@@ -194,20 +197,33 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       case _ => ()
     }
 
-  /** A fresh lease of another application on any source partition: that query is running. */
+  /**
+   * A fresh lease on any source partition whose query runs: another application's (it refreshed
+   * the lease lately), or one of this application's that Spark's coordinator still knows as
+   * active (a query of another session: a stopped query's leases linger until its providers
+   * unload).
+   */
   private def checkNoLeases(src: QueryCheckpoint, stores: Seq[(Int, String)], from: Int): Unit = {
     val self = spark.sparkContext.applicationId
     for ((op, store) <- stores; p <- 0 until from) {
       val ref = StoreRef(op, store, p)
-      StoreLease.fresh(src.storeDir(ref), hadoopConf).filter(_._1.applicationId != self).foreach { case (h, age) =>
+      StoreLease.fresh(src.storeDir(ref), hadoopConf).filter { case (h, _) =>
+        h.applicationId != self || activeHere(src, ref, h)
+      }.foreach { case (h, age) =>
         throw new IllegalStateException(
-          s"${ref.describe} of ${src.root} is in use by application ${h.applicationId} (executor ${h.executorId} " +
-            s"on ${h.host}, lease ${StoreLease.path(src.storeDir(ref))} refreshed ${age / 1000} s ago): the query is " +
-            s"running. Stop it, then rescale; a lease left by a killed executor expires " +
-            s"${StoreLease.StaleAfterMs / 60000} minutes after its last refresh.")
+          s"${ref.describe} of ${src.root} is in use by application ${h.applicationId} (query run ${h.queryRunId}, " +
+            s"executor ${h.executorId} on ${h.host}, lease ${StoreLease.path(src.storeDir(ref))} refreshed " +
+            s"${age / 1000} s ago): the query is running. Stop it, then rescale; a lease left by a killed executor " +
+            s"expires ${StoreLease.StaleAfterMs / 60000} minutes after its last refresh.")
       }
     }
   }
+
+  private def activeHere(src: QueryCheckpoint, ref: StoreRef, h: LeaseHolder): Boolean =
+    scala.util.Try(java.util.UUID.fromString(h.queryRunId)).toOption.exists { run =>
+      val id = StateStoreId(src.stateRoot.toString, ref.operatorId, ref.partition, ref.storeName)
+      KeyedStateCoordinatorBridge.isActive(StateStoreProviderId(id, run), h.executorId)
+    }
 
   private def lastCommittedBatch(src: QueryCheckpoint): Long = {
     val offsets = src.lastBatch("offsets").getOrElse(throw new IllegalStateException(
@@ -289,9 +305,15 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       case _ => false
     }
 
-  /** The new count in the offset log entry Spark restores its session from, and in the metadata. */
+  /**
+   * The new count in the offset log entry Spark restores its session from, and in the metadata.
+   * Entries after the rescaled batch exist only when a restart planned a batch that the provider
+   * then refused (the journal stood): Spark re-runs it as planned, so it gets the new count too.
+   */
   private def pinPartitions(ckpt: QueryCheckpoint, j: RescaleJournal): Unit = {
-    ckpt.rewritePinnedConf(j.batchId, PartitionsKey, j.toPartitions.toString)
+    ckpt.batches("offsets").filter(_ >= j.batchId).foreach { b =>
+      ckpt.rewritePinnedConf(b, PartitionsKey, j.toPartitions.toString)
+    }
     for (op <- ckpt.operators) {
       val meta = new Path(ckpt.stateRoot, s"$op/_metadata/metadata")
       if (ckpt.fs.exists(meta)) {

@@ -8,11 +8,17 @@ import scala.util.control.NonFatal
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.apache.spark.SparkEnv
+import org.apache.spark.sql.execution.streaming.runtime.StreamExecution
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
 /** Who holds a store partition: written by the provider that has it loaded. */
-final case class LeaseHolder(applicationId: String, executorId: String, host: String, refreshedAtMs: Long)
+final case class LeaseHolder(
+    applicationId: String,
+    queryRunId: String,
+    executorId: String,
+    host: String,
+    refreshedAtMs: Long)
 
 /**
  * A running query's claim on its store partitions: `<store dir>/.keyedstate-lease`, written when a
@@ -43,6 +49,7 @@ object StoreLease {
       val env = Option(SparkEnv.get)
       val holder = LeaseHolder(
         env.map(_.conf.getAppId).getOrElse("unknown"),
+        Option(hadoopConf.get(StreamExecution.RUN_ID_KEY)).getOrElse("unknown"),
         env.map(_.executorId).getOrElse("unknown"),
         java.net.InetAddress.getLocalHost.getHostName,
         now)

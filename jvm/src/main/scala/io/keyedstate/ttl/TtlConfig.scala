@@ -3,7 +3,7 @@ package io.keyedstate.ttl
 import java.util.Locale
 
 /** Flink's `StateTtlConfig.UpdateType`: which accesses restart an entry's time to live. */
-sealed abstract class UpdateType(val name: String)
+sealed abstract class UpdateType(val name: String) extends Serializable
 object UpdateType {
   case object OnCreateAndWrite extends UpdateType("OnCreateAndWrite")
   case object OnReadAndWrite extends UpdateType("OnReadAndWrite")
@@ -11,7 +11,7 @@ object UpdateType {
 }
 
 /** Flink's `StateTtlConfig.StateVisibility`: whether an expired entry that is still stored is returned. */
-sealed abstract class Visibility(val name: String)
+sealed abstract class Visibility(val name: String) extends Serializable
 object Visibility {
   case object NeverReturnExpired extends Visibility("NeverReturnExpired")
   case object ReturnExpiredIfNotCleanedUp extends Visibility("ReturnExpiredIfNotCleanedUp")
@@ -19,7 +19,7 @@ object Visibility {
 }
 
 /** The clock entries are stamped and judged with: the batch's processing time or its watermark. */
-sealed abstract class TimeCharacteristic(val name: String)
+sealed abstract class TimeCharacteristic(val name: String) extends Serializable
 object TimeCharacteristic {
   case object ProcessingTime extends TimeCharacteristic("ProcessingTime")
   case object EventTime extends TimeCharacteristic("EventTime")
@@ -67,7 +67,7 @@ object TtlConfig {
 final class TtlSettings private (
     defaults: Map[String, String],
     operators: Map[Long, Map[String, String]],
-    columnFamilies: Map[(Long, String), Map[String, String]]) {
+    columnFamilies: Map[(Long, String), Map[String, String]]) extends Serializable {
 
   /** The TTL of column family `cf` in operator `operatorId`. */
   def forColumnFamily(operatorId: Long, cf: String): TtlConfig = {
