@@ -197,10 +197,8 @@ def main() -> int:
         .config("spark.sql.shuffle.partitions", str(args.partitions))
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "2s")
         .config("spark.sql.streaming.stateStore.minDeltasForSnapshot", str(args.min_deltas))
-        # keyedstate does not report its background snapshot uploads to Spark 4.3's coordinator
-        # yet, which after 5 x minDeltasForSnapshot versions then forces a snapshot on every
-        # commit (and with it full-snapshot and compaction cleanup): measure the provider's own
-        # snapshot cadence.
+        # Measure the provider's own snapshot cadence only: snapshots Spark forces when it sees
+        # uploads lag would also run full-snapshot and compaction cleanup.
         .config("spark.sql.streaming.stateStore.forceSnapshotUploadOnLag", "false")
     ).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
