@@ -180,6 +180,8 @@ def main() -> int:
     parser.add_argument("--min-deltas", type=int, default=10,
                         help="spark.sql.streaming.stateStore.minDeltasForSnapshot (snapshot "
                              "commits run full-snapshot and compaction cleanup)")
+    parser.add_argument("--maintenance-interval", default="2s",
+                        help="the state store maintenance interval (background cleanup)")
     parser.add_argument("--warmup-batches", type=int, default=10,
                         help="batches of a discarded run first (JIT, caches)")
     parser.add_argument("--runs", default="no-ttl,fullSnapshot,incremental,compaction,background")
@@ -195,7 +197,7 @@ def main() -> int:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(args.partitions))
-        .config("spark.sql.streaming.stateStore.maintenanceInterval", "2s")
+        .config("spark.sql.streaming.stateStore.maintenanceInterval", args.maintenance_interval)
         .config("spark.sql.streaming.stateStore.minDeltasForSnapshot", str(args.min_deltas))
         # Measure the provider's own snapshot cadence only: snapshots Spark forces when it sees
         # uploads lag would also run full-snapshot and compaction cleanup.
