@@ -14,6 +14,8 @@ import datetime as dt
 import decimal
 import json
 import os
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -315,3 +317,21 @@ def diff_batches(
                 f"only in provider under test {only_act}"
             )
     return "\n".join(lines)
+
+
+def kill_process_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL a driver started in its own process group, and wait until nothing of the group
+    (the JVM in particular) is left to touch the checkpoint."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process group {proc.pid} survived SIGKILL")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from streaming_harness import (
     PROVIDER_UNDER_TEST,
     FileInput,
     committed_batches,
+    kill_process_group,
     planned_batches,
 )
 
@@ -133,21 +133,7 @@ class Driver:
         return self.proc.poll() is None
 
     def kill_group(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
-        # Nothing of the group (the JVM in particular) may survive to touch the checkpoint.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError(f"process group {self.proc.pid} survived SIGKILL")
+        kill_process_group(self.proc)
         self._log_file.close()
 
     def wait(self, timeout: float) -> int:

@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ from streaming_harness import (
     await_finished,
     committed_batches,
     diff_batches,
+    kill_process_group,
     normalize,
     planned_batches,
     sort_rows,
@@ -328,20 +328,7 @@ class Driver:
         return self.log.read_text(errors="replace")
 
     def kill_group(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.02)
-        else:
-            raise AssertionError(f"process group {self.proc.pid} survived SIGKILL")
+        kill_process_group(self.proc)
         self._out.close()
 
     def wait(self, timeout: float = DRIVER_TIMEOUT_S) -> int:

@@ -6,15 +6,19 @@ distributed across the session's executors. See docs/rescaling.md.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass, field
-from typing import Any
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 from py4j.java_gateway import JavaClass
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from keyedstate._session import PROVIDER_CLASS
+
+T = TypeVar("T")
 
 
 class CheckpointOperationError(RuntimeError):
@@ -27,6 +31,16 @@ def _call(method: Any, *args: Any) -> Any:
     except Py4JJavaError as e:
         message = e.java_exception.getMessage() or e.java_exception.toString()
         raise CheckpointOperationError(str(message)) from e
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _decode(cls: type[T], raw: dict[str, Any]) -> T:
+    """A result dataclass from the JVM's JSON (camelCase field names, same fields)."""
+    values = {_snake(k): v for k, v in raw.items()}
+    return cls(**{f.name: values[f.name] for f in fields(cls)})  # type: ignore[call-arg]
 
 
 @dataclass(frozen=True)
@@ -62,13 +76,9 @@ class PartitionReport:
     file_bytes: int
     data_bytes: int
     misplaced_keys: int
+    key_group_skew: float  # the heaviest key group's bytes over the non-empty ones' mean
     key_group_keys: list[int] = field(repr=False)
     key_group_bytes: list[int] = field(repr=False)
-
-    @property
-    def key_group_skew(self) -> float:
-        """The heaviest key group's bytes over the mean of the non-empty ones (1.0 = even)."""
-        return _skew(self.key_group_bytes)
 
 
 @dataclass(frozen=True)
@@ -94,11 +104,6 @@ class InspectReport:
     key_groups: int
     operators: list[OperatorReport]
     partition_reports: list[PartitionReport]
-
-
-def _skew(values: list[int]) -> float:
-    non_empty = [v for v in values if v > 0]
-    return max(non_empty) / (sum(non_empty) / len(non_empty)) if non_empty else 1.0
 
 
 def _entry_point(spark: SparkSession, name: str) -> tuple[Any, Any]:
@@ -138,61 +143,16 @@ def rescale(
     raw = json.loads(
         _call(rescaler.rescale, session, checkpoint, partitions, output or "", in_place)
     )
-    return RescaleResult(
-        source=raw["source"],
-        output=raw["output"],
-        in_place=raw["inPlace"],
-        from_partitions=raw["fromPartitions"],
-        to_partitions=raw["toPartitions"],
-        batch_id=raw["batchId"],
-        state_version=raw["stateVersion"],
-        operators=raw["operators"],
-        stores=raw["stores"],
-        keys=raw["keys"],
-        bytes_written=raw["bytesWritten"],
-        split_ms=raw["splitMs"],
-        build_ms=raw["buildMs"],
-        total_ms=raw["totalMs"],
-        resumed=raw["resumed"],
-    )
+    return _decode(RescaleResult, raw)
 
 
 def inspect(spark: SparkSession, checkpoint: str, *, key_groups: int = 128) -> InspectReport:
     """Keys, bytes and key-group skew per operator and state partition of a checkpoint."""
     inspector, session = _entry_point(spark, "CheckpointInspector")
     raw = json.loads(_call(inspector.report, session, checkpoint, key_groups))
-    return InspectReport(
-        checkpoint=raw["checkpoint"],
-        batch_id=raw["batchId"],
-        state_version=raw["stateVersion"],
-        partitions=raw["partitions"],
-        provider=raw["provider"],
-        key_groups=raw["keyGroups"],
-        operators=[
-            OperatorReport(
-                operator_id=o["operatorId"],
-                operator_name=o["operatorName"],
-                stores=o["stores"],
-                keys=o["keys"],
-                file_bytes=o["fileBytes"],
-                partition_skew=o["partitionSkew"],
-                key_group_skew=o["keyGroupSkew"],
-            )
-            for o in raw["operators"]
-        ],
-        partition_reports=[
-            PartitionReport(
-                operator_id=p["operatorId"],
-                store_name=p["storeName"],
-                partition=p["partition"],
-                version=p["version"],
-                keys=p["keys"],
-                file_bytes=p["fileBytes"],
-                data_bytes=p["dataBytes"],
-                misplaced_keys=p["misplacedKeys"],
-                key_group_keys=p["keyGroupKeys"],
-                key_group_bytes=p["keyGroupBytes"],
-            )
-            for p in raw["partitionReports"]
-        ],
+    report = _decode(InspectReport, raw)
+    return dataclasses.replace(
+        report,
+        operators=[_decode(OperatorReport, o) for o in raw["operators"]],
+        partition_reports=[_decode(PartitionReport, p) for p in raw["partitionReports"]],
     )

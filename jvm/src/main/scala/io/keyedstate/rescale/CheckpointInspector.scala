@@ -18,10 +18,9 @@ final case class PartitionReport(
     dataBytes: Long,
     keyGroupKeys: Seq[Long],
     keyGroupBytes: Seq[Long],
-    misplacedKeys: Long) {
-  /** The heaviest key group's bytes over the mean of the non-empty ones (1.0 = even). */
-  def keyGroupSkew: Double = InspectReport.skew(keyGroupBytes)
-}
+    /** The heaviest key group's bytes over the mean of the non-empty ones (1.0 = even). */
+    keyGroupSkew: Double,
+    misplacedKeys: Long)
 
 final case class OperatorReport(
     operatorId: Int,
@@ -58,22 +57,13 @@ final class CheckpointInspector(spark: SparkSession, keyGroups: Int) {
   import QueryCheckpoint._
 
   def inspect(checkpoint: String): InspectReport = {
-    val hadoopConf = {
-      val c = new org.apache.hadoop.conf.Configuration(spark.sparkContext.hadoopConfiguration)
-      spark.conf.getAll.foreach { case (k, v) => c.set(k, v) }
-      c
-    }
-    val path = new org.apache.hadoop.fs.Path(checkpoint)
-    val ckpt = new QueryCheckpoint(path.getFileSystem(hadoopConf).makeQualified(path), hadoopConf)
+    val hadoopConf = QueryCheckpoint.hadoopConf(spark)
+    val ckpt = QueryCheckpoint.at(checkpoint, hadoopConf)
     if (!ckpt.exists) throw new IllegalArgumentException(s"No checkpoint at ${ckpt.root}")
     val batch = ckpt.batches("commits").lastOption.getOrElse(
       throw new IllegalStateException(s"${ckpt.root} has no committed batch"))
+    ckpt.requireKeyedStateProvider(batch, "inspect")
     val pinned = ckpt.pinnedConf(batch)
-    val provider = pinned.getOrElse(ProviderKey, SparkDefaultProvider)
-    if (provider != OurProvider) {
-      throw new UnsupportedOperationException(
-        s"The state of ${ckpt.root} is written by $provider; keyedstate inspect reads only $OurProvider state")
-    }
     val partitions = pinned.get(PartitionsKey).flatMap(_.toIntOption).getOrElse(0)
     val version = batch + 1
     val tasks = for {
@@ -94,7 +84,7 @@ final class CheckpointInspector(spark: SparkSession, keyGroups: Int) {
       OperatorReport(op, operatorName(ckpt, op), rs.map(_.storeName).distinct, rs.map(_.keys).sum,
         rs.map(_.fileBytes).sum, InspectReport.skew(perPartition), InspectReport.skew(perGroup))
     }
-    InspectReport(ckpt.root.toString, batch, version, partitions, provider, keyGroups, operators, reports)
+    InspectReport(ckpt.root.toString, batch, version, partitions, OurProvider, keyGroups, operators, reports)
   }
 
   private def operatorName(ckpt: QueryCheckpoint, op: Int): String = {
@@ -130,7 +120,7 @@ object CheckpointInspector {
         } finally it.close()
       }
       PartitionReport(ref.operatorId, ref.storeName, ref.partition, version, keys.sum, manifest.totalBytes,
-        bytes.sum, keys.toSeq, bytes.toSeq, misplaced)
+        bytes.sum, keys.toSeq, bytes.toSeq, InspectReport.skew(bytes.toSeq), misplaced)
     }
 
   /** The entry point of the Python package and the CLI: the report as JSON. */

@@ -137,12 +137,42 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
     out.result()
   }
 
+  /** Refuses a checkpoint whose state another provider wrote (the offset log entry of `batch` says). */
+  def requireKeyedStateProvider(batch: Long, operation: String): Unit = {
+    val provider = pinnedConf(batch).getOrElse(QueryCheckpoint.ProviderKey, QueryCheckpoint.SparkDefaultProvider)
+    if (provider != QueryCheckpoint.OurProvider) {
+      val hint =
+        if (provider.endsWith("RocksDBStateStoreProvider")) {
+          " (for Spark's RocksDB provider, Spark 4.2+ has spark._streamingCheckpointManager.repartition)"
+        } else ""
+      throw new UnsupportedOperationException(
+        s"The state of $root is written by $provider (${offsetPath(batch)}); keyedstate $operation reads " +
+          s"only ${QueryCheckpoint.OurProvider} state$hint")
+    }
+  }
+
   /** Copies a file of this checkpoint to the same place under `target` (checksums rewritten). */
   def copyTo(relative: String, target: QueryCheckpoint): Unit =
     FileUtil.copy(fs, new Path(root, relative), target.fs, new Path(target.root, relative), false, true, hadoopConf)
 }
 
 object QueryCheckpoint {
+  /** The Hadoop configuration a session's jobs see: the context's, with the session's settings. */
+  def hadoopConf(spark: org.apache.spark.sql.SparkSession): Configuration = {
+    val c = new Configuration(spark.sparkContext.hadoopConfiguration)
+    spark.conf.getAll.foreach { case (k, v) => c.set(k, v) }
+    c
+  }
+
+  /** The checkpoint at `location`, its path fully qualified (so paths compare equal). */
+  def at(location: String, hadoopConf: Configuration): QueryCheckpoint =
+    new QueryCheckpoint(qualify(location, hadoopConf), hadoopConf)
+
+  def qualify(location: String, hadoopConf: Configuration): Path = {
+    val p = new Path(location)
+    p.getFileSystem(hadoopConf).makeQualified(p)
+  }
+
   /** keyedstate's own directories inside a store directory. */
   val StoreInternalDirs: Set[String] =
     Set(CheckpointStore.SharedDir, CheckpointStore.PrivateDir, CheckpointStore.ChangelogDir)

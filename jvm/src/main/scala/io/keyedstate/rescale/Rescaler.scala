@@ -48,12 +48,7 @@ final case class RescaleResult(
 final class Rescaler(spark: SparkSession, progress: String => Unit) {
   import QueryCheckpoint._
 
-  private val hadoopConf = {
-    val c = spark.sparkContext.hadoopConfiguration
-    val copy = new org.apache.hadoop.conf.Configuration(c)
-    spark.conf.getAll.foreach { case (k, v) => copy.set(k, v) }
-    copy
-  }
+  private val hadoopConf = QueryCheckpoint.hadoopConf(spark)
   private lazy val conf = KeyedStateConf.fromMap(spark.conf.getAll)
 
   def run(source: String, partitions: Int, output: Option[String], inPlace: Boolean): RescaleResult = {
@@ -64,7 +59,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
     if (inPlace && output.exists(o => qualify(o) != qualify(source))) {
       throw new IllegalArgumentException(s"Rescale in place writes to the source; do not also give an output ($output)")
     }
-    val src = new QueryCheckpoint(qualify(source), hadoopConf)
+    val src = QueryCheckpoint.at(source, hadoopConf)
     if (!src.exists) throw new IllegalArgumentException(s"No checkpoint at ${src.root}")
     val started = System.currentTimeMillis()
 
@@ -86,12 +81,12 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
 
     val dst =
       if (inPlace) src
-      else new QueryCheckpoint(qualify(output.getOrElse(s"${src.root}-rescaled-$partitions")), hadoopConf)
+      else QueryCheckpoint.at(output.getOrElse(s"${src.root}-rescaled-$partitions"), hadoopConf)
     if (!inPlace) prepareOutput(src, dst)
     checkNotRunning(src)
     val batch = lastCommittedBatch(src)
+    src.requireKeyedStateProvider(batch, "rescale")
     val pinned = src.pinnedConf(batch)
-    checkProvider(src, batch, pinned)
     if (src.usesCheckpointIds(batch)) {
       throw new UnsupportedOperationException(
         s"${src.commitPath(batch)} carries state checkpoint ids (spark.sql.streaming.stateStore." +
@@ -169,10 +164,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       builds.map(b => (b.store.operatorId, b.store.storeName)).distinct.size, splits.map(_.keys).sum,
       builds.map(_.bytesUploaded).sum, 0, 0, System.currentTimeMillis() - started, resumed)
 
-  private def qualify(path: String): Path = {
-    val p = new Path(path)
-    p.getFileSystem(hadoopConf).makeQualified(p)
-  }
+  private def qualify(path: String): Path = QueryCheckpoint.qualify(path, hadoopConf)
 
   /** A fresh output, or the leftovers of an interrupted rescale into it (which are ours to drop). */
   private def prepareOutput(src: QueryCheckpoint, dst: QueryCheckpoint): Unit = if (dst.exists) {
@@ -234,19 +226,6 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
           "running, or stopped in the middle of a batch. Stop it, or restart it and let it finish a batch, then rescale.")
     }
     offsets
-  }
-
-  private def checkProvider(src: QueryCheckpoint, batch: Long, pinned: Map[String, String]): Unit = {
-    val provider = pinned.getOrElse(ProviderKey, SparkDefaultProvider)
-    if (provider != OurProvider) {
-      val hint =
-        if (provider.endsWith("RocksDBStateStoreProvider")) {
-          " (for Spark's RocksDB provider, Spark 4.2+ has spark._streamingCheckpointManager.repartition)"
-        } else ""
-      throw new UnsupportedOperationException(
-        s"The state of ${src.root} is written by $provider (${src.offsetPath(batch)}); keyedstate rescale reads " +
-          s"only $OurProvider state$hint")
-    }
   }
 
   /** (operator, store name) pairs, after checking every source partition has the version. */
