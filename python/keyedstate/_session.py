@@ -10,6 +10,9 @@ from pyspark.sql import SparkSession
 
 PROVIDER_CLASS = "io.keyedstate.KeyedStateStoreProvider"
 PROVIDER_CLASS_KEY = "spark.sql.streaming.stateStore.providerClass"
+# Plans the Python API's keyed functions (io.keyedstate.process): a static setting.
+EXTENSIONS_CLASS = "io.keyedstate.process.KeyedStateExtensions"
+EXTENSIONS_KEY = "spark.sql.extensions"
 OPTION_PREFIX = "spark.sql.streaming.stateStore.keyedstate."
 
 # Python keyword -> provider option (under OPTION_PREFIX). Documented in docs/configuration.md;
@@ -48,6 +51,11 @@ def jar_path() -> str:
     )
 
 
+def _with_extensions(builder: SparkSession.Builder) -> str:
+    existing = [e.strip() for e in str(builder._options.get(EXTENSIONS_KEY, "")).split(",")]
+    return ",".join([e for e in existing if e and e != EXTENSIONS_CLASS] + [EXTENSIONS_CLASS])
+
+
 def configure(builder: SparkSession.Builder, **options: Any) -> SparkSession.Builder:
     """Return ``builder`` with the keyedstate jar on the classpath and the provider selected.
 
@@ -59,7 +67,11 @@ def configure(builder: SparkSession.Builder, **options: Any) -> SparkSession.Bui
         raise ValueError(
             f"unknown keyedstate option(s) {unknown}; allowed: {sorted(OPTIONS)}"
         )
-    builder = builder.config("spark.jars", jar_path()).config(PROVIDER_CLASS_KEY, PROVIDER_CLASS)
+    builder = (
+        builder.config("spark.jars", jar_path())
+        .config(PROVIDER_CLASS_KEY, PROVIDER_CLASS)
+        .config(EXTENSIONS_KEY, _with_extensions(builder))
+    )
     for name, value in options.items():
         if isinstance(value, bool):
             value = str(value).lower()

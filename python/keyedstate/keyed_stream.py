@@ -14,6 +14,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 
 from keyedstate.engine import planner
+from keyedstate.engine.convert import element_class, output_tuple
 from keyedstate.engine.planner import OutputSchema
 from keyedstate.functions import (
     FilterFunction,
@@ -35,16 +36,14 @@ WITH_STATE_NAME = "withState"
 def key_by(
     df: DataFrame,
     *key_columns: str | Sequence[str],
-    buckets: int | None = None,
     order_by: str | None = None,
 ) -> KeyedStream:
     """Key a streaming DataFrame by one or more columns.
 
-    ``buckets`` is the number of key buckets (Spark groups): the unit of one Python call, of one
-    stored state row, and of "parallel instance" for operator state. It is fixed for the life of
-    a checkpoint (default ``keyedstate.engine.DEFAULT_BUCKETS``). ``order_by`` names a column
-    by which each micro-batch's elements are processed (ties keep arrival order); without it,
-    elements are processed in the order Spark delivers them.
+    Each key's state is stored per state variable in the query's state store (Spark's shuffle
+    partitions are the parallel instances). ``order_by`` names a column by which each key's
+    elements of a micro-batch are processed; without it, the order within a key is the order
+    Spark's shuffle delivers, which is not stable across retries.
     """
     names: list[str] = []
     for column in key_columns:
@@ -56,18 +55,15 @@ def key_by(
             raise TypeError(f"key columns are names (str), got {column!r}")
     if not names:
         raise KeyedStateError("key_by needs at least one key column")
-    return KeyedStream(df, names, planner.DEFAULT_BUCKETS if buckets is None else buckets, order_by)
+    return KeyedStream(df, names, order_by)
 
 
 class KeyedStream:
     """A DataFrame partitioned by key, ready for a stateful function."""
 
-    def __init__(
-        self, df: DataFrame, key_columns: list[str], buckets: int, order_by: str | None
-    ) -> None:
+    def __init__(self, df: DataFrame, key_columns: list[str], order_by: str | None) -> None:
         self._df = df
         self.key_columns = key_columns
-        self.buckets = buckets
         self.order_by = order_by
 
     def _build(
@@ -83,7 +79,6 @@ class KeyedStream:
             kind,
             function,
             output_schema if output_schema is not None else self._df.schema,
-            num_buckets=self.buckets,
             order_by=self.order_by,
             **options,
         )
@@ -98,11 +93,9 @@ class KeyedStream:
     ) -> DataFrame:
         """Run a :class:`KeyedProcessFunction`.
 
-        ``timer_mode``: ``"auto"`` (default: none without ``on_timer``; with it, ``"event"`` when
-        the input has a watermark, else ``"processing"``), ``"none"``, ``"event"`` (Spark
-        event-time timeouts; processing-time timers are refused) or ``"processing"`` (Spark
-        processing-time timeouts; both kinds of timers; a no-data micro-batch runs at every
-        trigger, so an ``availableNow`` query never finishes).
+        ``timer_mode``: ``"auto"`` (default: timers when the function defines ``on_timer``),
+        ``"none"`` (timers refused), ``"event"`` (event-time timers only; needs a watermark) or
+        ``"processing"`` (both kinds).
         """
         return self._build(
             "process", function, output_schema, timer_mode=timer_mode, output_mode=output_mode
@@ -147,9 +140,13 @@ class KeyedStream:
         self, function: ReduceFunction | Callable[[Any, Any], Any], *, output_mode: str = "append"
     ) -> DataFrame:
         """Flink's rolling reduce: per element, the reduction of the key's elements so far
-        (outputs have the input's columns; ``reduce(a, b)`` returns a row as a tuple)."""
+        (outputs have the input's columns; both arguments of ``reduce(a, b)`` are rows of the
+        input, and it returns one as a tuple or a row)."""
         return self._build(
-            "map", _RunningReduce(function), self._df.schema, output_mode=output_mode
+            "map",
+            _RunningReduce(function, tuple(self._df.schema.names)),
+            self._df.schema,
+            output_mode=output_mode,
         )
 
     def map_with_state(
@@ -293,17 +290,27 @@ class _FilterWithState(_WithState, FilterFunction):
 class _RunningReduce(MapFunction):
     state: ValueState
 
-    def __init__(self, function: ReduceFunction | Callable[[Any, Any], Any]) -> None:
+    def __init__(
+        self, function: ReduceFunction | Callable[[Any, Any], Any], names: tuple[str, ...]
+    ) -> None:
         reduce = getattr(function, "reduce", None)
         self.reduce_fn = reduce if callable(reduce) else function
         if not callable(self.reduce_fn):
             raise TypeError("reduce() needs a ReduceFunction or a callable (a, b) -> c")
+        self.names = names
 
     def open(self, runtime_context: RuntimeContext) -> None:
         self.state = runtime_context.get_state(ValueStateDescriptor("reduce"))
 
     def map(self, value: Any) -> Any:  # noqa: ANN401
         current = self.state.value()
-        result = value if current is None else self.reduce_fn(current, value)
+        if current is None:
+            result = value
+        else:
+            # Both arguments are rows of the input (Flink's ReduceFunction<T>).
+            row = element_class(self.names)._make(current)
+            result = element_class(self.names)._make(
+                tuple(output_tuple(self.reduce_fn(row, value), self.names))
+            )
         self.state.update(tuple(result))
         return result

@@ -1,14 +1,6 @@
-"""The engine under the state API: ``applyInPandasWithState`` over buckets of keys."""
+"""The engine under the state API: a per-key stateful operator (JVM lookup and apply nodes
+around Spark's ``mapInArrow``) whose states are column families of the state store."""
 
-from keyedstate.engine.operator import STATE_SCHEMA, BucketOperator, OperatorPlan
-from keyedstate.engine.planner import DEFAULT_BUCKETS, build, output_struct, watermark_column
+from keyedstate.engine.planner import build, output_struct, watermark_column
 
-__all__ = [
-    "DEFAULT_BUCKETS",
-    "STATE_SCHEMA",
-    "BucketOperator",
-    "OperatorPlan",
-    "build",
-    "output_struct",
-    "watermark_column",
-]
+__all__ = ["build", "output_struct", "watermark_column"]

@@ -1,27 +1,30 @@
-"""Rows between pandas (what applyInPandasWithState carries) and plain Python values.
+"""Elements in, outputs and state changes out, as Arrow record batches.
 
-Input columns become Python lists (nulls as None, timestamps as ``datetime``, arrays as lists,
-structs as dicts); each element is a named tuple of the input columns. Outputs are tuples (or
-dicts, or single values) checked against the output schema column by column and turned into a
-typed pandas DataFrame, so a wrong value fails with the column's name instead of an Arrow error.
+Each element is a named tuple of the input columns. Outputs are tuples (or dicts, or single
+values) checked against the output schema column by column, so a wrong value fails with the
+column's name instead of an Arrow error; they leave with the key's state changes in one Arrow
+schema (io.keyedstate.process.Exchange.outSchema).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import decimal
+import re
 from collections import namedtuple
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
+from keyedstate.engine.codec import column_encoder
 from keyedstate.state.types import StateTypeError
 
-__all__ = ["InputConverter", "OutputBuilder", "element_class"]
+__all__ = ["OutputRows", "element_class", "output_tuple"]
 
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _FLOATING = (T.FloatType, T.DoubleType)
@@ -72,154 +75,7 @@ def element_class(names: tuple[str, ...]) -> type:
 
 
 # ---------------------------------------------------------------------------------------------
-# Input: pandas column -> Python list
-
-
-def _arrow_values(series: pd.Series) -> list | None:
-    """The values of an Arrow-backed column (pandas' default for strings since 3.0) as Python
-    objects with None for nulls, or None when the column is not Arrow-backed."""
-    chunked = getattr(series.array, "_pa_array", None)
-    return None if chunked is None else chunked.to_pylist()
-
-
-def _with_nulls(series: pd.Series, values: list) -> list:
-    array = series.to_numpy() if series.dtype.kind != "O" else series.array
-    if series.dtype.kind in "biu":
-        return values
-    if series.dtype.kind == "f":
-        if not np.isnan(array).any():
-            return values
-        return [None if v != v else v for v in values]
-    mask = pd.isna(series).tolist()
-    if True in mask:
-        return [None if m else v for v, m in zip(values, mask, strict=True)]
-    return values
-
-
-def _integral_list(series: pd.Series) -> list:
-    if series.dtype.kind in "iu":
-        return series.tolist()
-    values = _arrow_values(series)
-    if values is not None:
-        return values
-    values = series.tolist()
-    mask = series.isna().tolist()
-    return [None if m else int(v) for v, m in zip(values, mask, strict=True)]
-
-
-def _plain_list(series: pd.Series) -> list:
-    values = _arrow_values(series)
-    if values is not None:
-        return values
-    return _with_nulls(series, series.tolist())
-
-
-def _timestamp_list(series: pd.Series) -> list:
-    if series.dtype.kind == "M" or isinstance(series.dtype, pd.DatetimeTZDtype):
-        values = list(series.dt.to_pydatetime())
-        if series.isna().any():
-            mask = series.isna().tolist()
-            return [None if m else v for v, m in zip(values, mask, strict=True)]
-        return values
-    return _plain_list(series)
-
-
-def _deep(value: Any) -> Any:  # noqa: ANN401
-    if isinstance(value, np.ndarray):
-        return [_deep(v) for v in value.tolist()] if value.dtype == object else value.tolist()
-    if isinstance(value, list):
-        return [_deep(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _deep(v) for k, v in value.items()}
-    if isinstance(value, float) and value != value:
-        return None
-    if isinstance(value, pd.Timestamp):
-        return value.to_pydatetime()
-    return value
-
-
-def _nested_list(series: pd.Series) -> list:
-    values = _plain_list(series)
-    return [None if v is None else _deep(v) for v in values]
-
-
-def _map_list(series: pd.Series) -> list:
-    out = []
-    for v in _nested_list(series):
-        if isinstance(v, list):
-            v = {k: val for k, val in v}
-        out.append(v)
-    return out
-
-
-def column_reader(data_type: T.DataType) -> Callable[[pd.Series], list]:
-    if isinstance(data_type, _INTEGRAL):
-        return _integral_list
-    if isinstance(data_type, T.TimestampType | T.TimestampNTZType):
-        return _timestamp_list
-    if isinstance(data_type, T.MapType):
-        return _map_list
-    if isinstance(data_type, T.ArrayType | T.StructType):
-        return _nested_list
-    return _plain_list
-
-
-def timestamp_millis(series: pd.Series, time_zone: str) -> list:
-    """Epoch milliseconds of a timestamp column delivered as session-local naive datetimes."""
-    if series.dtype.kind != "M" and not isinstance(series.dtype, pd.DatetimeTZDtype):
-        series = pd.to_datetime(series)
-    if getattr(series.dt, "tz", None) is None:
-        series = series.dt.tz_localize(time_zone, ambiguous=False, nonexistent="shift_forward")
-    delta = series - pd.Timestamp(0, tz="UTC")
-    millis = delta // pd.Timedelta(milliseconds=1)
-    if millis.hasnans:
-        mask = millis.isna().tolist()
-        return [None if m else int(v) for v, m in zip(millis.tolist(), mask, strict=True)]
-    return millis.astype("int64").tolist()
-
-
-class InputConverter:
-    """Turns one pandas chunk of the input into keys, elements and (optionally) event times."""
-
-    def __init__(
-        self,
-        schema: T.StructType,
-        key_columns: Sequence[str],
-        event_time_column: str | None,
-        time_zone: str,
-    ) -> None:
-        self.names = tuple(schema.names)
-        self._readers = [column_reader(f.dataType) for f in schema.fields]
-        self._key_positions = [self.names.index(c) for c in key_columns]
-        self._event_time = (
-            None if event_time_column is None else self.names.index(event_time_column)
-        )
-        self._time_zone = time_zone
-
-    def convert(self, pdf: pd.DataFrame) -> tuple[list, list, list | None]:
-        if len(pdf) == 0:
-            return [], [], None
-        # The input columns come first, in order (the bucket column follows them).
-        columns = [
-            read(series) for read, (_, series) in zip(self._readers, pdf.items(), strict=False)
-        ]
-        elements = list(map(element_class(self.names)._make, zip(*columns, strict=True)))
-        if len(self._key_positions) == 1:
-            keys = columns[self._key_positions[0]]
-        else:
-            keys = list(zip(*(columns[i] for i in self._key_positions), strict=True))
-        times = None
-        if self._event_time is not None:
-            times = timestamp_millis(pdf.iloc[:, self._event_time], self._time_zone)
-        return keys, elements, times
-
-
-# ---------------------------------------------------------------------------------------------
-# Output: Python values -> typed pandas DataFrame
-
-
-_NP_INTS = (np.integer,)
-_NP_FLOATS = (np.floating, np.integer)
+# Outputs and state changes -> one Arrow record batch
 
 
 def _allowed(data_type: T.DataType) -> tuple[type, ...] | None:
@@ -239,40 +95,78 @@ def _allowed(data_type: T.DataType) -> tuple[type, ...] | None:
         return (dt.datetime,)
     if isinstance(data_type, T.DateType):
         return (dt.date,)
-    return None  # nested types: Spark's conversion checks them
+    return None  # nested types: Arrow's conversion checks them
 
 
-class OutputBuilder:
-    """Builds the pandas DataFrame of one invocation's outputs for the output schema."""
-
-    def __init__(self, schema: T.StructType) -> None:
-        self.schema = schema
-        self.names = list(schema.names)
-        self._width = len(self.names)
-        self._allowed = [_allowed(f.dataType) for f in schema.fields]
-        self._types = [f.dataType for f in schema.fields]
-
-    def _row(self, value: Any) -> tuple:  # noqa: ANN401
-        if isinstance(value, tuple):
-            if len(value) == self._width:
-                return value
-            raise StateTypeError(
-                f"an output has {len(value)} values, the output schema has {self._width} columns "
-                f"{self.names}: {value!r}"
-            )
-        if isinstance(value, Mapping):
-            missing = [n for n in self.names if n not in value]
-            if missing:
-                raise StateTypeError(f"an output dict lacks columns {missing}: {value!r}")
-            return tuple(value[n] for n in self.names)
-        if isinstance(value, list):
-            return self._row(tuple(value))
-        if self._width == 1:
-            return (value,)
+def output_tuple(value: Any, names: Sequence[str]) -> tuple:  # noqa: ANN401
+    """An output as a tuple of one value per output column."""
+    width = len(names)
+    if isinstance(value, tuple):
+        if len(value) == width:
+            return value
         raise StateTypeError(
-            f"an output must be a tuple, a Row, a dict or (for one column) a value; the output "
-            f"schema has columns {self.names}, got {type(value).__name__} {value!r}"
+            f"an output has {len(value)} values, the output schema has {width} columns "
+            f"{list(names)}: {value!r}"
         )
+    if isinstance(value, Mapping):
+        missing = [n for n in names if n not in value]
+        if missing:
+            raise StateTypeError(f"an output dict lacks columns {missing}: {value!r}")
+        return tuple(value[n] for n in names)
+    if isinstance(value, list):
+        return output_tuple(tuple(value), names)
+    if width == 1:
+        return (value,)
+    raise StateTypeError(
+        f"an output must be a tuple, a Row, a dict or (for one column) a value; the output "
+        f"schema has columns {list(names)}, got {type(value).__name__} {value!r}"
+    )
+
+
+class OutputRows:
+    """Collects one task's outputs and state changes and turns them into record batches."""
+
+    def __init__(self, output_schema: T.StructType, exchange: T.StructType, time_zone: str) -> None:
+        self.names = tuple(output_schema.names)
+        self._width = len(self.names)
+        self._fields = output_schema.fields
+        self._allowed = [_allowed(f.dataType) for f in output_schema.fields]
+        self._encoders = [column_encoder(f.dataType, time_zone) for f in output_schema.fields]
+        self._schema = to_arrow_schema(exchange, timezone=time_zone)
+        names = exchange.names
+        self._key_columns = [i for i, n in enumerate(names) if re.fullmatch(r"__ks_k\d+", n)]
+        self._key_encoders = [
+            column_encoder(exchange[i].dataType, time_zone) for i in self._key_columns
+        ]
+        self._var = names.index("__ks_var")
+        self._time = names.index("__ks_time")
+        self._state = {int(n[6:]): i for i, n in enumerate(names) if re.fullmatch(r"__ks_s\d+", n)}
+        self._map_key = {
+            int(n[7:]): i for i, n in enumerate(names) if re.fullmatch(r"__ks_mk\d+", n)
+        }
+        self._outputs: list[tuple] = []
+        self._changes: list[tuple] = []  # (kind, key, var, map key, value)
+        self._timers: list[tuple] = []  # (kind, key, timestamp)
+
+    @property
+    def size(self) -> int:
+        return len(self._outputs) + len(self._changes) + len(self._timers)
+
+    def output(self, value: Any) -> None:  # noqa: ANN401
+        if type(value) is tuple and len(value) == self._width:  # noqa: E721 - the fast path
+            self._outputs.append(value)
+        else:
+            self._outputs.append(output_tuple(value, self.names))
+
+    def outputs(self, values: Any) -> None:  # noqa: ANN401
+        for value in values:
+            self.output(value)
+
+    def mutation(self, kind: int, key: tuple | None, var: int, map_key: Any, value: Any) -> None:  # noqa: ANN401
+        self._changes.append((kind, key, var, map_key, value))
+
+    def timer(self, kind: int, key: tuple, timestamp: int) -> None:
+        self._timers.append((kind, key, timestamp))
 
     def _check(self, index: int, column: Sequence[Any]) -> None:
         allowed = self._allowed[index]
@@ -285,38 +179,58 @@ class OutputBuilder:
         ]
         if bad:
             value = next(v for v in column if type(v) in bad)
-            field = self.schema.fields[index]
+            field = self._fields[index]
             raise StateTypeError(
                 f"output column '{field.name}' is {field.dataType.simpleString()}, got "
                 f"{type(value).__name__} {value!r}"
             )
 
-    def _column(self, index: int, column: Sequence[Any]) -> Any:  # noqa: ANN401
-        data_type = self._types[index]
-        has_null = None in column
-        if isinstance(data_type, _INTEGRAL):
-            if has_null:
-                return pd.array(list(column), dtype="Int64")
-            return np.fromiter(column, dtype=np.int64, count=len(column))
-        if isinstance(data_type, _FLOATING):
-            return np.array(column, dtype=np.float64)
-        if isinstance(data_type, T.BooleanType):
-            if has_null:
-                return pd.array(list(column), dtype="boolean")
-            return np.array(column, dtype=bool)
-        if isinstance(data_type, T.TimestampType | T.TimestampNTZType):
-            return pd.to_datetime(pd.Series(column, dtype=object))
-        return pd.Series(column, dtype=object)
-
-    def build(self, outputs: list[Any]) -> pd.DataFrame:
-        width = self._width
-        rows = [
-            o if type(o) is tuple and len(o) == width else self._row(o)  # noqa: E721
-            for o in outputs
-        ]
-        columns = list(zip(*rows, strict=True))
-        data = {}
-        for i, name in enumerate(self.names):
-            self._check(i, columns[i])
-            data[name] = self._column(i, columns[i])
-        return pd.DataFrame(data)
+    def flush(self) -> pa.RecordBatch:
+        outputs, changes, timers = self._outputs, self._changes, self._timers
+        self._outputs, self._changes, self._timers = [], [], []
+        n_out, n_changes, n_timers = len(outputs), len(changes), len(timers)
+        total = n_out + n_changes + n_timers
+        n_rest = n_changes + n_timers
+        columns: list[list[Any]] = [[None] * total for _ in self._schema]
+        columns[0] = [0] * n_out + [c[0] for c in changes] + [t[0] for t in timers]
+        if n_out:
+            for j, values in enumerate(zip(*outputs, strict=True)):
+                self._check(j, values)
+                encode = self._encoders[j]
+                if encode is not None:
+                    values = tuple(None if v is None else encode(v) for v in values)
+                columns[1 + j] = [*values, *([None] * n_rest)]
+        if n_rest:
+            for j, position in enumerate(self._key_columns):
+                encode = self._key_encoders[j]
+                column = columns[position]
+                for r, row in enumerate(changes):
+                    key = row[1]
+                    if key is not None:
+                        column[n_out + r] = (
+                            key[j] if encode is None or key[j] is None else encode(key[j])
+                        )
+                for r, row in enumerate(timers):
+                    key = row[1]
+                    column[n_out + n_changes + r] = (
+                        key[j] if encode is None or key[j] is None else encode(key[j])
+                    )
+            var_column = columns[self._var]
+            for r, (_, _, var, map_key, value) in enumerate(changes):
+                position = n_out + r
+                var_column[position] = var
+                columns[self._state[var]][position] = value
+                if map_key is not None:
+                    columns[self._map_key[var]][position] = map_key
+            time_column = columns[self._time]
+            for r, row in enumerate(timers):
+                time_column[n_out + n_changes + r] = row[2]
+        arrays = []
+        for column, arrow_field in zip(columns, self._schema, strict=True):
+            try:
+                arrays.append(pa.array(column, type=arrow_field.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as error:
+                raise StateTypeError(
+                    f"cannot convert column '{arrow_field.name}' to {arrow_field.type}: {error}"
+                ) from None
+        return pa.RecordBatch.from_arrays(arrays, schema=self._schema)

@@ -1,0 +1,39 @@
+package io.keyedstate.process
+
+import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeReference}
+import org.apache.spark.sql.catalyst.plans.logical.{LogicalPlan, UnaryNode}
+import org.apache.spark.sql.types.StructType
+
+/**
+ * The logical half of a keyed function: `KeyedStateLookup` (input rows and the state of their
+ * keys, grouped by key) → Spark's own `MapInArrow` (the Python function) → `KeyedStateApply`
+ * (outputs out, state mutations into the store, commit). Output attributes are constructor
+ * arguments so that they keep their ids through every copy of the plan.
+ */
+final case class KeyedStateLookup(specJson: String, output: Seq[Attribute], child: LogicalPlan)
+    extends UnaryNode {
+  @transient lazy val spec: ProcessSpec = ProcessSpec.fromJson(specJson)
+  override protected def withNewChildInternal(newChild: LogicalPlan): KeyedStateLookup = copy(child = newChild)
+  override def simpleString(maxFields: Int): String =
+    s"KeyedStateLookup ${spec.functionName} by ${spec.keyColumns.mkString(", ")}"
+  override def producedAttributes: org.apache.spark.sql.catalyst.expressions.AttributeSet =
+    org.apache.spark.sql.catalyst.expressions.AttributeSet(output)
+}
+
+final case class KeyedStateApply(
+    specJson: String,
+    inputSchema: StructType,
+    output: Seq[Attribute],
+    child: LogicalPlan) extends UnaryNode {
+  @transient lazy val spec: ProcessSpec = ProcessSpec.fromJson(specJson)
+  override protected def withNewChildInternal(newChild: LogicalPlan): KeyedStateApply = copy(child = newChild)
+  override def simpleString(maxFields: Int): String =
+    s"KeyedStateApply ${spec.functionName} by ${spec.keyColumns.mkString(", ")}"
+  override def producedAttributes: org.apache.spark.sql.catalyst.expressions.AttributeSet =
+    org.apache.spark.sql.catalyst.expressions.AttributeSet(output)
+}
+
+object KeyedProcessPlan {
+  def attributes(schema: StructType): Seq[Attribute] =
+    schema.fields.toSeq.map(f => AttributeReference(f.name, f.dataType, f.nullable, f.metadata)())
+}

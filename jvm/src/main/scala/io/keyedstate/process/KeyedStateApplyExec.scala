@@ -1,0 +1,241 @@
+package io.keyedstate.process
+
+import java.util.concurrent.TimeUnit.NANOSECONDS
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.spark.TaskContext
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions._
+import org.apache.spark.sql.catalyst.plans.physical.{Partitioning, UnknownPartitioning}
+import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorStateInfo, StatefulOpStateStoreCheckpointInfo, StateStoreWriter}
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.types._
+import org.apache.spark.util.AccumulatorV2
+
+/**
+ * Consumes what the Python function returned for one partition: output rows go on, state
+ * mutations go into the store the lookup node opened in this task. When the partition is done
+ * it notes the earliest pending timers (for Spark's no-data batches) and commits the store.
+ * A `StateStoreWriter`, so Spark records its metadata and schema, reports its metrics, collects
+ * its checkpoint ids (format v2) and asks it whether another batch should run.
+ */
+final case class KeyedStateApplyExec(
+    specJson: String,
+    inputSchema: StructType,
+    output: Seq[Attribute],
+    context: Option[BatchContext],
+    child: SparkPlan) extends UnaryExecNode with StateStoreWriter {
+
+  @transient private lazy val spec = ProcessSpec.fromJson(specJson)
+
+  override def stateInfo: Option[StatefulOperatorStateInfo] = context.map(_.stateInfo)
+
+  override def shortName: String = "keyedProcess"
+
+  override def simpleString(maxFields: Int): String =
+    s"KeyedStateApply ${spec.functionName} by ${spec.keyColumns.mkString(", ")}" +
+      stateInfo.map(i => s", operator ${i.operatorId}").getOrElse("")
+
+  override def outputPartitioning: Partitioning = UnknownPartitioning(child.outputPartitioning.numPartitions)
+
+  override def producedAttributes: AttributeSet = AttributeSet(output)
+
+  override protected def withNewChildInternal(newChild: SparkPlan): KeyedStateApplyExec = copy(child = newChild)
+
+  // The earliest pending timer of any partition after the last batch: Spark runs a no-data batch
+  // when one falls due (event time: the new watermark; processing time: the clock).
+  @transient private lazy val nextEventTimer = registered(new MinLongAccumulator, "nextEventTimer")
+  @transient private lazy val nextProcTimer = registered(new MinLongAccumulator, "nextProcTimer")
+
+  private def registered(acc: MinLongAccumulator, name: String): MinLongAccumulator = {
+    sparkContext.register(acc, s"keyedstate.$name")
+    acc
+  }
+
+  override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
+    spec.timers && (nextEventTimer.value <= newInputWatermark ||
+      nextProcTimer.value <= System.currentTimeMillis())
+
+  override def validateAndMaybeEvolveStateSchema(
+      hadoopConf: Configuration,
+      batchId: Long,
+      stateSchemaVersion: Int): List[StateSchemaValidationResult] = {
+    val path = OperatorSchema.validateAndWrite(spec, inputSchema, getStateInfo, hadoopConf)
+    List(StateSchemaValidationResult(evolvedSchema = false, path.toString))
+  }
+
+  override protected def doExecute(): RDD[InternalRow] = {
+    val info = getStateInfo
+    val specCopy = spec
+    val outSchema = Exchange.outSchema(spec, inputSchema)
+    val numOutput = output.length
+    val outputRefs = output.zipWithIndex.map { case (a, i) => BoundReference(i + 1, a.dataType, nullable = true) }
+    val layout = new StateLayout(spec, inputSchema)
+    val eventAcc = nextEventTimer
+    val procAcc = nextProcTimer
+    val numOutputRows = longMetric("numOutputRows")
+    val numUpdated = longMetric("numUpdatedStateRows")
+    val numRemoved = longMetric("numRemovedStateRows")
+    val updatesTime = longMetric("allUpdatesTimeMs")
+    val commitTime = longMetric("commitTimeMs")
+
+    child.execute().mapPartitionsWithIndex { (partition, rows) =>
+      val task = TaskContext.get()
+      val store = StoreHandoff.take(task.taskAttemptId(), info.operatorId)
+      val writer = new MutationWriter(specCopy, layout, store, partition, outSchema, numOutput)
+      val outputProjection = UnsafeProjection.create(outputRefs)
+      val start = System.nanoTime()
+      new Iterator[InternalRow] {
+        private var nextRow: InternalRow = _
+        private var finished = false
+
+        private def advance(): Unit = {
+          while (nextRow == null && rows.hasNext) {
+            val row = rows.next()
+            if (row.getByte(0) == Exchange.Output) nextRow = outputProjection(row)
+            else writer(row)
+          }
+          if (nextRow == null && !finished) {
+            finished = true
+            finish()
+          }
+        }
+
+        private def finish(): Unit = {
+          updatesTime += NANOSECONDS.toMillis(System.nanoTime() - start)
+          if (specCopy.timers) {
+            writer.firstTimer(layout.eventTimers.name).foreach(eventAcc.add)
+            writer.firstTimer(layout.procTimers.name).foreach(procAcc.add)
+          }
+          numUpdated += writer.updated
+          numRemoved += writer.removed
+          commitTime += timeTakenMs { store.commit() }
+          setStoreMetrics(store)
+          val ckpt = store.getStateStoreCheckpointInfo()
+          setStateStoreCheckpointInfo(StatefulOpStateStoreCheckpointInfo(ckpt.partitionId, ckpt.batchVersion,
+            ckpt.stateStoreCkptId.map(Array(_)), ckpt.baseStateStoreCkptId.map(Array(_))))
+        }
+
+        override def hasNext: Boolean = {
+          if (nextRow == null && !finished) advance()
+          nextRow != null
+        }
+
+        override def next(): InternalRow = {
+          if (!hasNext) throw new NoSuchElementException
+          val row = nextRow
+          nextRow = null
+          numOutputRows += 1
+          row
+        }
+      }
+    }
+  }
+}
+
+/** Applies one partition's state mutations to its store (row layout: [[Exchange.outSchema]]). */
+private final class MutationWriter(
+    spec: ProcessSpec,
+    layout: StateLayout,
+    store: StateStore,
+    partition: Int,
+    outSchema: StructType,
+    numOutput: Int) {
+
+  var updated = 0L
+  var removed = 0L
+
+  private val columns: Map[String, Int] = outSchema.fieldNames.zipWithIndex.toMap
+  private val outTypes = outSchema.fields.map(_.dataType)
+
+  private val keyOffset = 1 + numOutput
+  private val numKeys = layout.numKeyColumns
+  private val varOrdinal = keyOffset + numKeys
+  private val timeOrdinal = varOrdinal + 1
+  private val keyProjection = UnsafeProjection.create(
+    (0 until numKeys).map(i => BoundReference(keyOffset + i, outTypes(keyOffset + i), nullable = true)))
+  private val timerKeyProjection = UnsafeProjection.create(
+    BoundReference(timeOrdinal, LongType, nullable = false) +:
+      (0 until numKeys).map(i => BoundReference(keyOffset + i, outTypes(keyOffset + i), nullable = true)))
+  private val timerValue = UnsafeProjection.create(Array[DataType](BooleanType))(InternalRow(true)).copy()
+  private val partitionKey = UnsafeProjection.create(Array[DataType](IntegerType))(InternalRow(partition)).copy()
+
+  // Per state variable: where its columns are, and projections to its stored rows.
+  private final class VarWriter(v: StateVar, i: Int) {
+    val cf: String = v.columnFamily
+    val valueOrdinal: Int = columns(Exchange.stateColumn(i))
+    val value: UnsafeProjection = UnsafeProjection.create(Seq(BoundReference(valueOrdinal, v.valueType, nullable = true)))
+    val element: UnsafeProjection = UnsafeProjection.create(Seq(BoundReference(0, v.valueType, nullable = true)))
+    val mapKey: UnsafeProjection =
+      if (v.kind != StateKind.Map) null
+      else UnsafeProjection.create(
+        (0 until numKeys).map(k => BoundReference(keyOffset + k, outTypes(keyOffset + k), nullable = true)) :+
+          BoundReference(columns(Exchange.mapKeyColumn(i)), v.mapKeyType.get, nullable = true))
+
+    def elements(row: InternalRow): Array[UnsafeRow] = {
+      val array = row.getArray(valueOrdinal)
+      Array.tabulate(array.numElements())(j => element(InternalRow(array.get(j, v.valueType))).copy())
+    }
+  }
+  private val vars: IndexedSeq[VarWriter] = spec.states.zipWithIndex.map { case (v, i) => new VarWriter(v, i) }.toIndexedSeq
+
+  def apply(row: InternalRow): Unit = {
+    val kind = row.getByte(0)
+    kind match {
+      case Exchange.RegisterEventTimer => store.put(timerKeyProjection(row), timerValue, layout.eventTimers.name); updated += 1
+      case Exchange.RegisterProcTimer => store.put(timerKeyProjection(row), timerValue, layout.procTimers.name); updated += 1
+      case Exchange.DeleteEventTimer => store.remove(timerKeyProjection(row), layout.eventTimers.name); removed += 1
+      case Exchange.DeleteProcTimer => store.remove(timerKeyProjection(row), layout.procTimers.name); removed += 1
+      case _ => stateMutation(kind, row)
+    }
+  }
+
+  private def stateMutation(kind: Byte, row: InternalRow): Unit = {
+    val w = vars(row.getInt(varOrdinal))
+    val v = spec.states(row.getInt(varOrdinal))
+    val key = if (v.kind == StateKind.OperatorList) partitionKey else keyProjection(row)
+    (v.kind, kind) match {
+      case (StateKind.Value, Exchange.Put) => store.put(key, w.value(row), w.cf); updated += 1
+      case (StateKind.List, Exchange.Put) =>
+        val values = w.elements(row)
+        if (values.isEmpty) store.remove(key, w.cf) else store.putList(key, values, w.cf)
+        updated += 1
+      case (StateKind.List, Exchange.Append) =>
+        val values = w.elements(row)
+        if (values.nonEmpty) store.mergeList(key, values, w.cf)
+        updated += 1
+      case (StateKind.Map, Exchange.Put) => store.put(w.mapKey(row), w.value(row), w.cf); updated += 1
+      case (StateKind.Map, Exchange.RemoveEntry) => store.remove(w.mapKey(row), w.cf); removed += 1
+      case (StateKind.Map, Exchange.Clear) =>
+        val it = store.prefixScan(key, w.cf)
+        val entries = try it.map(_.key.copy()).toArray finally it.close()
+        entries.foreach(store.remove(_, w.cf))
+        removed += entries.length
+      case (StateKind.OperatorList, Exchange.Put) =>
+        if (row.isNullAt(w.valueOrdinal) || row.getArray(w.valueOrdinal).numElements() == 0) store.remove(key, w.cf)
+        else store.put(key, w.value(row), w.cf)
+        updated += 1
+      case (_, Exchange.Clear) => store.remove(key, w.cf); removed += 1
+      case (k, m) => throw new IllegalStateException(s"keyedstate: mutation $m is not defined for ${k.name} state '${v.name}'")
+    }
+  }
+
+  /** The earliest timer of a timer column family, if any. */
+  def firstTimer(cf: String): Option[Long] = {
+    val it = store.iterator(cf)
+    try if (it.hasNext) Some(it.next().key.getLong(0)) else None finally it.close()
+  }
+}
+
+/** The minimum of the values added (Long.MaxValue when none was). */
+final class MinLongAccumulator extends AccumulatorV2[Long, Long] {
+  private var min = Long.MaxValue
+  override def isZero: Boolean = min == Long.MaxValue
+  override def copy(): MinLongAccumulator = { val c = new MinLongAccumulator; c.min = min; c }
+  override def reset(): Unit = min = Long.MaxValue
+  override def add(v: Long): Unit = if (v < min) min = v
+  override def merge(other: AccumulatorV2[Long, Long]): Unit = add(other.value)
+  override def value: Long = min
+}

@@ -1,0 +1,246 @@
+package io.keyedstate.process
+
+import java.util
+
+import scala.collection.mutable
+
+import org.apache.spark.TaskContext
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions._
+import org.apache.spark.sql.catalyst.plans.physical._
+import org.apache.spark.sql.catalyst.util.{ArrayBasedMapData, GenericArrayData}
+import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
+import org.apache.spark.sql.types._
+import org.apache.spark.util.SerializableConfiguration
+
+/**
+ * Opens a partition's state store and streams to Python, key by key (the input arrives
+ * clustered by Spark's state partitioning and sorted by key): a header row with the batch's
+ * times, the partition's operator state, then per key a row with all its state, its due timers
+ * and its input rows; keys with due timers but no input come last. The store is handed to the
+ * apply node of the same task, which writes and commits it.
+ */
+final case class KeyedStateLookupExec(
+    specJson: String,
+    inputSchema: StructType,
+    output: Seq[Attribute],
+    context: Option[BatchContext],
+    child: SparkPlan) extends UnaryExecNode {
+
+  @transient private lazy val spec = ProcessSpec.fromJson(specJson)
+
+  private def keyExpressions: Seq[Expression] =
+    spec.keyColumns.map(c => child.output.find(_.name == c).getOrElse(
+      throw new IllegalStateException(s"key column $c is not in the input ${child.output}")))
+
+  override def requiredChildDistribution: Seq[Distribution] = context match {
+    case Some(c) => StatefulOpClusteredDistribution(keyExpressions, c.stateInfo.numPartitions) :: Nil
+    case None => ClusteredDistribution(keyExpressions) :: Nil
+  }
+
+  override def requiredChildOrdering: Seq[Seq[SortOrder]] = {
+    val byKey = keyExpressions.map(SortOrder(_, Ascending))
+    val byOrder = spec.orderBy.toSeq.map(c => SortOrder(child.output.find(_.name == c).get, Ascending))
+    (byKey ++ byOrder) :: Nil
+  }
+
+  override def outputPartitioning: Partitioning = child.outputPartitioning match {
+    case p => UnknownPartitioning(p.numPartitions)
+  }
+
+  override def producedAttributes: AttributeSet = AttributeSet(output)
+
+  override def simpleString(maxFields: Int): String =
+    s"KeyedStateLookup ${spec.functionName} by ${spec.keyColumns.mkString(", ")}" +
+      context.map(c => s", operator ${c.stateInfo.operatorId}").getOrElse("")
+
+  override protected def withNewChildInternal(newChild: SparkPlan): KeyedStateLookupExec = copy(child = newChild)
+
+  override protected def doExecute(): RDD[InternalRow] = {
+    val batch = context.getOrElse(throw new IllegalStateException(
+      s"keyed function ${spec.functionName} runs only in a streaming query started with writeStream"))
+    val info = batch.stateInfo
+    val watermark = KeyedProcessOperators.inputWatermark(session, batch)
+    val layout = new StateLayout(spec, inputSchema)
+    val storeConf = new StateStoreConf(conf, StoreOptions.extraOptions(spec, info.operatorId, conf))
+    val hadoopConf = new SerializableConfiguration(KeyedProcessSqlBridge.hadoopConf(session))
+    val exchange = Exchange.inSchema(spec, inputSchema)
+    val specCopy = spec
+    val inputTypes = inputSchema.fields.map(_.dataType)
+    val childOutput = child.output
+    val keyOrdinals = specCopy.keyColumns.map(c => inputSchema.fieldIndex(c))
+
+    child.execute().mapPartitionsWithIndex { (partition, rows) =>
+      val store = StoreAccess.open(info, partition, layout, storeConf, hadoopConf.value)
+      val task = TaskContext.get()
+      StoreHandoff.put(task.taskAttemptId(), info.operatorId, store)
+      task.addTaskCompletionListener[Unit] { _ =>
+        StoreHandoff.drop(task.taskAttemptId(), info.operatorId)
+        if (!store.hasCommitted) store.abort()
+      }
+      new LookupIterator(specCopy, layout, store, partition, info.numPartitions, batch.batchTimestampMs,
+        watermark, exchange, inputTypes, keyOrdinals, childOutput, rows)
+    }
+  }
+}
+
+/** Produces the rows Python reads for one partition (see [[KeyedStateLookupExec]]). */
+private final class LookupIterator(
+    spec: ProcessSpec,
+    layout: StateLayout,
+    store: StateStore,
+    partition: Int,
+    numPartitions: Int,
+    nowMs: Long,
+    watermarkMs: Long,
+    exchange: StructType,
+    inputTypes: Array[DataType],
+    keyOrdinals: Seq[Int],
+    childOutput: Seq[Attribute],
+    input: Iterator[InternalRow]) extends Iterator[InternalRow] {
+
+  private val InputOffset = 4
+  private val stateOffset = InputOffset + inputTypes.length
+  private val width = exchange.length
+  private val toUnsafe = UnsafeProjection.create(exchange)
+  private val keyProjection = UnsafeProjection.create(
+    keyOrdinals.map(i => BoundReference(i, inputTypes(i), nullable = true)))
+  private val pending = new util.ArrayDeque[InternalRow]()
+  private var started = false
+  private var currentKey: UnsafeRow = _
+
+  // Due timers, read once before any write: key → (kind, time) in firing order.
+  private val dueTimers: mutable.LinkedHashMap[UnsafeRow, mutable.ArrayBuffer[(Byte, Long)]] =
+    if (!spec.timers) mutable.LinkedHashMap.empty
+    else {
+      val due = mutable.LinkedHashMap.empty[UnsafeRow, mutable.ArrayBuffer[(Byte, Long)]]
+      collectDue(layout.eventTimers.name, watermarkMs, Exchange.EventTimer, due)
+      collectDue(layout.procTimers.name, nowMs, Exchange.ProcTimer, due)
+      due
+    }
+  private var leftoverTimers: Iterator[(UnsafeRow, mutable.ArrayBuffer[(Byte, Long)])] = _
+
+  private def collectDue(cf: String, upTo: Long, kind: Byte,
+      into: mutable.LinkedHashMap[UnsafeRow, mutable.ArrayBuffer[(Byte, Long)]]): Unit = {
+    val keyOfTimer = UnsafeProjection.create(layout.keySchema.fields.indices.map(i =>
+      BoundReference(i + 1, layout.keySchema(i).dataType, nullable = true)))
+    val it = store.iterator(cf)
+    try {
+      var done = false
+      while (!done && it.hasNext) {
+        val pair = it.next()
+        val ts = pair.key.getLong(0)
+        if (ts > upTo) done = true
+        else into.getOrElseUpdate(keyOfTimer(pair.key).copy(), mutable.ArrayBuffer.empty) += ((kind, ts))
+      }
+    } finally it.close()
+  }
+
+  private def emit(row: InternalRow): Unit = pending.add(toUnsafe(row).copy())
+
+  private def header(): Unit = {
+    val row = new GenericInternalRow(width)
+    row.update(0, Exchange.Batch)
+    row.update(1, nowMs)
+    row.update(2, watermarkMs)
+    row.update(3, numPartitions)
+    emit(row)
+    if (spec.operatorStates.nonEmpty) {
+      val ops = new GenericInternalRow(width)
+      ops.update(0, Exchange.OperatorState)
+      val partitionKey = UnsafeProjection.create(Array[DataType](IntegerType))(InternalRow(partition))
+      spec.operatorStates.foreach { case (v, i) =>
+        val value = store.get(partitionKey, v.columnFamily)
+        if (value != null) ops.update(stateOffset + i, value.copy().getArray(0).copy())
+      }
+      emit(ops)
+    }
+  }
+
+  /** The key row: key columns at their input positions, then the value of every keyed state. */
+  private def keyRow(key: UnsafeRow): Unit = {
+    val row = new GenericInternalRow(width)
+    row.update(0, Exchange.Key)
+    keyOrdinals.zipWithIndex.foreach { case (ordinal, i) =>
+      row.update(InputOffset + ordinal, key.get(i, inputTypes(ordinal)))
+    }
+    spec.keyedStates.foreach { case (v, i) => row.update(stateOffset + i, readState(v, key)) }
+    emit(row)
+  }
+
+  private def readState(v: StateVar, key: UnsafeRow): Any = v.kind match {
+    case StateKind.Value =>
+      val value = store.get(key, v.columnFamily)
+      if (value == null) null else value.copy().get(0, v.valueType)
+    case StateKind.List =>
+      val values = store.valuesIterator(key, v.columnFamily).map(_.copy().get(0, v.valueType)).toArray
+      if (values.isEmpty) null else new GenericArrayData(values)
+    case StateKind.Map =>
+      val keyType = v.mapKeyType.get
+      val it = store.prefixScan(key, v.columnFamily)
+      val keys = mutable.ArrayBuffer.empty[Any]
+      val values = mutable.ArrayBuffer.empty[Any]
+      try it.foreach { pair =>
+        keys += pair.key.copy().get(layout.numKeyColumns, keyType)
+        values += pair.value.copy().get(0, v.valueType)
+      } finally it.close()
+      if (keys.isEmpty) null else ArrayBasedMapData(keys.toArray, values.toArray)
+    case StateKind.OperatorList => null
+  }
+
+  private def timerRows(timers: Iterable[(Byte, Long)]): Unit = timers.foreach { case (kind, ts) =>
+    val row = new GenericInternalRow(width)
+    row.update(0, kind)
+    row.update(1, ts)
+    emit(row)
+  }
+
+  private def element(input: InternalRow): Unit = {
+    val row = new GenericInternalRow(width)
+    row.update(0, Exchange.Element)
+    var i = 0
+    while (i < inputTypes.length) {
+      row.update(InputOffset + i, input.get(i, inputTypes(i)))
+      i += 1
+    }
+    emit(row)
+  }
+
+  private def fill(): Unit = {
+    if (!started) {
+      started = true
+      if (input.hasNext || dueTimers.nonEmpty) header()
+    }
+    while (pending.isEmpty && input.hasNext) {
+      val in = input.next()
+      val key = keyProjection(in)
+      if (currentKey == null || key != currentKey) {
+        currentKey = key.copy()
+        keyRow(currentKey)
+        dueTimers.remove(currentKey).foreach(timerRows)
+      }
+      element(in)
+    }
+    if (pending.isEmpty && !input.hasNext) {
+      if (leftoverTimers == null) leftoverTimers = dueTimers.iterator
+      if (leftoverTimers.hasNext) {
+        val (key, timers) = leftoverTimers.next()
+        keyRow(key)
+        timerRows(timers)
+      }
+    }
+  }
+
+  override def hasNext: Boolean = {
+    if (pending.isEmpty) fill()
+    !pending.isEmpty
+  }
+
+  override def next(): InternalRow = {
+    if (!hasNext) throw new NoSuchElementException
+    pending.poll()
+  }
+}

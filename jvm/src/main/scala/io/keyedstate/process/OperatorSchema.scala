@@ -1,0 +1,94 @@
+package io.keyedstate.process
+
+import java.nio.charset.StandardCharsets
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.types._
+import org.json4s._
+import org.json4s.jackson.JsonMethods
+
+/**
+ * A keyed function's declared layout, kept with its state (`state/<op>/_keyedstate/schema.json`):
+ * the key columns with their types and every state variable's kind and types. Checked when a run
+ * starts, before its first batch: changed key columns or a state's changed kind or type are
+ * refused, naming both declarations. States no longer declared stay stored (and listed).
+ */
+object OperatorSchema {
+  private implicit val formats: Formats = DefaultFormats
+
+  final case class Stored(function: String, keySchema: StructType, states: Seq[(String, String, DataType, Option[DataType])])
+
+  def path(info: StatefulOperatorStateInfo): Path =
+    new Path(new Path(info.checkpointLocation, info.operatorId.toString), "_keyedstate/schema.json")
+
+  def read(file: Path, hadoopConf: Configuration): Option[Stored] = {
+    val fs = file.getFileSystem(hadoopConf)
+    if (!fs.exists(file)) None
+    else {
+      val in = fs.open(file)
+      val text = try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
+      val root = JsonMethods.parse(text)
+      def dt(v: JValue) = DataType.fromJson(JsonMethods.compact(v))
+      Some(Stored(
+        (root \ "function").extract[String],
+        dt(root \ "keySchema").asInstanceOf[StructType],
+        (root \ "states").extract[List[JValue]].map { s =>
+          ((s \ "name").extract[String], (s \ "kind").extract[String], dt(s \ "type"),
+            (s \ "keyType") match { case JNothing | JNull => None; case v => Some(dt(v)) })
+        }))
+    }
+  }
+
+  private def describe(kind: String, t: DataType, k: Option[DataType]): String =
+    k.fold(s"$kind state of ${t.simpleString}")(kt => s"$kind state of ${kt.simpleString} -> ${t.simpleString}")
+
+  private def keyDescription(s: StructType): String = s.fields.map(f => s"${f.name} ${f.dataType.simpleString}").mkString(", ")
+
+  /** Validates the declaration against the stored one and writes the merged one; returns its path. */
+  def validateAndWrite(spec: ProcessSpec, input: StructType, info: StatefulOperatorStateInfo,
+      hadoopConf: Configuration): Path = {
+    val file = path(info)
+    val layout = new StateLayout(spec, input)
+    val stored = read(file, hadoopConf)
+    stored.foreach { old =>
+      val oldKey = old.keySchema.fields.map(f => (f.name, f.dataType))
+      val newKey = layout.keySchema.fields.map(f => (f.name, f.dataType))
+      if (!oldKey.sameElements(newKey)) {
+        throw new KeyedProcessError("KEYED_FUNCTION_KEY_CHANGED",
+          s"keyed function ${spec.functionName} (operator ${info.operatorId}) was keyed by " +
+            s"[${keyDescription(old.keySchema)}] on this checkpoint and is now keyed by " +
+            s"[${keyDescription(layout.keySchema)}]; the key of a keyed function cannot change on an " +
+            "existing checkpoint (key_by the old columns, or start a new checkpoint)")
+      }
+      spec.states.foreach { v =>
+        old.states.find(_._1 == v.name).foreach { case (_, kind, t, k) =>
+          if (kind != v.declaredKind || t != v.valueType || k != v.mapKeyType) {
+            throw new KeyedProcessError("KEYED_FUNCTION_STATE_CHANGED",
+              s"state '${v.name}' of keyed function ${spec.functionName} was stored as " +
+                s"${describe(kind, t, k)} and is now declared as ${describe(v.declaredKind, v.valueType, v.mapKeyType)}; " +
+                "a state's kind and type cannot change on an existing checkpoint (use a new state name)")
+          }
+        }
+      }
+    }
+    val kept = stored.toSeq.flatMap(_.states).filterNot(s => spec.states.exists(_.name == s._1))
+    val all = spec.states.map(v => (v.name, v.declaredKind, v.valueType, v.mapKeyType)) ++ kept
+    val json = JObject(
+      "function" -> JString(spec.functionName),
+      "keySchema" -> JsonMethods.parse(layout.keySchema.json),
+      "timers" -> JBool(spec.timers),
+      "states" -> JArray(all.toList.map { case (name, kind, t, k) =>
+        JObject(List("name" -> JString(name), "kind" -> JString(kind), "type" -> JsonMethods.parse(t.json)) ++
+          k.map(kt => "keyType" -> JsonMethods.parse(kt.json)).toList)
+      }))
+    val fs = file.getFileSystem(hadoopConf)
+    val tmp = new Path(file.getParent, s".${file.getName}.${java.util.UUID.randomUUID()}.tmp")
+    val out = fs.create(tmp, true)
+    try out.write(JsonMethods.pretty(json).getBytes(StandardCharsets.UTF_8)) finally out.close()
+    if (fs.exists(file)) fs.delete(file, false)
+    if (!fs.rename(tmp, file)) throw new java.io.IOException(s"could not rename $tmp to $file")
+    file
+  }
+}

@@ -1,0 +1,204 @@
+package io.keyedstate.process
+
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.types._
+import org.json4s._
+import org.json4s.jackson.JsonMethods
+
+/** The kind of a declared state variable (Flink's state kinds; operator list state is per partition). */
+sealed abstract class StateKind(val name: String)
+object StateKind {
+  case object Value extends StateKind("value")
+  case object List extends StateKind("list")
+  case object Map extends StateKind("map")
+  case object OperatorList extends StateKind("operator_list")
+  private val byName = Seq(Value, List, Map, OperatorList).map(k => k.name -> k).toMap
+  // Reducing and aggregating state store one value per key, like value state.
+  def parse(raw: String): StateKind = raw match {
+    case "reducing" | "aggregating" => Value
+    case other => byName.getOrElse(other, throw new IllegalArgumentException(
+      s"unknown state kind '$other'; allowed: value, list, map, reducing, aggregating, operator_list"))
+  }
+}
+
+/** Provider-side TTL of one state variable, in the provider's own option names (docs/ttl.md). */
+final case class StateTtl(options: Map[String, String])
+
+/**
+ * One declared state variable: `valueType` is the value (value, reducing, aggregating), the
+ * element (list) or the map value; `mapKeyType` the map key.
+ */
+final case class StateVar(
+    name: String,
+    kind: StateKind,
+    declaredKind: String,
+    valueType: DataType,
+    mapKeyType: Option[DataType],
+    ttl: Option[StateTtl]) {
+
+  /** The column family holding it. User names cannot start with `$` (reserved for internals). */
+  def columnFamily: String = if (kind == StateKind.OperatorList) s"$$op_$name" else name
+}
+
+/**
+ * What the Python side declares about one keyed function (`keyedstate.key_by(...).process(...)`):
+ * parsed from the JSON the planner sends, and the source of every schema both sides exchange.
+ */
+final case class ProcessSpec(
+    uid: String,
+    functionName: String,
+    keyColumns: Seq[String],
+    orderBy: Option[String],
+    states: Seq[StateVar],
+    timers: Boolean,
+    outputSchema: StructType) {
+
+  require(keyColumns.nonEmpty, "a keyed function needs at least one key column")
+  val keyedStates: Seq[(StateVar, Int)] = states.zipWithIndex.filter(_._1.kind != StateKind.OperatorList)
+  val operatorStates: Seq[(StateVar, Int)] = states.zipWithIndex.filter(_._1.kind == StateKind.OperatorList)
+}
+
+object ProcessSpec {
+  private implicit val formats: Formats = DefaultFormats
+
+  def fromJson(json: String): ProcessSpec = {
+    val root = JsonMethods.parse(json)
+    def dataType(v: JValue): DataType = DataType.fromJson(JsonMethods.compact(v))
+    val states = (root \ "states").extract[List[JValue]].map { s =>
+      val kindName = (s \ "kind").extract[String]
+      val ttl = (s \ "ttl") match {
+        case JNothing | JNull => None
+        case obj: JObject => Some(StateTtl(obj.obj.map { case (k, v) => k -> v.extract[String] }.toMap))
+        case other => throw new IllegalArgumentException(s"bad ttl ${JsonMethods.compact(other)}")
+      }
+      StateVar(
+        (s \ "name").extract[String],
+        StateKind.parse(kindName),
+        kindName,
+        dataType(s \ "type"),
+        (s \ "keyType") match { case JNothing | JNull => None; case v => Some(dataType(v)) },
+        ttl)
+    }
+    ProcessSpec(
+      (root \ "uid").extract[String],
+      (root \ "function").extract[String],
+      (root \ "keyColumns").extract[List[String]],
+      (root \ "orderBy").extractOpt[String],
+      states,
+      (root \ "timers").extract[Boolean],
+      dataType(root \ "outputSchema").asInstanceOf[StructType])
+  }
+}
+
+/**
+ * Rows between the JVM and Python. In (lookup → Python): one schema whose first columns say what
+ * a row is; out (Python → apply): outputs and state mutations. Every column is nullable: a row
+ * fills only the columns of its kind. Documented in docs/python-api.md ("Engine").
+ */
+object Exchange {
+  // Kinds of rows going to Python.
+  val Batch: Byte = 0      // first row of a partition: __ks_time = processing time, __ks_wm = watermark
+  val Key: Byte = 1        // a key: key columns at their input positions, every keyed state's value
+  val EventTimer: Byte = 2 // a due event-time timer of the current key (__ks_time)
+  val ProcTimer: Byte = 3  // a due processing-time timer of the current key
+  val Element: Byte = 4    // an input row of the current key
+  val OperatorState: Byte = 5 // the partition's operator list states
+
+  // Kinds of rows coming back.
+  val Output: Byte = 0
+  val Put: Byte = 1            // value: set; list: replace; map: put (__ks_mk, value); operator list: replace
+  val Append: Byte = 2         // list: append the array
+  val RemoveEntry: Byte = 3    // map: remove __ks_mk
+  val Clear: Byte = 4          // any state variable of the key
+  val RegisterEventTimer: Byte = 5
+  val RegisterProcTimer: Byte = 6
+  val DeleteEventTimer: Byte = 7
+  val DeleteProcTimer: Byte = 8
+
+  val KindColumn = "__ks_kind"
+  val TimeColumn = "__ks_time"
+  val WatermarkColumn = "__ks_wm"
+  val PartitionsColumn = "__ks_parts"
+  val VarColumn = "__ks_var"
+  def stateColumn(i: Int): String = s"__ks_s$i"
+  def mapKeyColumn(i: Int): String = s"__ks_mk$i"
+  def keyColumn(i: Int): String = s"__ks_k$i"
+
+  private def nullable(s: StructType): Seq[StructField] = s.fields.toSeq.map(_.copy(nullable = true))
+
+  /** What Python reads: header columns, the input's columns, then one column per state variable. */
+  def inSchema(spec: ProcessSpec, input: StructType): StructType = {
+    val states = spec.states.zipWithIndex.map { case (v, i) =>
+      val t = v.kind match {
+        case StateKind.Value => v.valueType
+        case StateKind.List | StateKind.OperatorList => ArrayType(v.valueType, containsNull = false)
+        case StateKind.Map => MapType(v.mapKeyType.get, v.valueType, valueContainsNull = true)
+      }
+      StructField(stateColumn(i), t, nullable = true)
+    }
+    StructType(Seq(
+      StructField(KindColumn, ByteType, nullable = false),
+      StructField(TimeColumn, LongType),
+      StructField(WatermarkColumn, LongType),
+      StructField(PartitionsColumn, IntegerType)) ++ nullable(input) ++ states)
+  }
+
+  /** What Python writes: kind, the output's columns, the key, then mutation columns. */
+  def outSchema(spec: ProcessSpec, input: StructType): StructType = {
+    val keys = spec.keyColumns.zipWithIndex.map { case (c, i) => StructField(keyColumn(i), input(c).dataType) }
+    val states = spec.states.zipWithIndex.flatMap { case (v, i) =>
+      v.kind match {
+        case StateKind.Value => Seq(StructField(stateColumn(i), v.valueType))
+        case StateKind.List | StateKind.OperatorList =>
+          Seq(StructField(stateColumn(i), ArrayType(v.valueType, containsNull = false)))
+        case StateKind.Map =>
+          Seq(StructField(mapKeyColumn(i), v.mapKeyType.get), StructField(stateColumn(i), v.valueType))
+      }
+    }
+    StructType(Seq(StructField(KindColumn, ByteType, nullable = false)) ++ nullable(spec.outputSchema) ++
+      keys ++ Seq(StructField(VarColumn, IntegerType), StructField(TimeColumn, LongType)) ++ states)
+  }
+}
+
+/** One column family of a keyed function's store. */
+final case class Family(name: String, keySchema: StructType, valueSchema: StructType,
+    spec: KeyStateEncoderSpec, multipleValues: Boolean)
+
+/** How each state variable and the timers are laid out in the state store's column families. */
+final class StateLayout(spec: ProcessSpec, input: StructType) extends Serializable {
+  val keySchema: StructType = StructType(spec.keyColumns.map(c => input(c).copy(nullable = true)))
+  val numKeyColumns: Int = keySchema.length
+
+  private def valueStruct(t: DataType) = StructType(Seq(StructField("value", t, nullable = true)))
+
+
+  def family(v: StateVar): Family = v.kind match {
+    case StateKind.Value => Family(v.columnFamily, keySchema, valueStruct(v.valueType),
+      NoPrefixKeyStateEncoderSpec(keySchema), multipleValues = false)
+    case StateKind.List => Family(v.columnFamily, keySchema, valueStruct(v.valueType),
+      NoPrefixKeyStateEncoderSpec(keySchema), multipleValues = true)
+    case StateKind.Map =>
+      val schema = StructType(keySchema.fields :+ StructField("user_map_key", v.mapKeyType.get, nullable = true))
+      Family(v.columnFamily, schema, valueStruct(v.valueType),
+        PrefixKeyScanStateEncoderSpec(schema, numKeyColumns), multipleValues = false)
+    case StateKind.OperatorList =>
+      val schema = StructType(Seq(StructField("partition", IntegerType, nullable = false)))
+      Family(v.columnFamily, schema, valueStruct(ArrayType(v.valueType, containsNull = false)),
+        NoPrefixKeyStateEncoderSpec(schema), multipleValues = false)
+  }
+
+  /** Timers ordered by time: the key is (timestamp, key columns), range-scanned by timestamp. */
+  val timerKeySchema: StructType =
+    StructType(StructField("timestamp", LongType, nullable = false) +: keySchema.fields)
+  private val timerValueSchema = StructType(Seq(StructField("unused", BooleanType, nullable = true)))
+  val eventTimers: Family = Family("$eventTimers", timerKeySchema, timerValueSchema,
+    RangeKeyScanStateEncoderSpec(timerKeySchema, Seq(0)), multipleValues = false)
+  val procTimers: Family = Family("$procTimers", timerKeySchema, timerValueSchema,
+    RangeKeyScanStateEncoderSpec(timerKeySchema, Seq(0)), multipleValues = false)
+
+  val families: Seq[Family] =
+    spec.states.map(family) ++ (if (spec.timers) Seq(eventTimers, procTimers) else Nil)
+
+  /** The default column family is not used; Spark's API needs a schema for it. */
+  val defaultValueSchema: StructType = valueStruct(BooleanType)
+}

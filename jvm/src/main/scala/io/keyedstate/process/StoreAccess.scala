@@ -1,0 +1,49 @@
+package io.keyedstate.process
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.internal.SQLConf
+
+import io.keyedstate.KeyedStateConf
+
+/** Opens a keyed function's store for one partition, with every column family it uses. */
+private[process] object StoreAccess {
+  def open(
+      info: StatefulOperatorStateInfo,
+      partition: Int,
+      layout: StateLayout,
+      storeConf: StateStoreConf,
+      hadoopConf: Configuration): StateStore = {
+    val providerId = StateStoreProviderId(
+      StateStoreId(info.checkpointLocation, info.operatorId, partition, StateStoreId.DEFAULT_STORE_NAME),
+      info.queryRunId)
+    val checkpointId = info.stateStoreCkptIds.map(_(partition)).flatMap(_.headOption)
+    val store = StateStore.get(providerId, layout.keySchema, layout.defaultValueSchema,
+      NoPrefixKeyStateEncoderSpec(layout.keySchema), info.storeVersion, checkpointId, None,
+      useColumnFamilies = true, storeConf, hadoopConf, useMultipleValuesPerKey = true)
+    layout.families.foreach { f =>
+      store.createColFamilyIfAbsent(f.name, f.keySchema, f.valueSchema, f.spec, f.multipleValues,
+        isInternal = f.name.startsWith("$"))
+    }
+    store
+  }
+}
+
+/** Options a keyed function passes to the provider: the TTL of each state variable. */
+private[process] object StoreOptions {
+  def extraOptions(spec: ProcessSpec, operatorId: Long, conf: SQLConf): Map[String, String] = {
+    val withTtl = spec.states.filter(_.ttl.isDefined)
+    if (withTtl.nonEmpty && !KeyedProcessOperators.isKeyedStateProvider(conf)) {
+      throw new KeyedProcessError("KEYED_FUNCTION_TTL_NEEDS_KEYEDSTATE_PROVIDER",
+        s"state TTL (${withTtl.map(v => s"'${v.name}'").mkString(", ")}) is kept by keyedstate's provider, " +
+          s"with its per-column-family TTL and cleanup strategies; the query's provider " +
+          s"${conf.stateStoreProviderClass} has no per-column-family TTL. Use keyedstate.configure " +
+          "(io.keyedstate.KeyedStateStoreProvider) or drop enable_time_to_live")
+    }
+    withTtl.flatMap { v =>
+      val prefix = s"${KeyedStateConf.Prefix}ttl.operator.$operatorId.columnFamily.${v.columnFamily}."
+      v.ttl.get.options.map { case (option, value) => prefix + option -> value }
+    }.toMap
+  }
+}

@@ -1,0 +1,45 @@
+package org.apache.spark.sql.keyedstate
+
+import java.util.UUID
+
+import org.apache.spark.sql.{DataFrame, SparkSession}
+import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
+import org.apache.spark.sql.classic.{Dataset => ClassicDataset, SparkSession => ClassicSession}
+import org.apache.spark.sql.execution.streaming.runtime.{IncrementalExecution, MicroBatchExecution, StreamExecution}
+
+/**
+ * keyedstate's keyed-process operator uses a few `private[sql]` members: building a DataFrame
+ * from a logical plan, and finding the micro-batch being planned (Spark's own stateful operators
+ * get their state info from rules that match only Spark's classes). Kept this small on purpose;
+ * see ../shared reference "python-engine-on-spark-4.3".
+ */
+object KeyedProcessSqlBridge {
+  def ofRows(session: SparkSession, plan: LogicalPlan): DataFrame =
+    ClassicDataset.ofRows(session.asInstanceOf[ClassicSession], plan)
+
+  def logicalPlan(df: DataFrame): LogicalPlan = df.asInstanceOf[ClassicDataset[_]].logicalPlan
+
+  /**
+   * The micro-batch execution being planned on this thread, if this thread is a streaming
+   * query's: Spark sets the query id and batch id as local properties before planning a batch,
+   * and `lastExecution` is already the execution being planned. Checked by batch id: fails closed.
+   */
+  def currentIncrementalExecution(session: SparkSession): Option[IncrementalExecution] = {
+    val sc = session.sparkContext
+    val queryId = Option(sc.getLocalProperty(StreamExecution.QUERY_ID_KEY))
+    val batchId = Option(sc.getLocalProperty(MicroBatchExecution.BATCH_ID_KEY)).map(_.toLong)
+    for {
+      q <- queryId
+      b <- batchId
+      stream <- Option(session.asInstanceOf[ClassicSession].sharedState.activeStreamingQueries
+        .get(UUID.fromString(q)))
+      exec <- Option(stream.lastExecution)
+      if exec.currentBatchId == b
+    } yield exec
+  }
+
+  def numStateStores(exec: IncrementalExecution): Int = exec.numStateStores
+
+  def hadoopConf(session: SparkSession): org.apache.hadoop.conf.Configuration =
+    session.asInstanceOf[ClassicSession].sessionState.newHadoopConf()
+}

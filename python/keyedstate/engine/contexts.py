@@ -1,0 +1,231 @@
+"""The engine's implementations of the contexts a function sees (``RuntimeContext``,
+``KeyedProcessFunction.Context``, ``TimerService``, operator state)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from keyedstate.engine.keyed_state import KeyState, checker
+from keyedstate.functions import (
+    FunctionInitializationContext,
+    FunctionSnapshotContext,
+    KeyedProcessFunction,
+    KeyedStateStore,
+    OperatorStateStore,
+    RuntimeContext,
+    TimeDomain,
+    TimerService,
+)
+from keyedstate.state.descriptors import (
+    AggregatingStateDescriptor,
+    KeyedStateError,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
+from keyedstate.state.states import (
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    ValueState,
+)
+from keyedstate.state.types import StateTypeError
+
+__all__ = ["ContextImpl", "RuntimeContextImpl", "TimerServiceImpl"]
+
+
+class TimerServiceImpl(TimerService):
+    """Timers of the current key: registrations and deletions are kept per key and written to
+    the timer column families when the key is done."""
+
+    __slots__ = ("_b", "_mode")
+
+    def __init__(self, backend: KeyState, mode: str) -> None:
+        self._b = backend
+        self._mode = mode
+
+    def current_processing_time(self) -> int:
+        return self._b.now
+
+    def current_watermark(self) -> int:
+        return self._b.watermark
+
+    def _check(self, timestamp: object, event: bool) -> int:
+        if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+            raise StateTypeError(f"timer timestamps are int milliseconds, got {timestamp!r}")
+        if self._mode == "none":
+            raise KeyedStateError(
+                "this query runs without timers (timer_mode='none'); define on_timer or pass "
+                "timer_mode='event' or 'processing' to process()"
+            )
+        if not event and self._mode == "event":
+            raise KeyedStateError(
+                "processing-time timers need timer_mode='processing' (or 'auto'); this query "
+                "runs with timer_mode='event'"
+            )
+        return timestamp
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        self._b.timers[(False, self._check(timestamp, False))] = True
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        self._b.timers[(True, self._check(timestamp, True))] = True
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        self._b.timers[(False, timestamp)] = False
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self._b.timers[(True, timestamp)] = False
+
+
+class ContextImpl(KeyedProcessFunction.OnTimerContext):
+    """One object serves as Context and OnTimerContext; the runner sets ``ts`` and ``domain``."""
+
+    __slots__ = ("_b", "_timers", "_side", "ts", "domain")
+
+    def __init__(self, backend: KeyState, timers: TimerService, side: Any = None) -> None:  # noqa: ANN401
+        self._b = backend
+        self._timers = timers
+        self._side = side
+        self.ts: int | None = None
+        self.domain = TimeDomain.EVENT_TIME
+
+    def timestamp(self) -> int | None:
+        return self.ts
+
+    def timer_service(self) -> TimerService:
+        return self._timers
+
+    def get_current_key(self) -> Any:  # noqa: ANN401
+        return self._b.cur_key
+
+    def time_domain(self) -> TimeDomain:
+        return self.domain
+
+    def output(self, output_tag: Any, value: Any) -> None:  # noqa: ANN401
+        if self._side is None:
+            raise KeyedStateError(
+                f"side output {getattr(output_tag, 'tag_id', output_tag)!r} was not declared: "
+                "pass side_outputs=[...] to process()"
+            )
+        self._side(output_tag, value)
+
+
+class _OperatorListState(ListState):
+    """A list kept per partition (Flink's operator state of one parallel instance)."""
+
+    __slots__ = ("_b", "_name", "_check")
+
+    def __init__(self, backend: KeyState, descriptor: ListStateDescriptor) -> None:
+        self._b = backend
+        self._name = descriptor.name
+        self._check = checker(descriptor, descriptor.element_type_info, "element")
+
+    def _element(self, value: Any) -> Any:  # noqa: ANN401
+        if value is None:
+            raise StateTypeError(f"operator ListState '{self._name}': cannot add None")
+        return value if self._check is None else self._check.one(value)
+
+    def get(self) -> list:
+        return list(self._b.op_state.get(self._name, ()))
+
+    def add(self, value: Any) -> None:  # noqa: ANN401
+        self._b.op_state.setdefault(self._name, []).append(self._element(value))
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        new = [self._element(v) for v in values]
+        if new:
+            self._b.op_state.setdefault(self._name, []).extend(new)
+
+    def update(self, values: Iterable[Any]) -> None:
+        self._b.op_state[self._name] = [self._element(v) for v in values]
+
+    def clear(self) -> None:
+        self._b.op_state[self._name] = []
+
+
+class RuntimeContextImpl(RuntimeContext, FunctionInitializationContext, FunctionSnapshotContext):
+    """The runtime context of one task (one state partition of one micro-batch); also the
+    contexts of ``CheckpointedFunction``."""
+
+    def __init__(self, backend: KeyState, task_name: str) -> None:
+        self._b = backend
+        self._task_name = task_name
+        self.operator_states: dict[str, _OperatorListState] = {}
+        self.batch_id = -1
+
+    # KeyedStateStore
+    def get_state(self, state_descriptor: ValueStateDescriptor) -> ValueState:
+        return self._b.register(state_descriptor, "value")  # type: ignore[return-value]
+
+    def get_list_state(self, state_descriptor: ListStateDescriptor) -> ListState:
+        return self._b.register(state_descriptor, "list")  # type: ignore[return-value]
+
+    def get_map_state(self, state_descriptor: MapStateDescriptor) -> MapState:
+        return self._b.register(state_descriptor, "map")  # type: ignore[return-value]
+
+    def get_reducing_state(self, state_descriptor: ReducingStateDescriptor) -> ReducingState:
+        return self._b.register(state_descriptor, "reducing")  # type: ignore[return-value]
+
+    def get_aggregating_state(
+        self, state_descriptor: AggregatingStateDescriptor
+    ) -> AggregatingState:
+        return self._b.register(state_descriptor, "aggregating")  # type: ignore[return-value]
+
+    # RuntimeContext
+    def get_index_of_this_subtask(self) -> int:
+        return self._b.partition
+
+    def get_number_of_parallel_subtasks(self) -> int:
+        return self._b.num_partitions
+
+    def get_task_name(self) -> str:
+        return self._task_name
+
+    def get_attempt_number(self) -> int:
+        try:
+            from pyspark import TaskContext
+
+            context = TaskContext.get()
+            return context.attemptNumber() if context is not None else 0
+        except Exception:  # noqa: BLE001 - outside a task
+            return 0
+
+    def get_operator_list_state(self, state_descriptor: ListStateDescriptor) -> ListState:
+        if not isinstance(state_descriptor, ListStateDescriptor):
+            raise KeyedStateError("operator state needs a ListStateDescriptor")
+        handle = self.operator_states.get(state_descriptor.name)
+        if handle is None:
+            handle = _OperatorListState(self._b, state_descriptor)
+            self.operator_states[state_descriptor.name] = handle
+        return handle
+
+    # FunctionInitializationContext
+    def is_restored(self) -> bool:
+        return self._b.restored
+
+    def get_operator_state_store(self) -> OperatorStateStore:
+        return _OperatorStore(self)
+
+    def get_keyed_state_store(self) -> KeyedStateStore:
+        return self
+
+    # FunctionSnapshotContext
+    def get_checkpoint_id(self) -> int:
+        return self.batch_id
+
+    def get_checkpoint_timestamp(self) -> int:
+        return self._b.now
+
+
+class _OperatorStore(OperatorStateStore):
+    __slots__ = ("_context",)
+
+    def __init__(self, context: RuntimeContextImpl) -> None:
+        self._context = context
+
+    def get_list_state(self, state_descriptor: ListStateDescriptor) -> ListState:
+        return self._context.get_operator_list_state(state_descriptor)

@@ -1,0 +1,399 @@
+"""The state of the key being processed, and what changed in it.
+
+The runner loads a key's stored values (one row from the lookup node) into ``cur`` and switches
+``cur_key``; the state objects read and write ``cur`` (plain dict operations) and note what they
+changed, so that only the changes go back to the store: a value is put or cleared, a list is
+appended to (RocksDB merge, nothing read) or replaced, a map has single entries put or removed.
+TTL is the provider's (``docs/ttl.md``): it hides expired values from the lookup and stamps what
+is written, so nothing here knows about time to live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from keyedstate.state.descriptors import (
+    AggregatingStateDescriptor,
+    KeyedStateError,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+from keyedstate.state.states import (
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    ValueState,
+)
+from keyedstate.state.types import StateTypeError, TypeInformation, compile_exact, compile_exact_all
+
+__all__ = ["MIN_TIME", "KeyState", "create_handle"]
+
+MIN_TIME = -(2**63)
+
+
+class KeyState:
+    """The current key's state values and their changes since the key was loaded."""
+
+    __slots__ = (
+        "cur",
+        "cur_key",
+        "now",
+        "watermark",
+        "handles",
+        "declared",
+        "dirty",
+        "appended",
+        "replaced",
+        "map_changes",
+        "map_cleared",
+        "timers",
+        "op_state",
+        "partition",
+        "num_partitions",
+        "restored",
+    )
+
+    def __init__(self, declared: Mapping[str, tuple[str, str]] | None = None) -> None:
+        self.cur: dict[str, Any] = {}
+        self.cur_key: Any = None
+        self.now = 0
+        self.watermark = MIN_TIME
+        self.handles: dict[str, _Handle] = {}
+        # name -> (kind, Spark type) of the states the planner saw declared; None: record only.
+        self.declared = declared
+        self.dirty: set[str] = set()
+        self.appended: dict[str, list[Any]] = {}
+        self.replaced: set[str] = set()
+        self.map_changes: dict[str, set[Any]] = {}
+        self.map_cleared: set[str] = set()
+        # (event_time, timestamp) -> True registered / False deleted, for the current key
+        self.timers: dict[tuple[bool, int], bool] = {}
+        self.op_state: dict[str, list[Any]] = {}
+        self.partition = 0
+        self.num_partitions = 1
+        self.restored = False
+
+    def register(self, descriptor: StateDescriptor, kind: str) -> _Handle:
+        existing = self.handles.get(descriptor.name)
+        if existing is not None:
+            old = existing.descriptor
+            if old.signature() != descriptor.signature() or (old.ttl_config is None) != (
+                descriptor.ttl_config is None
+            ):
+                raise KeyedStateError(
+                    f"state '{descriptor.name}' is already registered as {old!r}"
+                    f"{' with TTL' if old.ttl_config else ''}; cannot register it again as "
+                    f"{descriptor!r}{' with TTL' if descriptor.ttl_config else ''}"
+                )
+            return existing
+        if self.declared is not None:
+            planned = self.declared.get(descriptor.name)
+            if planned is None:
+                raise KeyedStateError(
+                    f"state '{descriptor.name}' was not declared when the query was planned: "
+                    "keyedstate learns a function's states by running open() once on the driver, "
+                    "so create every state in open() (or initialize_state())"
+                )
+            if planned != descriptor.signature():
+                raise KeyedStateError(
+                    f"state '{descriptor.name}' was planned as {planned[0]} state of {planned[1]} "
+                    f"and is now registered as {descriptor!r}"
+                )
+        handle = create_handle(self, descriptor, kind)
+        self.handles[descriptor.name] = handle
+        return handle
+
+    def load(self, key: Any, values: dict[str, Any]) -> None:  # noqa: ANN401
+        self.cur_key = key
+        self.cur = values
+        self.dirty = set()
+        self.appended = {}
+        self.replaced = set()
+        self.map_changes = {}
+        self.map_cleared = set()
+        self.timers = {}
+
+
+# ---------------------------------------------------------------------------------------------
+# State objects
+
+
+class _Check:
+    """Checks values against a declared type: a generated exact test first, then the type's
+    conversion, which normalises or raises :class:`StateTypeError` naming the state."""
+
+    __slots__ = ("exact", "exact_all", "_coerce", "_message")
+
+    def __init__(self, descriptor: StateDescriptor, info: TypeInformation, what: str) -> None:
+        self.exact = compile_exact(info)
+        self.exact_all = compile_exact_all(info)
+        self._coerce = info._coerce
+        self._message = f"{type(descriptor).__name__[:-10]} '{descriptor.name}' {what}"
+
+    def convert(self, value: Any) -> Any:  # noqa: ANN401
+        try:
+            return self._coerce(value)
+        except StateTypeError as error:
+            raise StateTypeError(f"{self._message}: {error}") from None
+
+    def one(self, value: Any) -> Any:  # noqa: ANN401
+        exact = self.exact
+        return value if exact is not None and exact(value) else self.convert(value)
+
+
+def checker(descriptor: StateDescriptor, info: TypeInformation, what: str) -> _Check | None:
+    """A checker for values of ``info``, or None when the type is unchecked (pickled)."""
+    return None if info.is_pickled() else _Check(descriptor, info, what)
+
+
+class _Handle:
+    __slots__ = ("_b", "_name", "descriptor")
+
+    def __init__(self, backend: KeyState, descriptor: StateDescriptor) -> None:
+        self._b = backend
+        self._name = descriptor.name
+        self.descriptor = descriptor
+
+    def clear(self) -> None:
+        b = self._b
+        b.cur.pop(self._name, None)
+        b.dirty.add(self._name)
+
+
+class _ValueStateImpl(_Handle, ValueState):
+    __slots__ = ("_check",)
+
+    def __init__(self, backend: KeyState, descriptor: ValueStateDescriptor) -> None:
+        super().__init__(backend, descriptor)
+        self._check = checker(descriptor, descriptor.type_info, "holds")
+
+    def value(self) -> Any:  # noqa: ANN401
+        return self._b.cur.get(self._name)
+
+    def update(self, value: Any) -> None:  # noqa: ANN401
+        b = self._b
+        if value is None:
+            b.cur.pop(self._name, None)
+        else:
+            check = self._check
+            b.cur[self._name] = value if check is None else check.one(value)
+        b.dirty.add(self._name)
+
+
+class _ReducingStateImpl(_Handle, ReducingState):
+    __slots__ = ("_check", "_reduce")
+
+    def __init__(self, backend: KeyState, descriptor: ReducingStateDescriptor) -> None:
+        super().__init__(backend, descriptor)
+        self._check = checker(descriptor, descriptor.type_info, "holds")
+        self._reduce = descriptor._reduce
+
+    def get(self) -> Any:  # noqa: ANN401
+        return self._b.cur.get(self._name)
+
+    def add(self, value: Any) -> None:  # noqa: ANN401
+        if value is None:
+            raise StateTypeError(f"ReducingState '{self._name}': cannot add None")
+        check = self._check
+        if check is not None:
+            value = check.one(value)
+        b = self._b
+        current = b.cur.get(self._name)
+        if current is not None:
+            value = self._reduce(current, value)
+            if check is not None:
+                value = check.one(value)
+        b.cur[self._name] = value
+        b.dirty.add(self._name)
+
+
+class _AggregatingStateImpl(_Handle, AggregatingState):
+    __slots__ = ("_check", "_agg")
+
+    def __init__(self, backend: KeyState, descriptor: AggregatingStateDescriptor) -> None:
+        super().__init__(backend, descriptor)
+        self._check = checker(descriptor, descriptor.type_info, "accumulator")
+        self._agg = descriptor.get_agg_function()
+
+    def get(self) -> Any:  # noqa: ANN401
+        acc = self._b.cur.get(self._name)
+        return None if acc is None else self._agg.get_result(acc)
+
+    def add(self, value: Any) -> None:  # noqa: ANN401
+        b = self._b
+        agg = self._agg
+        acc = b.cur.get(self._name)
+        if acc is None:
+            acc = agg.create_accumulator()
+        acc = agg.add(value, acc)
+        check = self._check
+        b.cur[self._name] = acc if check is None else check.one(acc)
+        b.dirty.add(self._name)
+
+
+class _ListStateImpl(_Handle, ListState):
+    __slots__ = ("_check",)
+
+    def __init__(self, backend: KeyState, descriptor: ListStateDescriptor) -> None:
+        super().__init__(backend, descriptor)
+        self._check = checker(descriptor, descriptor.element_type_info, "element")
+
+    def _element(self, value: Any) -> Any:  # noqa: ANN401
+        if value is None:
+            raise StateTypeError(f"ListState '{self._name}': cannot add None")
+        check = self._check
+        return value if check is None else check.one(value)
+
+    def _elements(self, values: Iterable[Any], method: str) -> list[Any]:
+        if values is None:
+            raise StateTypeError(f"ListState '{self._name}': {method} needs a list, got None")
+        new = list(values)
+        check = self._check
+        if check is not None and check.exact_all is not None and check.exact_all(new):
+            return new
+        return [self._element(v) for v in new]
+
+    def get(self) -> list:
+        stored = self._b.cur.get(self._name)
+        return [] if stored is None else list(stored)
+
+    def _append(self, new: list[Any]) -> None:
+        b = self._b
+        name = self._name
+        stored = b.cur.get(name)
+        if stored is None:
+            b.cur[name] = list(new)
+        else:
+            stored.extend(new)
+        if name not in b.replaced:
+            b.appended.setdefault(name, []).extend(new)
+        b.dirty.add(name)
+
+    def add(self, value: Any) -> None:  # noqa: ANN401
+        self._append([self._element(value)])
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        new = self._elements(values, "add_all")
+        if new:
+            self._append(new)
+
+    def update(self, values: Iterable[Any]) -> None:
+        new = self._elements(values, "update")
+        b = self._b
+        if new:
+            b.cur[self._name] = new
+        else:
+            b.cur.pop(self._name, None)
+        b.replaced.add(self._name)
+        b.appended.pop(self._name, None)
+        b.dirty.add(self._name)
+
+    def clear(self) -> None:
+        self.update([])
+
+
+class _MapStateImpl(_Handle, MapState):
+    __slots__ = ("_check_key", "_check_value")
+
+    def __init__(self, backend: KeyState, descriptor: MapStateDescriptor) -> None:
+        super().__init__(backend, descriptor)
+        self._check_key = checker(descriptor, descriptor.key_type_info, "key")
+        self._check_value = checker(descriptor, descriptor.value_type_info, "value")
+
+    def _map(self) -> dict:
+        stored = self._b.cur.get(self._name)
+        return {} if stored is None else stored
+
+    def _changed(self, key: Any) -> None:  # noqa: ANN401
+        b = self._b
+        b.map_changes.setdefault(self._name, set()).add(key)
+        b.dirty.add(self._name)
+
+    def get(self, key: Any) -> Any:  # noqa: ANN401
+        stored = self._b.cur.get(self._name)
+        return None if stored is None else stored.get(key)
+
+    def put(self, key: Any, value: Any) -> None:  # noqa: ANN401
+        check = self._check_key
+        if key is None:
+            raise StateTypeError(f"MapState '{self._name}': a map key cannot be None")
+        key = key if check is None else check.one(key)
+        check = self._check_value
+        if check is not None and value is not None:
+            value = check.one(value)
+        cur = self._b.cur
+        stored = cur.get(self._name)
+        if stored is None:
+            cur[self._name] = {key: value}
+        else:
+            stored[key] = value
+        self._changed(key)
+
+    def put_all(self, dict_value: Mapping[Any, Any]) -> None:
+        for key, value in dict_value.items():
+            self.put(key, value)
+
+    def remove(self, key: Any) -> None:  # noqa: ANN401
+        cur = self._b.cur
+        stored = cur.get(self._name)
+        if stored is not None and key in stored:
+            del stored[key]
+            if not stored:
+                del cur[self._name]
+            self._changed(key)
+
+    def contains(self, key: Any) -> bool:  # noqa: ANN401
+        stored = self._b.cur.get(self._name)
+        return stored is not None and key in stored
+
+    def items(self) -> list[tuple[Any, Any]]:
+        return list(self._map().items())
+
+    def keys(self) -> list[Any]:
+        return list(self._map().keys())
+
+    def values(self) -> list[Any]:
+        return list(self._map().values())
+
+    def is_empty(self) -> bool:
+        return not self._b.cur.get(self._name)
+
+    def clear(self) -> None:
+        b = self._b
+        b.cur.pop(self._name, None)
+        b.map_cleared.add(self._name)
+        b.map_changes.pop(self._name, None)
+        b.dirty.add(self._name)
+
+
+_IMPLEMENTATIONS: dict[str, type[_Handle]] = {
+    "value": _ValueStateImpl,
+    "list": _ListStateImpl,
+    "map": _MapStateImpl,
+    "reducing": _ReducingStateImpl,
+    "aggregating": _AggregatingStateImpl,
+}
+
+_EXPECTED = {
+    "value": ValueStateDescriptor,
+    "list": ListStateDescriptor,
+    "map": MapStateDescriptor,
+    "reducing": ReducingStateDescriptor,
+    "aggregating": AggregatingStateDescriptor,
+}
+
+
+def create_handle(backend: KeyState, descriptor: StateDescriptor, kind: str) -> _Handle:
+    expected = _EXPECTED[kind]
+    if not isinstance(descriptor, expected):
+        raise KeyedStateError(
+            f"get_{kind}_state needs a {expected.__name__}, got {type(descriptor).__name__}"
+            if kind != "value"
+            else f"get_state needs a ValueStateDescriptor, got {type(descriptor).__name__}"
+        )
+    return _IMPLEMENTATIONS[kind](backend, descriptor)  # type: ignore[call-arg]

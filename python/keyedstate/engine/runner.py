@@ -1,0 +1,395 @@
+"""The executor side: the function Spark's ``mapInArrow`` runs for one state partition.
+
+It reads the lookup node's rows (docs/python-api.md, "Engine"): a header with the batch's
+times, the partition's operator state, then per key a row with the key's stored state, its due
+timers and its input rows. Per key it fires due timers, runs the function on each element,
+fires timers that became due, and writes the key's state changes after the outputs, in the
+same Arrow stream; the apply node routes them into the store and commits it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import cloudpickle
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from keyedstate.engine.codec import column_decoder, column_encoder, state_codec
+from keyedstate.engine.contexts import ContextImpl, RuntimeContextImpl, TimerServiceImpl
+from keyedstate.engine.convert import OutputRows, element_class
+from keyedstate.engine.keyed_state import MIN_TIME, KeyState
+from keyedstate.functions import CheckpointedFunction, TimeDomain
+from keyedstate.state.descriptors import StateDescriptor
+
+__all__ = ["KeyedRunner", "RunnerPlan", "StatePlan"]
+
+# Row kinds (io.keyedstate.process.Exchange).
+IN_BATCH, IN_KEY, IN_EVENT_TIMER, IN_PROC_TIMER, IN_ELEMENT, IN_OPERATOR_STATE = range(6)
+OUTPUT, PUT, APPEND, REMOVE_ENTRY, CLEAR = range(5)
+REGISTER_EVENT, REGISTER_PROC, DELETE_EVENT, DELETE_PROC = range(5, 9)
+
+OUTPUT_BATCH_ROWS = 8192
+
+
+@dataclass
+class StatePlan:
+    """One declared state, as the runner moves it (index = its ``__ks_s<i>`` column)."""
+
+    index: int
+    name: str
+    kind: str  # value, list, map, reducing, aggregating, operator_list
+    descriptor: StateDescriptor
+
+
+@dataclass
+class RunnerPlan:
+    """Everything the executors need; pickled with the query."""
+
+    kind: str  # "process", "map", "flat_map" or "filter"
+    function: Any
+    function_globals: dict[str, Any]
+    input_schema: T.StructType
+    key_columns: list[str]
+    output_schema: T.StructType
+    out_exchange: T.StructType
+    states: list[StatePlan]
+    timer_mode: str
+    time_zone: str
+    has_watermark: bool
+    event_time_column: str | None = None
+    task_name: str = "keyedstate"
+    declared: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+def _refresh_globals(function: Any, snapshot: dict[str, Any]) -> None:  # noqa: ANN401
+    """cloudpickle reuses a class it unpickled before in this Python worker (same class id), with
+    the globals of that first query; put back the globals of this query's driver."""
+    if not snapshot:
+        return
+    for cls in type(function).__mro__:
+        for value in vars(cls).values():
+            target = getattr(value, "__func__", value)
+            globals_ = getattr(target, "__globals__", None)
+            if isinstance(globals_, dict):
+                for name in target.__code__.co_names:
+                    if name in snapshot:
+                        globals_[name] = snapshot[name]
+
+
+class KeyedRunner:
+    """``mapInArrow``'s function; one instance per query, state set up per task."""
+
+    def __init__(self, plan: RunnerPlan) -> None:
+        self.plan = plan
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task = _Task(self.plan)
+        try:
+            yield from task.run(batches)
+        finally:
+            task.close()
+
+
+class _Task:
+    def __init__(self, plan: RunnerPlan) -> None:
+        self.plan = plan
+        self.state = KeyState(plan.declared)
+        self.function = cloudpickle.loads(cloudpickle.dumps(plan.function))
+        _refresh_globals(self.function, plan.function_globals)
+        self.runtime = RuntimeContextImpl(self.state, plan.task_name)
+        self.runtime.batch_id = _batch_id()
+        self.timers = TimerServiceImpl(self.state, plan.timer_mode)
+        self.ctx = ContextImpl(self.state, self.timers)
+        self.out = OutputRows(plan.output_schema, plan.out_exchange, plan.time_zone)
+        names = tuple(plan.input_schema.names)
+        self.element_class = element_class(names)
+        self.input_decoders = [
+            column_decoder(f.dataType, plan.time_zone) for f in plan.input_schema.fields
+        ]
+        self.key_positions = [names.index(c) for c in plan.key_columns]
+        self.event_time = (
+            None if plan.event_time_column is None else names.index(plan.event_time_column)
+        )
+        self.codecs = {s.index: state_codec(_value_type(s), plan.time_zone) for s in plan.states}
+        self.keyed = [s for s in plan.states if s.kind != "operator_list"]
+        self.map_codecs = {
+            s.index: (
+                state_codec(s.descriptor.key_type_info, plan.time_zone).encode,  # type: ignore[attr-defined]
+                state_codec(s.descriptor.value_type_info, plan.time_zone).encode,  # type: ignore[attr-defined]
+            )
+            for s in self.keyed
+            if s.kind == "map"
+        }
+        self.op_states = [s for s in plan.states if s.kind == "operator_list"]
+        self.checkpointed = isinstance(self.function, CheckpointedFunction)
+        self.opened = False
+        self.closed = False
+        kind = plan.kind
+        fn = self.function
+        self.element_fn = {
+            "process": getattr(fn, "process_element", None),
+            "map": getattr(fn, "map", None),
+            "flat_map": getattr(fn, "flat_map", None),
+            "filter": getattr(fn, "filter", None),
+        }[kind]
+        self.on_timer = fn.on_timer if kind == "process" else None
+        self.has_key = False
+        self.pre_fired = True
+        self.due: list[tuple[bool, int]] = []
+
+    # -----------------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        self.opened = True
+        self.function.open(self.runtime)
+        if self.checkpointed:
+            self.function.initialize_state(self.runtime)
+
+    def close(self) -> None:
+        if self.opened and not self.closed:
+            self.closed = True
+            self.function.close()
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        out = self.out
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            self._batch(batch)
+            if out.size >= OUTPUT_BATCH_ROWS:
+                yield out.flush()
+        if self.opened:
+            self._end_key()
+            if self.checkpointed:
+                self.function.snapshot_state(self.runtime)
+            for s in self.op_states:
+                values = self.state.op_state.get(s.name)
+                if values is not None:
+                    encode = self.codecs[s.index].encode
+                    out.mutation(
+                        PUT, None, s.index, None, values if encode is None else encode(values)
+                    )
+        if out.size:
+            yield out.flush()
+
+    def _batch(self, batch: pa.RecordBatch) -> None:
+        plan = self.plan
+        kinds = batch.column(0).to_pylist()
+        offset = 4
+        width = len(plan.input_schema.fields)
+        has_keys = IN_KEY in kinds
+        columns = []
+        for i, decode in enumerate(self.input_decoders):
+            values = batch.column(offset + i).to_pylist()
+            if decode is not None:
+                values = [None if v is None else decode(v) for v in values]
+            columns.append(values)
+        rows = list(zip(*columns, strict=True)) if width else [()] * len(kinds)
+        times = batch.column(1).to_pylist()
+        event_ms = None
+        if self.event_time is not None and IN_ELEMENT in kinds:
+            micros = pc.cast(batch.column(offset + self.event_time), pa.int64())
+            event_ms = [None if v is None else v // 1000 for v in micros.to_pylist()]
+        state_columns: dict[int, list[Any]] = {}
+        if has_keys or IN_OPERATOR_STATE in kinds:
+            for s in plan.states:
+                state_columns[s.index] = batch.column(offset + width + s.index).to_pylist()
+
+        make = self.element_class._make
+        element_fn = self.element_fn
+        kind = plan.kind
+        ctx = self.ctx
+        out = self.out
+        for i, k in enumerate(kinds):
+            if k == IN_ELEMENT:
+                if not self.pre_fired:
+                    self._fire_due()
+                element = make(rows[i])
+                if kind == "process":
+                    ctx.ts = None if event_ms is None else event_ms[i]
+                    ctx.domain = TimeDomain.EVENT_TIME
+                    result = element_fn(element, ctx)
+                    if result is not None:
+                        out.outputs(result)
+                elif kind == "map":
+                    out.output(element_fn(element))
+                elif kind == "flat_map":
+                    result = element_fn(element)
+                    if result is not None:
+                        out.outputs(result)
+                elif element_fn(element):
+                    out.output(element)
+            elif k == IN_KEY:
+                self._end_key()
+                row = rows[i]
+                key = (
+                    row[self.key_positions[0]]
+                    if len(self.key_positions) == 1
+                    else tuple(row[p] for p in self.key_positions)
+                )
+                values: dict[str, Any] = {}
+                for s in self.keyed:
+                    stored = state_columns[s.index][i]
+                    if stored is not None:
+                        decode = self.codecs[s.index].decode
+                        values[s.name] = stored if decode is None else decode(stored)
+                self.state.load(key, values)
+                self.current_key_row = tuple(row[p] for p in self.key_positions)
+                self.has_key = True
+                self.pre_fired = False
+                self.due = []
+            elif k == IN_EVENT_TIMER:
+                self.due.append((True, times[i]))
+            elif k == IN_PROC_TIMER:
+                self.due.append((False, times[i]))
+            elif k == IN_BATCH:
+                state = self.state
+                state.now = times[i]
+                state.watermark = batch.column(2)[i].as_py() if plan.has_watermark else MIN_TIME
+                state.partition = _partition_id()
+                state.num_partitions = batch.column(3)[i].as_py()
+            elif k == IN_OPERATOR_STATE:
+                for s in self.op_states:
+                    stored = state_columns[s.index][i]
+                    if stored is not None:
+                        decode = self.codecs[s.index].decode
+                        self.state.op_state[s.name] = stored if decode is None else decode(stored)
+                        self.state.restored = True
+            if not self.opened and k != IN_BATCH and k != IN_OPERATOR_STATE:
+                self._open()
+        if not self.opened and IN_BATCH in kinds:
+            self._open()
+
+    # -----------------------------------------------------------------------------------------
+    # Timers and the end of a key
+
+    def _fire(self, event: bool, timestamp: int) -> None:
+        state = self.state
+        if state.timers.get((event, timestamp)) is False:
+            return  # deleted before it fired
+        state.timers[(event, timestamp)] = False
+        ctx = self.ctx
+        ctx.ts = timestamp
+        ctx.domain = TimeDomain.EVENT_TIME if event else TimeDomain.PROCESSING_TIME
+        result = self.on_timer(timestamp, ctx)  # type: ignore[misc]
+        if result is not None:
+            self.out.outputs(result)
+
+    def _fire_due(self) -> None:
+        """The key's timers due at the start of the batch: event time first, each by time."""
+        self.pre_fired = True
+        if not self.due or self.on_timer is None:
+            return
+        for event, timestamp in sorted(self.due, key=lambda t: (not t[0], t[1])):
+            self._fire(event, timestamp)
+
+    def _fire_new(self) -> None:
+        """Timers registered in this batch for a time already passed fire at its end."""
+        state = self.state
+        while True:
+            due = sorted(
+                (
+                    t
+                    for t, registered in state.timers.items()
+                    if registered and (t[1] <= state.watermark if t[0] else t[1] <= state.now)
+                ),
+                key=lambda t: (not t[0], t[1]),
+            )
+            if not due:
+                return
+            for event, timestamp in due:
+                self._fire(event, timestamp)
+
+    def _end_key(self) -> None:
+        if not self.has_key:
+            return
+        self.has_key = False
+        if not self.pre_fired:
+            self._fire_due()
+        state = self.state
+        if self.on_timer is not None and state.timers:
+            self._fire_new()
+        key = self.current_key_row
+        out = self.out
+        for s in self.keyed:
+            name = s.name
+            if name not in state.dirty:
+                continue
+            encode = self.codecs[s.index].encode
+            current = state.cur.get(name)
+            if s.kind == "list":
+                if name in state.replaced:
+                    if current:
+                        out.mutation(PUT, key, s.index, None, _encode_all(current, encode))
+                    else:
+                        out.mutation(CLEAR, key, s.index, None, None)
+                else:
+                    appended = state.appended.get(name)
+                    if appended:
+                        out.mutation(APPEND, key, s.index, None, _encode_all(appended, encode))
+            elif s.kind == "map":
+                if name in state.map_cleared:
+                    out.mutation(CLEAR, key, s.index, None, None)
+                    changed = current.keys() if current else ()
+                else:
+                    changed = state.map_changes.get(name, ())
+                key_codec, value_codec = self.map_codecs[s.index]
+                for map_key in changed:
+                    encoded_key = map_key if key_codec is None else key_codec(map_key)
+                    if current is not None and map_key in current:
+                        value = current[map_key]
+                        if value is not None and value_codec is not None:
+                            value = value_codec(value)
+                        out.mutation(PUT, key, s.index, encoded_key, value)
+                    else:
+                        out.mutation(REMOVE_ENTRY, key, s.index, encoded_key, None)
+            elif current is None:
+                out.mutation(CLEAR, key, s.index, None, None)
+            else:
+                out.mutation(
+                    PUT, key, s.index, None, current if encode is None else encode(current)
+                )
+        for (event, timestamp), registered in state.timers.items():
+            kind = (
+                (REGISTER_EVENT if event else REGISTER_PROC)
+                if registered
+                else (DELETE_EVENT if event else DELETE_PROC)
+            )
+            out.timer(kind, key, timestamp)
+
+
+def _encode_all(values: list[Any], encode: Any) -> list[Any]:  # noqa: ANN401
+    """``encode`` is the whole list's encoder (LIST codec)."""
+    return values if encode is None else encode(values)
+
+
+def _value_type(s: StatePlan) -> Any:  # noqa: ANN401
+    """The declared type of a state's column: the value, the whole list or the whole map."""
+    return s.descriptor.type_info
+
+
+def _batch_id() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    value = None if context is None else context.getLocalProperty("streaming.sql.batchId")
+    return -1 if value is None else int(value)
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return 0 if context is None else context.partitionId()
+
+
+def arrow_schema(schema: T.StructType, time_zone: str) -> pa.Schema:
+    return to_arrow_schema(schema, timezone=time_zone)
+
+
+__all__ += ["arrow_schema", "column_encoder"]
