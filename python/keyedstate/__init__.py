@@ -37,6 +37,7 @@ from keyedstate.ops import (
     InspectReport,
     RescaleResult,
     inspect,
+    read_state,
     rescale,
 )
 from keyedstate.state import (
@@ -68,6 +69,7 @@ __all__ = [
     "InspectReport",
     "RescaleResult",
     "inspect",
+    "read_state",
     "rescale",
     "OPTION_PREFIX",
     "PROVIDER_CLASS",

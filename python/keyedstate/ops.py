@@ -156,3 +156,22 @@ def inspect(spark: SparkSession, checkpoint: str, *, key_groups: int = 128) -> I
         operators=[_decode(OperatorReport, o) for o in raw["operators"]],
         partition_reports=[_decode(PartitionReport, p) for p in raw["partitionReports"]],
     )
+
+
+def read_state(
+    spark: SparkSession,
+    checkpoint: str,
+    state_name: str,
+    operator_id: int | None = None,
+) -> Any:  # noqa: ANN401 - a pyspark DataFrame
+    """The stored values of one state of a keyed function, at the checkpoint's last committed
+    batch: a DataFrame with ``partition_id``, the key columns and ``value`` (one row per key, per
+    list element, or per map entry with ``user_map_key``). ``state_name`` may also be
+    ``"$eventTimers"`` or ``"$procTimers"`` (``timestamp`` and the key columns). Values have the
+    state's Spark type (pickled types are ``binary``). ``operator_id`` picks the keyed function
+    when a query has several (they are numbered 1000, 1001, ... in plan order)."""
+    from pyspark.sql import DataFrame
+
+    reader = spark._jvm.io.keyedstate.process.StateReader  # type: ignore[attr-defined]
+    operator = -1 if operator_id is None else int(operator_id)
+    return DataFrame(_call(reader.read, spark._jsparkSession, checkpoint, state_name, operator), spark)

@@ -40,6 +40,17 @@ object KeyedProcessSqlBridge {
 
   def numStateStores(exec: IncrementalExecution): Int = exec.numStateStores
 
+  /** The session's SQL configuration with `pinned` settings (a checkpoint's offset log) on top. */
+  def sqlConfWith(session: SparkSession, pinned: Map[String, String]): org.apache.spark.sql.internal.SQLConf = {
+    val conf = session.asInstanceOf[ClassicSession].sessionState.conf.clone()
+    pinned.foreach { case (k, v) => conf.setConfString(k, v) }
+    conf
+  }
+
+  def internalCreateDataFrame(session: SparkSession, rdd: org.apache.spark.rdd.RDD[org.apache.spark.sql.catalyst.InternalRow],
+      schema: org.apache.spark.sql.types.StructType): DataFrame =
+    session.asInstanceOf[ClassicSession].internalCreateDataFrame(rdd, schema)
+
   def hadoopConf(session: SparkSession): org.apache.hadoop.conf.Configuration =
     session.asInstanceOf[ClassicSession].sessionState.newHadoopConf()
 }

@@ -1,0 +1,136 @@
+package io.keyedstate.process
+
+import java.util.UUID
+
+import org.apache.spark.sql.{DataFrame, SparkSession}
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
+import org.apache.spark.sql.types._
+import org.apache.spark.util.SerializableConfiguration
+
+import io.keyedstate.rescale.QueryCheckpoint
+
+/**
+ * Reads one state variable (or the timers) of a keyed function from a stopped or running
+ * query's checkpoint, at its last committed batch: one typed row per key (per list element, per
+ * map entry, per timer), with the partition it is stored in. Works on keyedstate's provider and
+ * on Spark's RocksDB provider (Spark's `statestore` reader reads `stateVarName` only for its own
+ * transformWithState operators). Runs as a Spark job, one task per state partition.
+ */
+object StateReader {
+  val EventTimers = "$eventTimers"
+  val ProcTimers = "$procTimers"
+
+  def read(spark: SparkSession, checkpoint: String, stateName: String, operatorId: Int): DataFrame = {
+    val hadoopConf = QueryCheckpoint.hadoopConf(spark)
+    val ckpt = QueryCheckpoint.at(checkpoint, hadoopConf)
+    val batch = ckpt.lastBatch("commits").getOrElse(throw new IllegalArgumentException(
+      s"${ckpt.root} has no committed batch (no file in ${ckpt.root}/commits)"))
+    if (ckpt.usesCheckpointIds(batch)) {
+      throw new UnsupportedOperationException(
+        s"${ckpt.root} uses checkpoint format v2; the keyed state reader reads format v1 checkpoints")
+    }
+    val withSchema = ckpt.operators.filter(op => ckpt.fs.exists(schemaPath(ckpt, op)))
+    val op = if (operatorId >= 0) operatorId else withSchema match {
+      case Seq(only) => only
+      case Seq() => throw new IllegalArgumentException(s"${ckpt.root} has no keyed function state")
+      case several => throw new IllegalArgumentException(
+        s"${ckpt.root} has several keyed functions (operators ${several.mkString(", ")}); pass operator_id")
+    }
+    val stored = OperatorSchema.read(schemaPath(ckpt, op), hadoopConf).getOrElse(
+      throw new IllegalArgumentException(s"operator $op of ${ckpt.root} is not a keyed function " +
+        s"(no ${schemaPath(ckpt, op)})"))
+    val keySchema = stored.keySchema
+    val numKeys = keySchema.length
+    val (family, rowSchema) = stateName match {
+      case EventTimers | ProcTimers =>
+        val f = timers(keySchema, stateName)
+        (f, StructType(StructField("timestamp", LongType, nullable = false) +: keySchema.fields))
+      case name =>
+        val (_, kind, valueType, keyType) = stored.states.find(_._1 == name).getOrElse(
+          throw new IllegalArgumentException(s"keyed function ${stored.function} (operator $op) has no state " +
+            s"'$name'; its states are ${stored.states.map(s => s"'${s._1}'").mkString(", ")}, and " +
+            s"$EventTimers, $ProcTimers"))
+        val v = StateVar(name, StateKind.parse(kind), kind, valueType, keyType, None)
+        val f = new StateLayout(ProcessSpec("", stored.function, keySchema.fieldNames.toSeq, None, Seq(v),
+          timers = false, StructType(Nil)), keySchema).family(v)
+        val valueFields = v.kind match {
+          case StateKind.Map => Seq(StructField("user_map_key", keyType.get), StructField("value", valueType))
+          case StateKind.OperatorList => Seq(StructField("value", ArrayType(valueType, containsNull = false)))
+          case _ => Seq(StructField("value", valueType))
+        }
+        val keys = if (v.kind == StateKind.OperatorList) Nil else keySchema.fields.toSeq
+        (f, StructType(keys ++ valueFields))
+    }
+    val schema = StructType(StructField("partition_id", IntegerType, nullable = false) +: rowSchema.fields)
+    val conf = KeyedProcessSqlBridge.sqlConfWith(spark, ckpt.pinnedConf(batch))
+    val storeConf = new StateStoreConf(conf)
+    val serializableConf = new SerializableConfiguration(hadoopConf)
+    val stateRoot = ckpt.stateRoot.toString
+    val partitions = ckpt.partitions(op)
+    val version = batch + 1
+    val isOperatorList = family.name.startsWith("$op_")
+    val rdd = spark.sparkContext.parallelize(partitions, math.max(1, partitions.size)).mapPartitions { ps =>
+      ps.flatMap { partition =>
+        readPartition(stateRoot, op, partition, version, keySchema, family, storeConf, serializableConf.value,
+          numKeys, isOperatorList, rowSchema)
+      }
+    }
+    KeyedProcessSqlBridge.internalCreateDataFrame(spark, rdd, schema)
+  }
+
+  private def schemaPath(ckpt: QueryCheckpoint, op: Int) =
+    new org.apache.hadoop.fs.Path(ckpt.stateRoot, s"$op/_keyedstate/schema.json")
+
+  private def timers(keySchema: StructType, name: String): Family = {
+    val schema = StructType(StructField("timestamp", LongType, nullable = false) +: keySchema.fields)
+    Family(name, schema, StructType(Seq(StructField("unused", BooleanType))),
+      RangeKeyScanStateEncoderSpec(schema, Seq(0)), multipleValues = false)
+  }
+
+  private def readPartition(
+      stateRoot: String,
+      op: Int,
+      partition: Int,
+      version: Long,
+      keySchema: StructType,
+      family: Family,
+      storeConf: StateStoreConf,
+      hadoopConf: org.apache.hadoop.conf.Configuration,
+      numKeys: Int,
+      isOperatorList: Boolean,
+      rowSchema: StructType): Seq[InternalRow] = {
+    val providerId = StateStoreProviderId(StateStoreId(stateRoot, op, partition), UUID.randomUUID())
+    val provider = StateStoreProvider.createAndInit(providerId, keySchema,
+      StructType(Seq(StructField("value", BooleanType))), NoPrefixKeyStateEncoderSpec(keySchema),
+      useColumnFamilies = true, storeConf, hadoopConf, useMultipleValuesPerKey = true, None)
+    try {
+      val store = provider.getReadStore(version)
+      try {
+        // Registering tells the store how to decode the family (it may not exist yet).
+        store.registerColFamily(family.name, family.keySchema, family.valueSchema, family.spec,
+          family.multipleValues, family.name.startsWith("$"))
+        if (!store.allColumnFamilyNames.contains(family.name)) Nil
+        else {
+          val it = if (family.multipleValues) store.iteratorWithMultiValues(family.name) else store.iterator(family.name)
+          try it.map { pair =>
+            val out = new GenericInternalRow(rowSchema.length + 1)
+            out.update(0, partition)
+            val keyFields = if (isOperatorList) 0 else family.keySchema.length
+            var i = 0
+            while (i < keyFields) {
+              out.update(1 + i, pair.key.get(i, family.keySchema(i).dataType))
+              i += 1
+            }
+            if (!family.name.startsWith("$eventTimers") && !family.name.startsWith("$procTimers")) {
+              out.update(1 + keyFields, pair.value.get(0, family.valueSchema(0).dataType))
+            }
+            out.copy(): InternalRow
+          }.toVector finally it.close()
+        }
+      } finally store.release()
+    } finally provider.close()
+  }
+}
