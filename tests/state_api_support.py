@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from keyedstate.engine.planner import BUCKET_COLUMN
-from keyedstate.state.backend import decode_bucket
+import keyedstate
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 from streaming_harness import (
     PROVIDER_CLASS_KEY,
@@ -54,7 +52,7 @@ def run_jobs(
     Each job has its own copy of the inputs and its own checkpoint. In each phase the phase's
     files are added, every query is started (availableNow) and awaited; the next phase restarts
     each query from its checkpoint. Spark runs one applyInPandasWithState per query, hence one
-    query per function.
+    query per function (one keyed function per query keeps the scenarios independent).
     """
     inputs: dict[str, dict[str, FileInput]] = {}
     results: dict[str, RunResult] = {}
@@ -96,25 +94,11 @@ def on_both_providers(build: Build) -> dict[str, tuple[str, Build]]:
     return {label: (provider, build) for label, provider in PROVIDERS.items()}
 
 
-def buckets_of(spark: SparkSession, keys: Iterable[Any], buckets: int, type_ddl: str) -> dict:
-    """The bucket keyedstate assigns to each key (Spark's own hash, as the engine uses)."""
-    frame = spark.createDataFrame([(k,) for k in keys], f"k {type_ddl}")
-    expr = F.pmod(F.hash(F.col("k")), F.lit(buckets)).alias(BUCKET_COLUMN)
-    return {row["k"]: row[BUCKET_COLUMN] for row in frame.select("k", expr).collect()}
-
-
-def stored_buckets(spark: SparkSession, checkpoint: Path) -> dict[int, dict[str, Any]]:
-    """The committed state of every bucket, read with Spark's state data source and decoded."""
-    out = {}
-    for row in spark.read.format("statestore").load(str(checkpoint)).collect():
-        value = row["value"]
-        if value is None:
-            continue
-        group_state = value["groupState"] if "groupState" in value.__fields__ else value
-        if group_state is None:
-            continue
-        out[row["key"][0]] = decode_bucket(bytes(group_state[0]))
-    return out
+def stored_state(spark: SparkSession, checkpoint: Path, state: str) -> list[dict[str, Any]]:
+    """The committed rows of one state of the query's keyed function (``keyedstate.read_state``),
+    without the partition column, sorted."""
+    rows = keyedstate.read_state(spark, str(checkpoint), state).drop("partition_id").collect()
+    return sorted((r.asDict(recursive=True) for r in rows), key=repr)
 
 
 class TimedRun:

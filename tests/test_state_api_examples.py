@@ -13,10 +13,10 @@ from typing import Any
 
 from keyedstate import examples
 from pyspark.sql import SparkSession
-from state_api_support import PROVIDERS, buckets_of, run_jobs
+from pyspark.sql import functions as F
+from state_api_support import PROVIDERS, run_jobs
 from streaming_harness import diff_batches, sort_rows
 
-BUCKETS = 4
 PAIR_FILES = [
     [{"key": 2, "value": 21}, {"key": 4, "value": 1}, {"key": 5, "value": 4}],
     [
@@ -57,8 +57,11 @@ PHASES = [
 ]
 
 
-def expected(bucket_of: dict[int, int]) -> dict[str, dict[int, list[dict[str, Any]]]]:
-    """Per example, per batch: what each listing computes, in plain Python."""
+def expected(partition_of: dict[int, int]) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """Per example, per batch: what each listing computes, in plain Python.
+
+    A micro-batch is processed key by key (a key's elements in arrival order, keys in key order
+    within a partition), which only the operator state of ``CheckpointCount`` can observe."""
     least: dict[int, int] = {}
     sums: dict[int, int] = {}
     keyed_counts: dict[int, int] = defaultdict(int)
@@ -67,7 +70,7 @@ def expected(bucket_of: dict[int, int]) -> dict[str, dict[int, list[dict[str, An
     out: dict[str, dict[int, list[dict[str, Any]]]] = defaultdict(dict)
     for batch, rows in enumerate(PAIR_FILES):
         minimum, running, counts = [], [], []
-        for row in rows:
+        for row in sorted(rows, key=lambda r: (partition_of[r["key"]], r["key"])):
             key, value = row["key"], row["value"]
             if key in least and value > least[key]:
                 minimum.append({"key": key, "value": value, "least": least[key]})
@@ -77,12 +80,12 @@ def expected(bucket_of: dict[int, int]) -> dict[str, dict[int, list[dict[str, An
             running.append({"key": key, "count": sums.get(key, 0)})
             sums[key] = sums.get(key, 0) + value
             keyed_counts[key] += 1
-            operator_counts[bucket_of[key]] += 1
+            operator_counts[partition_of[key]] += 1
             counts.append(
                 {
                     "key": key,
                     "keyed_count": keyed_counts[key],
-                    "operator_count": operator_counts[bucket_of[key]],
+                    "operator_count": operator_counts[partition_of[key]],
                 }
             )
         out["minimum"][batch] = sort_rows(minimum)
@@ -107,7 +110,7 @@ def test_tutorial_examples_across_a_restart(spark: SparkSession, tmp_path: Path)
         f"{name}-{label}": (
             provider,
             lambda frames, name=name: examples.build_all(
-                frames["pairs"], frames["readings"], buckets=BUCKETS
+                frames["pairs"], frames["readings"]
             )[name],
         )
         for name in names
@@ -116,11 +119,15 @@ def test_tutorial_examples_across_a_restart(spark: SparkSession, tmp_path: Path)
     results = run_jobs(
         spark, tmp_path, {"pairs": examples.PAIRS, "readings": examples.READINGS}, PHASES, jobs
     )
-    keys = {row["key"] for rows in PAIR_FILES for row in rows}
-    bucket_of = buckets_of(spark, keys, BUCKETS, "bigint")
-    # The operator count is per bucket: the scenario needs keys sharing a bucket and not.
-    assert 1 < len(set(bucket_of.values())) < len(keys), bucket_of
-    want = expected(bucket_of)
+    keys = sorted({row["key"] for rows in PAIR_FILES for row in rows})
+    # Operator state is per state partition: Spark's partitioning of the key.
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    frame = spark.createDataFrame([(k,) for k in keys], "k bigint")
+    owner = F.pmod(F.hash(F.col("k")), F.lit(partitions)).alias("p")
+    partition_of = {r["k"]: r["p"] for r in frame.select("k", owner).collect()}
+    # The scenario needs keys sharing a partition and not.
+    assert 1 < len(set(partition_of.values())) < len(keys), partition_of
+    want = expected(partition_of)
     for job, result in results.items():
         name = job.rsplit("-", 2)[0] if job.endswith("spark-rocksdb") else job.rsplit("-", 1)[0]
         assert result.batches == want[name], f"{job}:\n" + diff_batches(want[name], result.batches)

@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent(
         for user, item, n in [("u1", "x", 2), ("u2", "x", 1), ("u1", "y", 5), ("u1", "x", 3)]:
             out.write(json.dumps({"user": user, "item": item, "n": n}) + "\\n")
     events = spark.readStream.schema("user string, item string, n long").json(f"{workdir}/input")
-    keyed = keyedstate.key_by(events, "user", buckets=2)
+    keyed = keyedstate.key_by(events, "user")
     results = {}
     for name, frame in {
         "totals": keyed.process(Totals(), [("user", str), ("item", str), ("total", int)]),

@@ -244,7 +244,7 @@ def test_every_state_type_and_method_across_a_restart(spark: SparkSession, tmp_p
         [{"events": all_files[:2]}, {"events": all_files[2:]}],
         on_both_providers(
             lambda frames: key_by(
-                frames["events"], "key", "part", buckets=2, order_by="seq"
+                frames["events"], "key", "part", order_by="seq"
             ).process(AllStates(), OUTPUT)
         ),
     )

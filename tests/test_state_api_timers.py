@@ -7,9 +7,10 @@ exactly once, in the first micro-batch whose watermark reached it (batch waterma
 checkpoint's offset log).
 
 Processing time: timers fire in the first micro-batch (no-data batches included) whose
-timestamp reached them, after a restart too; and TTL's background cleanup
-(``cleanup_in_rocksdb_compact_filter``) wakes a bucket nobody writes to and drops its expired
-state. Each scenario runs on keyedstate's provider and on Spark's RocksDB provider side by side.
+timestamp reached them, after a restart too. Timers live in range-scanned column families
+(``$eventTimers``/``$procTimers``): after the run, the stored timers are exactly the ones that
+have not fired. Each scenario runs on keyedstate's provider and on Spark's RocksDB provider side
+by side.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from typing import Any
 from keyedstate import (
     KeyedProcessFunction,
     RuntimeContext,
-    StateTtlConfig,
-    Time,
     TimeDomain,
     Types,
     ValueStateDescriptor,
@@ -34,11 +33,10 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from state_api_support import (
     TimedRun,
     batch_metadata,
-    buckets_of,
     on_both_providers,
     run_jobs,
     ship_by_value,
-    stored_buckets,
+    stored_state,
 )
 
 ship_by_value(__name__)
@@ -113,7 +111,7 @@ def test_event_time_timers_fire_once_at_the_first_watermark_past_them(
     def build(frames: Any) -> Any:  # noqa: ANN401
         events = frames["events"].withColumn("ts", F.timestamp_seconds("t"))
         events = events.withWatermark("ts", f"{DELAY_S} seconds")
-        return key_by(events, "key", buckets=2).process(EventTimers(), OUTPUT)
+        return key_by(events, "key").process(EventTimers(), OUTPUT)
 
     results = run_jobs(
         spark,
@@ -157,13 +155,7 @@ class ProcessingTimers(KeyedProcessFunction):
     """Per element: timers at +2.5 s, +5 s (deleted again for key 'b') and one already due."""
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        seen = ValueStateDescriptor("seen", Types.LONG())
-        seen.enable_time_to_live(
-            StateTtlConfig.new_builder(Time.milliseconds(1500))
-            .cleanup_in_rocksdb_compact_filter(1000)
-            .build()
-        )
-        self.seen = runtime_context.get_state(seen)
+        self.seen = runtime_context.get_state(ValueStateDescriptor("seen", Types.LONG()))
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
         timers = ctx.timer_service()
@@ -183,21 +175,16 @@ class ProcessingTimers(KeyedProcessFunction):
         yield (ctx.get_current_key(), "timer", timestamp, now)
 
 
-def test_processing_time_timers_and_background_ttl_cleanup(
+def test_processing_time_timers_fire_once_and_leave_the_store(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    buckets = 8
-    candidates = ["a", "b", "z", *(f"w{i}" for i in range(30))]
-    bucket_of = buckets_of(spark, candidates, buckets, "string")
-    # 'w' is alone in its bucket: only a TTL wake-up can clean it.
-    busy = {bucket_of["a"], bucket_of["b"], bucket_of["z"]}
-    lonely = next(k for k in candidates[3:] if bucket_of[k] not in busy)
+    lonely = "w"
     run = TimedRun(
         spark,
         tmp_path,
         SCHEMA,
         on_both_providers(
-            lambda frames: key_by(frames["events"], "key", buckets=buckets).process(
+            lambda frames: key_by(frames["events"], "key").process(
                 ProcessingTimers(), OUTPUT, timer_mode="processing"
             )
         ),
@@ -241,6 +228,10 @@ def test_processing_time_timers_and_background_ttl_cleanup(
             assert batch == first, f"{label}: {key}@{at} fired in batch {batch}, not {first}"
         # The already-due timers fired in the elements' own batch.
         assert fired[("a", elements["a"] - 1)][0] == min(result.batches), label
-        # The TTL'd value of the lonely key expired and its bucket woke up to drop it.
-        stored = stored_buckets(spark, result.checkpoint)
-        assert bucket_of[lonely] not in stored, (label, stored.get(bucket_of[lonely]))
+        # Fired timers are deleted; the state of every key is stored, typed.
+        assert stored_state(spark, result.checkpoint, "$procTimers") == [], label
+        seen = stored_state(spark, result.checkpoint, "seen")
+        assert seen == sorted(
+            ({"key": k, "value": t} for k, t in [("a", 1), ("b", 2), (lonely, 3), ("z", 4)]),
+            key=repr,
+        ), (label, seen)

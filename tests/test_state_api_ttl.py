@@ -1,12 +1,14 @@
-"""State TTL on real streaming queries: update types, visibility, per-element TTL, cleanup.
+"""State TTL on real streaming queries: update types, visibility, per-element TTL.
 
-TTL runs on processing time, which is each micro-batch's timestamp. The query runs on a
-processing-time trigger and gets one input file per micro-batch at planned moments (so some
-values are read before their TTL and some after), with a restart in the middle. Every output
-row carries its batch's processing time, and the expected outputs are computed in plain Python
-from those times, so the check is exact whatever the machine's speed. Then the stored state is
-read back from the checkpoint (Spark's state data source) to check what each cleanup strategy
-removed.
+TTL is keyedstate's provider's (docs/ttl.md): each state variable is a column family with its
+own TTL and cleanup strategy. It runs on processing time, which is each micro-batch's timestamp.
+The query runs on a processing-time trigger and gets one input file per micro-batch at planned
+moments (so some values are read before their TTL and some after), with a restart in the middle.
+Every output row carries its batch's processing time, and the expected outputs are computed in
+plain Python from those times, so the check is exact whatever the machine's speed. Then the
+stored state is read back from the checkpoint (``keyedstate.read_state``, as the query sees it
+at its last batch). On Spark's RocksDB provider, which has no per-column-family TTL, a TTL'd
+state is refused before the query starts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from keyedstate import (
     KeyedProcessFunction,
     ListStateDescriptor,
@@ -26,10 +29,11 @@ from keyedstate import (
     ValueStateDescriptor,
     key_by,
 )
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
-from state_api_support import TimedRun, on_both_providers, ship_by_value, stored_buckets
-from streaming_harness import sort_rows
+from state_api_support import PROVIDERS, TimedRun, ship_by_value, stored_state
+from streaming_harness import REFERENCE_PROVIDER, FileInput, await_finished, sort_rows, start_query
 
 ship_by_value(__name__)
 
@@ -135,8 +139,10 @@ class Model:
             if entry is None:
                 view[name] = None
             elif self.expired(entry[1], now):
-                del st[name]
+                # Hidden, or returned until a cleanup strategy removes it ('ret' has none).
                 view[name] = entry[0] if return_expired else None
+                if not return_expired:
+                    del st[name]
             else:
                 view[name] = entry[0]
                 if refresh:
@@ -147,25 +153,34 @@ class Model:
         view["mp"] = sorted([k, v] for k, (v, _) in st["mp"].items())
         return view
 
-    def purge(self, now: int) -> None:
-        """End of a batch: states with background/full-snapshot/incremental cleanup lose their
-        expired entries in every key of the (single) bucket; 'ret' keeps them."""
-        for st in self.keys.values():
-            for name in ("cw", "rw"):
-                if name in st and self.expired(st[name][1], now):
-                    del st[name]
-            st["lst"] = [e for e in st["lst"] if not self.expired(e[1], now)]
-            st["mp"] = {k: e for k, e in st["mp"].items() if not self.expired(e[1], now)}
+    def live(self, now: int) -> dict[str, list[dict[str, Any]]]:
+        """What a reader sees at ``now``: unexpired entries, and 'ret' even when expired."""
+        out: dict[str, list[dict[str, Any]]] = {n: [] for n in ("cw", "rw", "ret", "lst", "mp")}
+        for key, st in self.keys.items():
+            for name in ("cw", "rw", "ret"):
+                entry = st.get(name)
+                if entry is not None and (name == "ret" or not self.expired(entry[1], now)):
+                    out[name].append({"key": key, "value": entry[0]})
+            for v, ts in st["lst"]:
+                if not self.expired(ts, now):
+                    out["lst"].append({"key": key, "value": v})
+            for k, (v, ts) in st["mp"].items():
+                if not self.expired(ts, now):
+                    out["mp"].append({"key": key, "user_map_key": k, "value": v})
+        return {name: sorted(rows, key=repr) for name, rows in out.items()}
 
 
-def test_ttl_update_types_visibility_and_cleanup(spark: SparkSession, tmp_path: Path) -> None:
+def test_ttl_update_types_and_visibility(spark: SparkSession, tmp_path: Path) -> None:
     run = TimedRun(
         spark,
         tmp_path,
         SCHEMA,
-        on_both_providers(
-            lambda frames: key_by(frames["events"], "key", buckets=1).process(TtlProbe(), OUTPUT)
-        ),
+        {
+            "keyedstate": (
+                PROVIDERS["keyedstate"],
+                lambda frames: key_by(frames["events"], "key").process(TtlProbe(), OUTPUT),
+            )
+        },
     )
     run.start()
     for index, (at_s, rows) in enumerate(TIMELINE):
@@ -202,22 +217,30 @@ def test_ttl_update_types_visibility_and_cleanup(spark: SparkSession, tmp_path: 
                         coverage.add("rw kept alive by reads")
                     if view["ret"] is not None and view["cw"] is None:
                         coverage.add("ret returned expired")
-            model.purge(now)
             assert got == sort_rows(want), f"{label} batch {batch}: {got} != {sort_rows(want)}"
 
-        # What is stored after the last batch: cleanup removed expired entries of untouched keys
-        # ('idle' was written once, 26 s before), except for the state without cleanup.
-        stored = stored_buckets(spark, result.checkpoint)
-        assert list(stored) == [0], (label, list(stored))
-        records = stored[0]["keys"]
-        assert set(records["idle"]) == {"ret"}, (label, records["idle"])
-        for key, st in model.keys.items():
-            live = {name for name in ("cw", "rw", "ret") if name in st}
-            live |= {name for name in ("lst", "mp") if st[name]}
-            assert set(records.get(key, {})) == live, (label, key, records.get(key), live)
+        # The stored state at the last batch's time: per state, one row per live value,
+        # element or entry ('idle' was written once, 26 s before: only 'ret' still shows it).
+        want_stored = model.live(now)
+        for name, rows in want_stored.items():
+            assert stored_state(spark, result.checkpoint, name) == rows, (label, name)
+        assert [r["key"] for r in want_stored["ret"]].count("idle") == 1
 
     # The timeline exercised both sides of every rule (timing is planned with seconds of margin).
     assert {
         "cw:live", "cw:gone", "rw:live", "rw:gone", "lst:live", "lst:gone", "mp:live", "mp:gone",
         "rw kept alive by reads", "ret returned expired",
     } <= coverage, coverage  # fmt: skip
+
+
+def test_ttl_is_refused_on_a_provider_without_column_family_ttl(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add([{"key": "a", "op": "write", "n": 1}])
+    frame = key_by(source.read_stream(spark), "key").process(TtlProbe(), OUTPUT)
+    query = start_query(spark, REFERENCE_PROVIDER, frame, "append", tmp_path / "ckpt", print)
+    with pytest.raises(
+        (StreamingQueryException, AssertionError), match="KEYED_FUNCTION_TTL_NEEDS_KEYEDSTATE"
+    ):
+        await_finished(query)

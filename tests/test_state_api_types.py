@@ -123,7 +123,7 @@ def test_every_type_round_trips_through_state_and_outputs(
         {"events": SCHEMA},
         [{"events": FILES[:2]}, {"events": FILES[2:]}],
         on_both_providers(
-            lambda frames: key_by(frames["events"], "key", buckets=2).map(
+            lambda frames: key_by(frames["events"], "key").map(
                 PreviousAndCurrent(), OUTPUT
             )
         ),

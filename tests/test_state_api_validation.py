@@ -35,6 +35,7 @@ from streaming_harness import (
     BatchCollector,
     FileInput,
     await_finished,
+    committed_batches,
     start_query,
 )
 
@@ -96,7 +97,7 @@ class AMap(RichMapFunction):
 
 
 def test_mistakes_fail_before_the_query_starts(spark: SparkSession, stream: DataFrame) -> None:
-    keyed = key_by(stream, "k", buckets=2)
+    keyed = key_by(stream, "k")
     with pytest.raises(StateTypeError, match="cannot map <class 'set'> to a Spark type"):
         keyed.process(BadType(), "k string")
     with pytest.raises(KeyedStateError, match="'x' is already registered as ValueStateDescriptor"):
@@ -113,8 +114,6 @@ def test_mistakes_fail_before_the_query_starts(spark: SparkSession, stream: Data
         keyed.process(Counter(), "k string, n lung")
     with pytest.raises(KeyedStateError, match="cannot be shipped to executors"):
         keyed.process(Unpicklable(), "k string, n long")
-    with pytest.raises(KeyedStateError, match="buckets must be a positive int"):
-        key_by(stream, "k", buckets=0).process(Counter(), "k string, n long")
     with pytest.raises(KeyedStateError, match="streaming DataFrames"):
         key_by(spark.range(3).withColumnRenamed("id", "k"), "k").process(Counter(), "k long")
     with pytest.raises(TypeError, match="must take \\(value, state\\)"):
@@ -178,31 +177,36 @@ def test_wrong_values_fail_with_the_state_or_column_named(
 ) -> None:
     source = FileInput(tmp_path / "input", SCHEMA)
     source.add([{"k": "a", "v": 1}])
-    keyed = key_by(source.read_stream(spark), "k", buckets=2)
+    keyed = key_by(source.read_stream(spark), "k")
     message = failure_of(spark, tmp_path / "q1", keyed.process(WrongValue(), "k string, n long"))
     assert "ValueState 'count' holds: expected LONG (int), got str '1'" in message
     message = failure_of(spark, tmp_path / "q2", keyed.process(WrongOutput(), "k string, n long"))
     assert "output column 'n' is bigint, got str '1'" in message
 
 
-def test_changing_the_number_of_buckets_of_a_checkpoint_is_refused(
+def test_changing_the_key_columns_of_a_checkpoint_is_refused(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     source = FileInput(tmp_path / "input", SCHEMA)
     rows = [{"k": f"k{i}", "v": i} for i in range(20)]
     source.add(rows)
     checkpoint = tmp_path / "checkpoint"
-    first = key_by(source.read_stream(spark), "k", buckets=2).process(Counter(), "k string, n long")
+    first = key_by(source.read_stream(spark), "k").process(Counter(), "k string, n long")
     await_finished(
         start_query(spark, PROVIDER_UNDER_TEST, first, "append", checkpoint, BatchCollector())
     )
     source.add(rows)
-    again = key_by(source.read_stream(spark), "k", buckets=3).process(Counter(), "k string, n long")
-    query = start_query(spark, PROVIDER_UNDER_TEST, again, "append", checkpoint, BatchCollector())
-    with pytest.raises(
-        StreamingQueryException, match="written with buckets=2, the query now uses buckets=3"
-    ):
+    again = key_by(source.read_stream(spark), "v").process(Counter(), "k string, n long")
+    collector = BatchCollector()
+    query = start_query(spark, PROVIDER_UNDER_TEST, again, "append", checkpoint, collector)
+    with pytest.raises(StreamingQueryException) as failure:
         await_finished(query)
+    message = str(failure.value)
+    assert "KEYED_FUNCTION_KEY_CHANGED" in message, message
+    assert "keyed by [k string] on this checkpoint and is now keyed by [v bigint]" in message
+    # Refused before its first batch: nothing ran, nothing was written for the new key.
+    assert collector.batches == {}, collector.batches
+    assert committed_batches(checkpoint) == [0]
 
 
 class FailOnce(Counter):
@@ -222,7 +226,7 @@ def run_fail_once(
     spark: SparkSession, provider: str, workdir: Path, collector: BatchCollector, fails: bool
 ) -> None:
     source = FileInput(workdir / "input", SCHEMA)
-    frame = key_by(source.read_stream(spark), "k", buckets=2).process(
+    frame = key_by(source.read_stream(spark), "k").process(
         FailOnce(str(workdir / "fail-once")), "k string, n long"
     )
     query = start_query(spark, provider, frame, "append", workdir / "checkpoint", collector)

@@ -114,8 +114,8 @@ def running_count(value: Any, count: int | None) -> tuple[tuple[int, int], int |
 class CheckpointCount(FlatMapFunction, CheckpointedFunction):
     """Counts elements per key (keyed state) and per parallel instance (operator state).
 
-    Here a parallel instance is a bucket of keys (``key_by(..., buckets=n)``), so
-    ``operator_count`` counts the elements of the keys of one bucket.
+    Here a parallel instance is a state partition (Spark's shuffle partitions), so
+    ``operator_count`` counts the elements of the keys of one partition.
     """
 
     keyed_state: ValueState
@@ -149,10 +149,10 @@ class CheckpointCount(FlatMapFunction, CheckpointedFunction):
 # Running the examples
 
 
-def build_all(pairs: DataFrame, readings: DataFrame, buckets: int = 4) -> dict[str, DataFrame]:
+def build_all(pairs: DataFrame, readings: DataFrame) -> dict[str, DataFrame]:
     """The streaming DataFrames of every example (pairs: key, value; readings: id, temperature)."""
-    keyed = key_by(pairs, "key", buckets=buckets)
-    sensors = key_by(readings, "id", buckets=buckets)
+    keyed = key_by(pairs, "key")
+    sensors = key_by(readings, "id")
     return {
         "minimum": keyed.flat_map(MinimumTracker(), "key long, value long, least long"),
         "running_count": keyed.map_with_state(running_count, "key long, count long"),

@@ -117,11 +117,12 @@ class ContextImpl(KeyedProcessFunction.OnTimerContext):
 class _OperatorListState(ListState):
     """A list kept per partition (Flink's operator state of one parallel instance)."""
 
-    __slots__ = ("_b", "_name", "_check")
+    __slots__ = ("_b", "_name", "_check", "descriptor")
 
     def __init__(self, backend: KeyState, descriptor: ListStateDescriptor) -> None:
         self._b = backend
         self._name = descriptor.name
+        self.descriptor = descriptor
         self._check = checker(descriptor, descriptor.element_type_info, "element")
 
     def _element(self, value: Any) -> Any:  # noqa: ANN401

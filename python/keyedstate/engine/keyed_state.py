@@ -152,12 +152,20 @@ def checker(descriptor: StateDescriptor, info: TypeInformation, what: str) -> _C
 
 
 class _Handle:
-    __slots__ = ("_b", "_name", "descriptor")
+    __slots__ = ("_b", "_name", "_refresh", "descriptor")
 
     def __init__(self, backend: KeyState, descriptor: StateDescriptor) -> None:
         self._b = backend
         self._name = descriptor.name
         self.descriptor = descriptor
+        # OnReadAndWrite: what the function reads is written back, which restamps it (the
+        # provider stamps writes; the lookup reads every state of a key, so it cannot refresh).
+        ttl = descriptor.ttl_config
+        self._refresh = ttl is not None and ttl.update_on_read
+
+    def _read(self) -> None:
+        if self._refresh:
+            self._b.dirty.add(self._name)
 
     def clear(self) -> None:
         b = self._b
@@ -173,6 +181,8 @@ class _ValueStateImpl(_Handle, ValueState):
         self._check = checker(descriptor, descriptor.type_info, "holds")
 
     def value(self) -> Any:  # noqa: ANN401
+        if self._refresh:
+            self._read()
         return self._b.cur.get(self._name)
 
     def update(self, value: Any) -> None:  # noqa: ANN401
@@ -194,6 +204,8 @@ class _ReducingStateImpl(_Handle, ReducingState):
         self._reduce = descriptor._reduce
 
     def get(self) -> Any:  # noqa: ANN401
+        if self._refresh:
+            self._read()
         return self._b.cur.get(self._name)
 
     def add(self, value: Any) -> None:  # noqa: ANN401
@@ -221,6 +233,8 @@ class _AggregatingStateImpl(_Handle, AggregatingState):
         self._agg = descriptor.get_agg_function()
 
     def get(self) -> Any:  # noqa: ANN401
+        if self._refresh:
+            self._read()
         acc = self._b.cur.get(self._name)
         return None if acc is None else self._agg.get_result(acc)
 
@@ -260,6 +274,11 @@ class _ListStateImpl(_Handle, ListState):
 
     def get(self) -> list:
         stored = self._b.cur.get(self._name)
+        if self._refresh and stored:
+            b = self._b
+            b.replaced.add(self._name)  # rewritten whole: every element restamped
+            b.appended.pop(self._name, None)
+            b.dirty.add(self._name)
         return [] if stored is None else list(stored)
 
     def _append(self, new: list[Any]) -> None:
@@ -307,7 +326,12 @@ class _MapStateImpl(_Handle, MapState):
 
     def _map(self) -> dict:
         stored = self._b.cur.get(self._name)
-        return {} if stored is None else stored
+        if stored is None:
+            return {}
+        if self._refresh:
+            for key in stored:
+                self._changed(key)
+        return stored
 
     def _changed(self, key: Any) -> None:  # noqa: ANN401
         b = self._b
@@ -316,7 +340,11 @@ class _MapStateImpl(_Handle, MapState):
 
     def get(self, key: Any) -> Any:  # noqa: ANN401
         stored = self._b.cur.get(self._name)
-        return None if stored is None else stored.get(key)
+        if stored is None:
+            return None
+        if self._refresh and key in stored:
+            self._changed(key)
+        return stored.get(key)
 
     def put(self, key: Any, value: Any) -> None:  # noqa: ANN401
         check = self._check_key
@@ -349,6 +377,8 @@ class _MapStateImpl(_Handle, MapState):
 
     def contains(self, key: Any) -> bool:  # noqa: ANN401
         stored = self._b.cur.get(self._name)
+        if stored is not None and self._refresh and key in stored:
+            self._changed(key)
         return stored is not None and key in stored
 
     def items(self) -> list[tuple[Any, Any]]:
@@ -361,7 +391,7 @@ class _MapStateImpl(_Handle, MapState):
         return list(self._map().values())
 
     def is_empty(self) -> bool:
-        return not self._b.cur.get(self._name)
+        return not self._map()
 
     def clear(self) -> None:
         b = self._b

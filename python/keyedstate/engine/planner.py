@@ -145,7 +145,8 @@ def _ttl_options(ttl: StateTtlConfig) -> dict[str, str]:
     )
     return {
         "duration": str(ttl.ttl_ms),
-        "updateType": "OnReadAndWrite" if ttl.update_on_read else "OnCreateAndWrite",
+        # OnReadAndWrite is kept by the engine: a state the function reads is written back.
+        "updateType": "OnCreateAndWrite",
         "visibility": (
             "ReturnExpiredIfNotCleanedUp" if ttl.return_expired else "NeverReturnExpired"
         ),

@@ -166,7 +166,10 @@ private final class MutationWriter(
   private final class VarWriter(v: StateVar, i: Int) {
     val cf: String = v.columnFamily
     val valueOrdinal: Int = columns(Exchange.stateColumn(i))
-    val value: UnsafeProjection = UnsafeProjection.create(Seq(BoundReference(valueOrdinal, v.valueType, nullable = true)))
+    // The column holds the value, the map value, or (operator list) the whole array.
+    private val columnType: DataType =
+      if (v.kind == StateKind.OperatorList) ArrayType(v.valueType, containsNull = false) else v.valueType
+    val value: UnsafeProjection = UnsafeProjection.create(Seq(BoundReference(valueOrdinal, columnType, nullable = true)))
     val element: UnsafeProjection = UnsafeProjection.create(Seq(BoundReference(0, v.valueType, nullable = true)))
     val mapKey: UnsafeProjection =
       if (v.kind != StateKind.Map) null

@@ -18,7 +18,9 @@ import org.json4s.jackson.JsonMethods
 object OperatorSchema {
   private implicit val formats: Formats = DefaultFormats
 
-  final case class Stored(function: String, keySchema: StructType, states: Seq[(String, String, DataType, Option[DataType])])
+  final case class StoredState(name: String, kind: String, valueType: DataType, mapKeyType: Option[DataType],
+      ttl: Map[String, String])
+  final case class Stored(function: String, keySchema: StructType, states: Seq[StoredState])
 
   def path(info: StatefulOperatorStateInfo): Path =
     new Path(new Path(info.checkpointLocation, info.operatorId.toString), "_keyedstate/schema.json")
@@ -35,8 +37,9 @@ object OperatorSchema {
         (root \ "function").extract[String],
         dt(root \ "keySchema").asInstanceOf[StructType],
         (root \ "states").extract[List[JValue]].map { s =>
-          ((s \ "name").extract[String], (s \ "kind").extract[String], dt(s \ "type"),
-            (s \ "keyType") match { case JNothing | JNull => None; case v => Some(dt(v)) })
+          StoredState((s \ "name").extract[String], (s \ "kind").extract[String], dt(s \ "type"),
+            (s \ "keyType") match { case JNothing | JNull => None; case v => Some(dt(v)) },
+            (s \ "ttl") match { case o: JObject => o.obj.map { case (k, v) => k -> v.extract[String] }.toMap; case _ => Map.empty })
         }))
     }
   }
@@ -63,7 +66,7 @@ object OperatorSchema {
             "existing checkpoint (key_by the old columns, or start a new checkpoint)")
       }
       spec.states.foreach { v =>
-        old.states.find(_._1 == v.name).foreach { case (_, kind, t, k) =>
+        old.states.find(_.name == v.name).foreach { case StoredState(_, kind, t, k, _) =>
           if (kind != v.declaredKind || t != v.valueType || k != v.mapKeyType) {
             throw new KeyedProcessError("KEYED_FUNCTION_STATE_CHANGED",
               s"state '${v.name}' of keyed function ${spec.functionName} was stored as " +
@@ -73,15 +76,17 @@ object OperatorSchema {
         }
       }
     }
-    val kept = stored.toSeq.flatMap(_.states).filterNot(s => spec.states.exists(_.name == s._1))
-    val all = spec.states.map(v => (v.name, v.declaredKind, v.valueType, v.mapKeyType)) ++ kept
+    val kept = stored.toSeq.flatMap(_.states).filterNot(s => spec.states.exists(_.name == s.name))
+    val all = spec.states.map(v => StoredState(v.name, v.declaredKind, v.valueType, v.mapKeyType,
+      v.ttl.map(_.options).getOrElse(Map.empty))) ++ kept
     val json = JObject(
       "function" -> JString(spec.functionName),
       "keySchema" -> JsonMethods.parse(layout.keySchema.json),
       "timers" -> JBool(spec.timers),
-      "states" -> JArray(all.toList.map { case (name, kind, t, k) =>
+      "states" -> JArray(all.toList.map { case StoredState(name, kind, t, k, ttl) =>
         JObject(List("name" -> JString(name), "kind" -> JString(kind), "type" -> JsonMethods.parse(t.json)) ++
-          k.map(kt => "keyType" -> JsonMethods.parse(kt.json)).toList)
+          k.map(kt => "keyType" -> JsonMethods.parse(kt.json)).toList ++
+          (if (ttl.isEmpty) Nil else List("ttl" -> JObject(ttl.toList.map { case (o, v) => o -> JString(v) }))))
       }))
     val fs = file.getFileSystem(hadoopConf)
     val tmp = new Path(file.getParent, s".${file.getName}.${java.util.UUID.randomUUID()}.tmp")

@@ -49,11 +49,13 @@ object StateReader {
         val f = timers(keySchema, stateName)
         (f, StructType(StructField("timestamp", LongType, nullable = false) +: keySchema.fields))
       case name =>
-        val (_, kind, valueType, keyType) = stored.states.find(_._1 == name).getOrElse(
+        val found = stored.states.find(_.name == name).getOrElse(
           throw new IllegalArgumentException(s"keyed function ${stored.function} (operator $op) has no state " +
-            s"'$name'; its states are ${stored.states.map(s => s"'${s._1}'").mkString(", ")}, and " +
+            s"'$name'; its states are ${stored.states.map(s => s"'${s.name}'").mkString(", ")}, and " +
             s"$EventTimers, $ProcTimers"))
-        val v = StateVar(name, StateKind.parse(kind), kind, valueType, keyType, None)
+        val (kind, valueType, keyType) = (found.kind, found.valueType, found.mapKeyType)
+        val v = StateVar(name, StateKind.parse(kind), kind, valueType, keyType,
+          if (found.ttl.isEmpty) None else Some(StateTtl(found.ttl)))
         val f = new StateLayout(ProcessSpec("", stored.function, keySchema.fieldNames.toSeq, None, Seq(v),
           timers = false, StructType(Nil)), keySchema).family(v)
         val valueFields = v.kind match {
@@ -66,7 +68,13 @@ object StateReader {
     }
     val schema = StructType(StructField("partition_id", IntegerType, nullable = false) +: rowSchema.fields)
     val conf = KeyedProcessSqlBridge.sqlConfWith(spark, ckpt.pinnedConf(batch))
-    val storeConf = new StateStoreConf(conf)
+    // TTL'd states read as the query sees them at its last batch: expired entries hidden.
+    val ttlOptions = stored.states.filter(_.ttl.nonEmpty).flatMap { s =>
+      val cf = StateVar(s.name, StateKind.parse(s.kind), s.kind, s.valueType, s.mapKeyType, None).columnFamily
+      s.ttl.map { case (o, v) => s"${io.keyedstate.KeyedStateConf.Prefix}ttl.operator.$op.columnFamily.$cf.$o" -> v }
+    }.toMap
+    val storeConf = new StateStoreConf(conf,
+      if (KeyedProcessOperators.isKeyedStateProvider(conf)) ttlOptions else Map.empty)
     val serializableConf = new SerializableConfiguration(hadoopConf)
     val stateRoot = ckpt.stateRoot.toString
     val partitions = ckpt.partitions(op)
