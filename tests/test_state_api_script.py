@@ -1,5 +1,10 @@
 """The API from a user's script: functions defined in ``__main__`` (as in a script or a notebook
 cell, both run in ``__main__``) are shipped to the executors by value, with no module to import.
+
+Also what a new user trips over in one Python process: a module-level global read by a function
+class, changed between two queries, is seen changed by the second query (Python workers are
+reused, and cloudpickle reuses a class it unpickled before, with the first query's globals); and
+``reduce`` hands the function two rows of the input.
 """
 
 from __future__ import annotations
@@ -30,6 +35,13 @@ SCRIPT = textwrap.dedent(
     def running(value, count: int | None):
         return (value.user, (count or 0) + 1), (count or 0) + 1
 
+    THRESHOLD = 4
+
+    class AboveThreshold(KeyedProcessFunction):
+        def process_element(self, value, ctx):
+            if value.n > THRESHOLD:
+                yield value.user, value.n
+
     workdir = sys.argv[1]
     spark = (
         keyedstate.configure(SparkSession.builder.master("local[2]").appName("script"))
@@ -43,10 +55,8 @@ SCRIPT = textwrap.dedent(
     events = spark.readStream.schema("user string, item string, n long").json(f"{workdir}/input")
     keyed = keyedstate.key_by(events, "user")
     results = {}
-    for name, frame in {
-        "totals": keyed.process(Totals(), [("user", str), ("item", str), ("total", int)]),
-        "counts": keyed.map_with_state(running, "user string, count long"),
-    }.items():
+
+    def run(name, frame):
         query = (
             frame.writeStream.format("memory").queryName(name)
             .option("checkpointLocation", f"{workdir}/checkpoint-{name}")
@@ -54,6 +64,13 @@ SCRIPT = textwrap.dedent(
         )
         query.awaitTermination()
         results[name] = sorted(tuple(r) for r in spark.table(name).collect())
+
+    run("totals", keyed.process(Totals(), [("user", str), ("item", str), ("total", int)]))
+    run("counts", keyed.map_with_state(running, "user string, count long"))
+    run("above_4", keyed.process(AboveThreshold(), "user string, n long"))
+    THRESHOLD = 1
+    run("above_1", keyed.process(AboveThreshold(), "user string, n long"))
+    run("reduce", keyed.reduce(lambda a, b: (a.user, a.item, a.n + b.n)))
     print("RESULT " + json.dumps(results))
     spark.stop()
     """
@@ -80,4 +97,7 @@ def test_functions_defined_in_main_run_on_the_executors(tmp_path: Path) -> None:
     assert results == {
         "totals": [["u1", "x", 2], ["u1", "x", 5], ["u1", "y", 5], ["u2", "x", 1]],
         "counts": [["u1", 1], ["u1", 2], ["u1", 3], ["u2", 1]],
+        "above_4": [["u1", 5]],
+        "above_1": [["u1", 2], ["u1", 3], ["u1", 5]],
+        "reduce": [["u1", "x", 2], ["u1", "x", 7], ["u1", "x", 10], ["u2", "x", 1]],
     }

@@ -22,6 +22,7 @@ from keyedstate.functions import (
     KeyedStateStore,
     MapFunction,
     OperatorStateStore,
+    OutputTag,
     ReduceFunction,
     RichFilterFunction,
     RichFlatMapFunction,
@@ -31,7 +32,7 @@ from keyedstate.functions import (
     TimeDomain,
     TimerService,
 )
-from keyedstate.keyed_stream import KeyedStream, key_by
+from keyedstate.keyed_stream import KeyedStream, key_by, side_output
 from keyedstate.ops import (
     CheckpointOperationError,
     InspectReport,
@@ -95,6 +96,7 @@ __all__ = [
     "MapStateDescriptor",
     "MergingState",
     "OperatorStateStore",
+    "OutputTag",
     "ReduceFunction",
     "ReducingState",
     "ReducingStateDescriptor",
@@ -117,5 +119,6 @@ __all__ = [
     "configure",
     "jar_path",
     "key_by",
+    "side_output",
 ]
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -21,6 +21,7 @@ from keyedstate.functions import (
     FlatMapFunction,
     KeyedProcessFunction,
     MapFunction,
+    OutputTag,
     ReduceFunction,
     RuntimeContext,
 )
@@ -28,7 +29,19 @@ from keyedstate.state.descriptors import KeyedStateError, ValueStateDescriptor
 from keyedstate.state.states import ValueState
 from keyedstate.state.types import Types, to_type_info
 
-__all__ = ["KeyedStream", "key_by"]
+__all__ = ["KeyedStream", "key_by", "side_output"]
+
+
+def side_output(result: DataFrame, tag: OutputTag | str | None) -> DataFrame:
+    """The DataFrame of side output ``tag`` of a ``process(..., side_outputs=...)`` result
+    (PyFlink's ``get_side_output``).
+
+    The main and side DataFrames are filters of one output: a query that writes one of them runs
+    the keyed function under its own checkpoint. To write every output from one query, take
+    ``side_output(result, None)``: all rows, with ``side_output`` naming the tag (null for the
+    main output) and each side output's columns as ``<tag>.<column>``, for ``foreachBatch``.
+    """
+    return planner.side_output(result, tag)
 
 WITH_STATE_NAME = "withState"
 
@@ -90,15 +103,24 @@ class KeyedStream:
         *,
         timer_mode: str = "auto",
         output_mode: str = "append",
+        side_outputs: Mapping[OutputTag, OutputSchema] | Sequence[OutputTag] | None = None,
     ) -> DataFrame:
         """Run a :class:`KeyedProcessFunction`.
 
         ``timer_mode``: ``"auto"`` (default: timers when the function defines ``on_timer``),
         ``"none"`` (timers refused), ``"event"`` (event-time timers only; needs a watermark) or
-        ``"processing"`` (both kinds).
+        ``"processing"`` (both kinds). ``side_outputs``: the ``OutputTag``s the function emits
+        to with ``ctx.output(tag, value)``, each with its schema (``{tag: schema}``) or typed
+        (``OutputTag("late", Types.ROW_NAMED(...))``); ``keyedstate.side_output(result, tag)``
+        is the DataFrame of one.
         """
         return self._build(
-            "process", function, output_schema, timer_mode=timer_mode, output_mode=output_mode
+            "process",
+            function,
+            output_schema,
+            timer_mode=timer_mode,
+            output_mode=output_mode,
+            side_outputs=side_outputs,
         )
 
     def map(

@@ -174,4 +174,5 @@ def read_state(
 
     reader = spark._jvm.io.keyedstate.process.StateReader  # type: ignore[attr-defined]
     operator = -1 if operator_id is None else int(operator_id)
-    return DataFrame(_call(reader.read, spark._jsparkSession, checkpoint, state_name, operator), spark)
+    jdf = _call(reader.read, spark._jsparkSession, checkpoint, state_name, operator)
+    return DataFrame(jdf, spark)

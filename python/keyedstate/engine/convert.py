@@ -123,13 +123,45 @@ def output_tuple(value: Any, names: Sequence[str]) -> tuple:  # noqa: ANN401
     )
 
 
-class OutputRows:
-    """Collects one task's outputs and state changes and turns them into record batches."""
+def _side_label(name: str, sides: Sequence[Sequence[str]]) -> str:
+    match = re.fullmatch(r"__ks_o(\d+)_(.*)", name)
+    if match is None:
+        return f"output column '{name}'"
+    return f"side output {int(match.group(1))} column '{match.group(2)}'"
 
-    def __init__(self, output_schema: T.StructType, exchange: T.StructType, time_zone: str) -> None:
-        self.names = tuple(output_schema.names)
-        self._width = len(self.names)
+
+class OutputRows:
+    """Collects one task's outputs and state changes and turns them into record batches.
+
+    With side outputs, ``output_schema`` is the main output's columns, ``__ks_side`` (the side
+    output's index, null for the main output) and each side output's columns: a main row is
+    padded with nulls, a side row has nulls in every other output's columns.
+    """
+
+    def __init__(
+        self,
+        output_schema: T.StructType,
+        exchange: T.StructType,
+        time_zone: str,
+        main_width: int | None = None,
+        sides: Sequence[Sequence[str]] = (),
+    ) -> None:
+        all_names = tuple(output_schema.names)
+        main = len(all_names) if main_width is None else main_width
+        self.names = all_names[:main]
+        self._width = main
+        self._pad = (None,) * (len(all_names) - main)
+        self._sides: list[tuple[tuple, tuple[str, ...], tuple]] = []
+        offset = main + 1
+        for j, names in enumerate(sides):
+            prefix = (None,) * main + (j,) + (None,) * (offset - main - 1)
+            suffix = (None,) * (len(all_names) - offset - len(names))
+            self._sides.append((prefix, tuple(names), suffix))
+            offset += len(names)
         self._fields = output_schema.fields
+        self._labels = [
+            _side_label(f.name, sides) for f in output_schema.fields
+        ]
         self._allowed = [_allowed(f.dataType) for f in output_schema.fields]
         self._encoders = [column_encoder(f.dataType, time_zone) for f in output_schema.fields]
         self._schema = to_arrow_schema(exchange, timezone=time_zone)
@@ -154,9 +186,14 @@ class OutputRows:
 
     def output(self, value: Any) -> None:  # noqa: ANN401
         if type(value) is tuple and len(value) == self._width:  # noqa: E721 - the fast path
-            self._outputs.append(value)
+            row = value
         else:
-            self._outputs.append(output_tuple(value, self.names))
+            row = output_tuple(value, self.names)
+        self._outputs.append(row + self._pad if self._pad else row)
+
+    def side(self, index: int, value: Any) -> None:  # noqa: ANN401
+        prefix, names, suffix = self._sides[index]
+        self._outputs.append(prefix + output_tuple(value, names) + suffix)
 
     def outputs(self, values: Any) -> None:  # noqa: ANN401
         for value in values:
@@ -181,7 +218,7 @@ class OutputRows:
             value = next(v for v in column if type(v) in bad)
             field = self._fields[index]
             raise StateTypeError(
-                f"output column '{field.name}' is {field.dataType.simpleString()}, got "
+                f"{self._labels[index]} is {field.dataType.simpleString()}, got "
                 f"{type(value).__name__} {value!r}"
             )
 

@@ -181,13 +181,22 @@ def _state_json(descriptor: StateDescriptor, kind: str) -> dict[str, Any]:
     }
 
 
+def _pickled_by_value(cls: type) -> bool:
+    """Whether cloudpickle ships ``cls`` by value (``__main__``, or a module registered with
+    ``register_pickle_by_value``) rather than by import."""
+    try:
+        return not cloudpickle.cloudpickle._should_pickle_by_reference(cls)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - a cloudpickle without this helper
+        return cls.__module__ == "__main__"
+
+
 def _function_globals(function: Any) -> dict[str, Any]:  # noqa: ANN401
-    """The module globals that the methods of a class defined in ``__main__`` (a script, a
+    """The module globals that the methods of a class shipped by value (defined in a script, a
     notebook) read, as they are now: shipped with the query so that executors see them."""
     snapshot: dict[str, Any] = {}
     for cls in type(function).__mro__:
         module = sys.modules.get(cls.__module__)
-        if cls.__module__ != "__main__" or module is None:
+        if module is None or cls is object or not _pickled_by_value(cls):
             continue
         for value in vars(cls).values():
             target = getattr(value, "__func__", value)
@@ -198,6 +207,69 @@ def _function_globals(function: Any) -> dict[str, Any]:  # noqa: ANN401
                 if name in module.__dict__ and not isinstance(module.__dict__[name], type(sys)):
                     snapshot[name] = module.__dict__[name]
     return snapshot
+
+
+SIDE_COLUMN = "__ks_side"
+SIDE_OUTPUTS_ATTRIBUTE = "_keyedstate_side_outputs"
+
+SideOutputs = Mapping[Any, OutputSchema] | Sequence[Any] | None
+
+
+def _side_schemas(side_outputs: SideOutputs) -> list[tuple[str, T.StructType]]:
+    """``(tag name, schema)`` per declared side output: ``{OutputTag: schema}``, or OutputTags
+    whose type gives the schema (a row type's fields, else one column ``value``)."""
+    if not side_outputs:
+        return []
+    pairs = (
+        list(side_outputs.items())
+        if isinstance(side_outputs, Mapping)
+        else [(tag, None) for tag in side_outputs]
+    )
+    out: list[tuple[str, T.StructType]] = []
+    for tag, schema in pairs:
+        tag_id = getattr(tag, "tag_id", None)
+        if not isinstance(tag_id, str):
+            raise KeyedStateError(f"side outputs are declared with OutputTag objects, got {tag!r}")
+        if schema is None:
+            info = getattr(tag, "type_info", None)
+            if info is None:
+                raise KeyedStateError(
+                    f"side output {tag_id!r} has no type: declare OutputTag({tag_id!r}, "
+                    "Types.ROW_NAMED(...)) or pass side_outputs={tag: schema}"
+                )
+            spark_type = info.spark_type()
+            struct = (
+                spark_type
+                if isinstance(spark_type, T.StructType)
+                else T.StructType([T.StructField("value", spark_type)])
+            )
+        else:
+            struct = output_struct(schema)
+        out.append((tag_id, struct))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise KeyedStateError(f"side output names repeat: {names}")
+    return out
+
+
+def _with_sides(main: T.StructType, sides: list[tuple[str, T.StructType]]) -> T.StructType:
+    fields = list(main.fields) + [T.StructField(SIDE_COLUMN, T.IntegerType())]
+    for j, (_, struct) in enumerate(sides):
+        fields += [T.StructField(f"__ks_o{j}_{f.name}", f.dataType) for f in struct.fields]
+    return T.StructType(fields)
+
+
+def side_output(result: DataFrame, tag: Any) -> DataFrame:  # noqa: ANN401
+    """The DataFrame of a side output of ``process(..., side_outputs=...)``'s result; with
+    ``tag=None``, all outputs in one DataFrame (column ``side_output`` names the tag)."""
+    sides = getattr(result, SIDE_OUTPUTS_ATTRIBUTE, None)
+    tag_id = getattr(tag, "tag_id", tag)
+    if sides is None or tag_id not in sides:
+        raise KeyedStateError(
+            f"no side output {tag_id!r} on this DataFrame: call side_output on the DataFrame "
+            f"process() returned, with a tag it declared ({sorted(k for k in sides or {} if k)})"
+        )
+    return sides[tag_id]
 
 
 def _check_extensions(df: DataFrame) -> None:
@@ -220,6 +292,7 @@ def build(
     order_by: str | None,
     timer_mode: str = "auto",
     output_mode: str = "append",
+    side_outputs: SideOutputs = None,
 ) -> DataFrame:
     """Checks everything that can be checked before the query starts, then plans it."""
     if not isinstance(df, DataFrame) and type(df).__name__ != "DataFrame":
@@ -283,7 +356,11 @@ def build(
     if timer_mode != "none" and kind != "process":
         raise KeyedStateError("timers are only available to KeyedProcessFunction (process())")
 
-    struct = output_struct(output_schema) if kind != "filter" else df.schema
+    main_struct = output_struct(output_schema) if kind != "filter" else df.schema
+    sides = _side_schemas(side_outputs)
+    if sides and kind != "process":
+        raise KeyedStateError("side outputs are only available to KeyedProcessFunction (process())")
+    struct = _with_sides(main_struct, sides) if sides else main_struct
     keyed, operator = _declared_states(function)
     states = [StatePlan(i, d.name, d.kind, d) for i, d in enumerate(keyed)]
     states += [
@@ -326,6 +403,9 @@ def build(
         event_time_column=event_time,
         task_name=type(function).__name__,
         declared={s.name: s.descriptor.signature() for s in states},
+        side_tags={name: j for j, (name, _) in enumerate(sides)},
+        side_columns=[list(st.names) for _, st in sides],
+        main_width=len(main_struct.fields) if sides else None,
     )
     try:
         lookup = DataFrame(engine.lookup(df._jdf, spec_json), spark)
@@ -335,4 +415,37 @@ def build(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mapped = lookup.mapInArrow(runner, out_schema)
-    return DataFrame(engine.apply(mapped._jdf, spec_json, df.schema.json()), spark)
+    result = DataFrame(engine.apply(mapped._jdf, spec_json, df.schema.json()), spark)
+    if not sides:
+        return result
+    from pyspark.sql import functions as F
+
+    main = result.where(F.col(SIDE_COLUMN).isNull()).select(
+        *[F.col(_quoted(f.name)) for f in main_struct.fields]
+    )
+    side_frames = {
+        name: result.where(F.col(SIDE_COLUMN) == j).select(
+            *[F.col(_quoted(f"__ks_o{j}_{f.name}")).alias(f.name) for f in st.fields]
+        )
+        for j, (name, st) in enumerate(sides)
+    }
+    # All outputs of one run: the main output's columns, `side_output` (the tag's name, null for
+    # the main output), and each side output's columns prefixed with its name.
+    tag_name = F.lit(None).cast("string")
+    for j, (name, _) in enumerate(sides):
+        tag_name = F.when(F.col(SIDE_COLUMN) == j, F.lit(name)).otherwise(tag_name)
+    combined = result.select(
+        *[F.col(_quoted(f.name)) for f in main_struct.fields],
+        tag_name.alias("side_output"),
+        *[
+            F.col(_quoted(f"__ks_o{j}_{f.name}")).alias(f"{name}.{f.name}")
+            for j, (name, st) in enumerate(sides)
+            for f in st.fields
+        ],
+    )
+    setattr(main, SIDE_OUTPUTS_ATTRIBUTE, {**side_frames, None: combined})
+    return main
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"

@@ -24,7 +24,7 @@ from keyedstate.engine.contexts import ContextImpl, RuntimeContextImpl, TimerSer
 from keyedstate.engine.convert import OutputRows, element_class
 from keyedstate.engine.keyed_state import MIN_TIME, KeyState
 from keyedstate.functions import CheckpointedFunction, TimeDomain
-from keyedstate.state.descriptors import StateDescriptor
+from keyedstate.state.descriptors import KeyedStateError, StateDescriptor
 
 __all__ = ["KeyedRunner", "RunnerPlan", "StatePlan"]
 
@@ -64,6 +64,10 @@ class RunnerPlan:
     event_time_column: str | None = None
     task_name: str = "keyedstate"
     declared: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Side outputs: tag name -> index, each one's column names; the main output's width.
+    side_tags: dict[str, int] = field(default_factory=dict)
+    side_columns: list[list[str]] = field(default_factory=list)
+    main_width: int | None = None
 
 
 def _refresh_globals(function: Any, snapshot: dict[str, Any]) -> None:  # noqa: ANN401
@@ -104,8 +108,14 @@ class _Task:
         self.runtime = RuntimeContextImpl(self.state, plan.task_name)
         self.runtime.batch_id = _batch_id()
         self.timers = TimerServiceImpl(self.state, plan.timer_mode)
-        self.ctx = ContextImpl(self.state, self.timers)
-        self.out = OutputRows(plan.output_schema, plan.out_exchange, plan.time_zone)
+        self.out = OutputRows(
+            plan.output_schema,
+            plan.out_exchange,
+            plan.time_zone,
+            plan.main_width,
+            plan.side_columns,
+        )
+        self.ctx = ContextImpl(self.state, self.timers, self._side if plan.side_tags else None)
         names = tuple(plan.input_schema.names)
         self.element_class = element_class(names)
         self.input_decoders = [
@@ -141,6 +151,15 @@ class _Task:
         self.has_key = False
         self.pre_fired = True
         self.due: list[tuple[bool, int]] = []
+
+    def _side(self, tag: Any, value: Any) -> None:  # noqa: ANN401
+        index = self.plan.side_tags.get(getattr(tag, "tag_id", tag))
+        if index is None:
+            raise KeyedStateError(
+                f"side output {getattr(tag, 'tag_id', tag)!r} was not declared; process() "
+                f"declares {sorted(self.plan.side_tags)}"
+            )
+        self.out.side(index, value)
 
     # -----------------------------------------------------------------------------------------
 

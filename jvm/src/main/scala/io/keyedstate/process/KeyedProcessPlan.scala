@@ -1,6 +1,6 @@
 package io.keyedstate.process
 
-import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeReference}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeReference, AttributeSet}
 import org.apache.spark.sql.catalyst.plans.logical.{LogicalPlan, UnaryNode}
 import org.apache.spark.sql.types.StructType
 
@@ -16,8 +16,9 @@ final case class KeyedStateLookup(specJson: String, output: Seq[Attribute], chil
   override protected def withNewChildInternal(newChild: LogicalPlan): KeyedStateLookup = copy(child = newChild)
   override def simpleString(maxFields: Int): String =
     s"KeyedStateLookup ${spec.functionName} by ${spec.keyColumns.mkString(", ")}"
-  override def producedAttributes: org.apache.spark.sql.catalyst.expressions.AttributeSet =
-    org.apache.spark.sql.catalyst.expressions.AttributeSet(output)
+  override def producedAttributes: AttributeSet = AttributeSet(output)
+  // Reads every column of its child (ColumnPruning would otherwise prune them all away).
+  override lazy val references: AttributeSet = child.outputSet
 }
 
 final case class KeyedStateApply(
@@ -29,8 +30,8 @@ final case class KeyedStateApply(
   override protected def withNewChildInternal(newChild: LogicalPlan): KeyedStateApply = copy(child = newChild)
   override def simpleString(maxFields: Int): String =
     s"KeyedStateApply ${spec.functionName} by ${spec.keyColumns.mkString(", ")}"
-  override def producedAttributes: org.apache.spark.sql.catalyst.expressions.AttributeSet =
-    org.apache.spark.sql.catalyst.expressions.AttributeSet(output)
+  override def producedAttributes: AttributeSet = AttributeSet(output)
+  override lazy val references: AttributeSet = child.outputSet
 }
 
 object KeyedProcessPlan {

@@ -1,0 +1,219 @@
+"""The per-key engine on real queries: chained keyed functions, side outputs, ``close()``, and
+typed state read back per key. Every scenario runs in two phases over one checkpoint (the second
+restarts the query) on keyedstate's provider and on Spark's RocksDB provider side by side."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from keyedstate import (
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    OutputTag,
+    RuntimeContext,
+    Types,
+    ValueStateDescriptor,
+    key_by,
+    side_output,
+)
+from pyspark import TaskContext
+from pyspark.sql import SparkSession
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+from state_api_support import on_both_providers, run_jobs, ship_by_value, stored_state
+from streaming_harness import sort_rows
+
+ship_by_value(__name__)
+
+SCHEMA = StructType(
+    [
+        StructField("k", StringType()),
+        StructField("grp", StringType()),
+        StructField("cat", StringType()),
+        StructField("v", LongType()),
+        StructField("seq", LongType()),
+    ]
+)
+FILES = [
+    [("a", "g1", "x", 1), ("b", "g1", "y", 12), ("c", "g2", "x", 3), ("a", "g1", "y", 4)],
+    [("a", "g1", "x", 20), ("d", "g2", "z", 5), ("b", "g1", "y", 1)],
+    # after the restart
+    [("c", "g2", "x", 7), ("a", "g1", "z", 11), ("d", "g2", "z", 2), ("e", "g3", "x", 30)],
+    [("b", "g1", "x", 6)],
+]
+
+
+def rows_of(files: list[list[tuple]]) -> list[list[dict[str, Any]]]:
+    out, seq = [], 0
+    for rows in files:
+        batch = []
+        for k, grp, cat, v in rows:
+            batch.append({"k": k, "grp": grp, "cat": cat, "v": v, "seq": seq})
+            seq += 1
+        out.append(batch)
+    return out
+
+
+INPUT = rows_of(FILES)
+PHASES = [{"events": INPUT[:2]}, {"events": INPUT[2:]}]
+
+
+class Profile(KeyedProcessFunction):
+    """Per key: a count, the last 3 categories, per-category totals; emits them per element, and
+    to the side output 'big' the elements with v >= 10."""
+
+    BIG = OutputTag("big", Types.ROW_NAMED(["k", "v"], [Types.STRING(), Types.LONG()]))
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+        self.last = runtime_context.get_list_state(ListStateDescriptor("last", Types.STRING()))
+        self.totals = runtime_context.get_map_state(
+            MapStateDescriptor("totals", Types.STRING(), Types.LONG())
+        )
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        count = (self.count.value() or 0) + 1
+        self.count.update(count)
+        self.last.add(value.cat)
+        last = self.last.get()
+        if len(last) > 3:
+            self.last.update(last[-3:])
+        self.totals.put(value.cat, (self.totals.get(value.cat) or 0) + value.v)
+        if value.v >= 10:
+            ctx.output(self.BIG, (value.k, value.v))
+        yield value.k, value.grp, count, value.seq, self.totals.get(value.cat)
+
+
+PROFILE_OUT = "k string, grp string, count long, seq long, total long"
+
+
+class GroupSum(KeyedProcessFunction):
+    """Keyed by group, downstream of Profile: the running sum of the counts it emitted."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.sum = runtime_context.get_state(ValueStateDescriptor("sum", Types.LONG()))
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        total = (self.sum.value() or 0) + value.count
+        self.sum.update(total)
+        yield value.grp, value.seq, total
+
+
+def model() -> tuple[dict, dict, dict, dict]:
+    """Per batch: Profile's outputs, its 'big' side outputs, GroupSum's outputs; and the final
+    state of every key (count, last, totals)."""
+    count: dict[str, int] = defaultdict(int)
+    last: dict[str, list[str]] = defaultdict(list)
+    totals: dict[str, dict[str, int]] = defaultdict(dict)
+    group_sum: dict[str, int] = defaultdict(int)
+    profile, big, sums = {}, {}, {}
+    for batch, rows in enumerate(INPUT):
+        p, b, s = [], [], []
+        for r in rows:  # one key's elements in arrival order; keys are independent
+            k = r["k"]
+            count[k] += 1
+            last[k] = (last[k] + [r["cat"]])[-3:]
+            totals[k][r["cat"]] = totals[k].get(r["cat"], 0) + r["v"]
+            p.append({"k": k, "grp": r["grp"], "count": count[k], "seq": r["seq"],
+                      "total": totals[k][r["cat"]]})  # fmt: skip
+            if r["v"] >= 10:
+                b.append({"k": k, "v": r["v"]})
+        for out in sorted(p, key=lambda o: o["seq"]):
+            group_sum[out["grp"]] += out["count"]
+            s.append({"grp": out["grp"], "seq": out["seq"], "sum": group_sum[out["grp"]]})
+        profile[batch], big[batch], sums[batch] = sort_rows(p), sort_rows(b), sort_rows(s)
+    final = {"count": count, "last": last, "totals": totals}
+    return profile, big, sums, final
+
+
+def test_chained_keyed_functions_and_side_outputs(spark: SparkSession, tmp_path: Path) -> None:
+    def profile(frames: Any) -> Any:  # noqa: ANN401
+        return key_by(frames["events"], "k").process(
+            Profile(), PROFILE_OUT, side_outputs=[Profile.BIG]
+        )
+
+    def chained(frames: Any) -> Any:  # noqa: ANN401
+        return key_by(profile(frames), "grp", order_by="seq").process(
+            GroupSum(), "grp string, seq long, sum long"
+        )
+
+    jobs = {}
+    for name, build in {
+        "profile": profile,
+        "big": lambda frames: side_output(profile(frames), Profile.BIG),
+        "chained": chained,
+    }.items():
+        for label, job in on_both_providers(build).items():
+            jobs[f"{name}/{label}"] = job
+    results = run_jobs(spark, tmp_path, {"events": SCHEMA}, PHASES, jobs)
+
+    want_profile, want_big, want_sums, final = model()
+    want = {"profile": want_profile, "big": want_big, "chained": want_sums}
+    for job, result in results.items():
+        name = job.split("/")[0]
+        got = {b: rows for b, rows in result.batches.items() if rows or want[name].get(b)}
+        assert got == {b: r for b, r in want[name].items() if r}, job
+
+    for label in ("keyedstate", "spark-rocksdb"):
+        checkpoint = results[f"chained/{label}"].checkpoint
+        # Two stateful operators, one per keyed function, in plan order.
+        metadata = spark.read.format("state-metadata").load(str(checkpoint)).collect()
+        assert sorted((r["operatorId"], r["operatorName"]) for r in metadata) == [
+            (1000, "keyedProcess"),
+            (1001, "keyedProcess"),
+        ], (label, metadata)
+        # The state, typed, one row per key (per list element, per map entry).
+        profile_ckpt = results[f"profile/{label}"].checkpoint
+        assert stored_state(spark, profile_ckpt, "count") == sorted(
+            ({"k": k, "value": n} for k, n in final["count"].items()), key=repr
+        ), label
+        assert sorted(
+            (r["k"], r["value"]) for r in stored_state(spark, profile_ckpt, "last")
+        ) == sorted((k, c) for k, cats in final["last"].items() for c in cats), label
+        assert stored_state(spark, profile_ckpt, "totals") == sorted(
+            (
+                {"k": k, "user_map_key": c, "value": t}
+                for k, m in final["totals"].items()
+                for c, t in m.items()
+            ),
+            key=repr,
+        ), label
+
+
+class Lifecycle(KeyedProcessFunction):
+    """Records each task's open() and close() on the executors (one line per call)."""
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+
+    def _record(self, what: str) -> None:
+        context = TaskContext.get()
+        if context is not None:  # not the driver's planning probe
+            with open(self.log, "a") as out:
+                out.write(f"{what} {context.stageId()} {context.partitionId()}\n")
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self._record("open")
+
+    def close(self) -> None:
+        self._record("close")
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        yield value.k, value.v
+
+
+def test_close_is_called_once_per_task_after_open(spark: SparkSession, tmp_path: Path) -> None:
+    log = tmp_path / "lifecycle.log"
+    jobs = on_both_providers(
+        lambda frames: key_by(frames["events"], "k").process(Lifecycle(str(log)), "k string, v long")
+    )
+    results = run_jobs(spark, tmp_path, {"events": SCHEMA}, PHASES, jobs)
+    for result in results.values():
+        assert sum(len(rows) for rows in result.batches.values()) == sum(map(len, INPUT))
+    lines = log.read_text().splitlines()
+    opened = sorted(line.split(" ", 1)[1] for line in lines if line.startswith("open"))
+    closed = sorted(line.split(" ", 1)[1] for line in lines if line.startswith("close"))
+    assert opened and opened == closed, lines
+    assert len(set(opened)) == len(opened), "open() ran more than once in a task"
