@@ -19,11 +19,20 @@ from keyedstate import (
     key_by,
     side_output,
 )
+from keyedstate import read_state as keyedstate_read
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 from state_api_support import on_both_providers, run_jobs, ship_by_value, stored_state
-from streaming_harness import sort_rows
+from streaming_harness import (
+    PROVIDER_UNDER_TEST,
+    BatchCollector,
+    FileInput,
+    await_finished,
+    sort_rows,
+    start_query,
+)
 
 ship_by_value(__name__)
 
@@ -207,7 +216,9 @@ class Lifecycle(KeyedProcessFunction):
 def test_close_is_called_once_per_task_after_open(spark: SparkSession, tmp_path: Path) -> None:
     log = tmp_path / "lifecycle.log"
     jobs = on_both_providers(
-        lambda frames: key_by(frames["events"], "k").process(Lifecycle(str(log)), "k string, v long")
+        lambda frames: key_by(frames["events"], "k").process(
+            Lifecycle(str(log)), "k string, v long"
+        )
     )
     results = run_jobs(spark, tmp_path, {"events": SCHEMA}, PHASES, jobs)
     for result in results.values():
@@ -217,3 +228,68 @@ def test_close_is_called_once_per_task_after_open(spark: SparkSession, tmp_path:
     closed = sorted(line.split(" ", 1)[1] for line in lines if line.startswith("close"))
     assert opened and opened == closed, lines
     assert len(set(opened)) == len(opened), "open() ran more than once in a task"
+
+
+class TimedProfile(Profile):
+    """Profile with an event-time timer per element (fires 3 s of event time later)."""
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        ctx.timer_service().register_event_time_timer(value.seq * 1000 + 3000)
+        yield from super().process_element(value, ctx)
+
+    def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext) -> Any:  # noqa: ANN401
+        yield ctx.get_current_key(), "timer", self.count.value(), timestamp, None
+
+
+def run_phase(
+    spark: SparkSession, source: FileInput, checkpoint: Path, provider: str
+) -> tuple[dict[int, list[dict[str, Any]]], Any]:
+    events = source.read_stream(spark).withColumn("ts", F.timestamp_seconds("seq"))
+    frame = key_by(events.withWatermark("ts", "0 seconds"), "k").process(
+        TimedProfile(), PROFILE_OUT, side_outputs=[Profile.BIG]
+    )
+    collector = BatchCollector()
+    query = start_query(spark, provider, frame, "append", checkpoint, collector)
+    await_finished(query)
+    return collector.batches, query.lastProgress
+
+
+def test_rescaled_python_api_checkpoint_continues_exactly(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """N=2 -> M=3 (new checkpoint) and 2 -> 1 (in place) after phase 1: phase 2's output equals a
+    run that was never rescaled, the restarted query runs at M, and the state (values, list
+    elements, map entries, timers) is the reference's, each row in pmod(hash(key), M)."""
+    from keyedstate import rescale
+
+    def source(name: str) -> FileInput:
+        return FileInput(tmp_path / name / "input", SCHEMA)
+
+    reference, line, in_place = source("reference"), source("line"), source("in-place")
+    for phase in PHASES:
+        for rows in phase["events"]:
+            reference.add(rows)
+        ref_batches, _ = run_phase(
+            spark, reference, tmp_path / "reference/ckpt", PROVIDER_UNDER_TEST
+        )
+        if phase is PHASES[0]:
+            for src, name in ((line, "line"), (in_place, "in-place")):
+                for rows in phase["events"]:
+                    src.add(rows)
+                run_phase(spark, src, tmp_path / name / "ckpt", PROVIDER_UNDER_TEST)
+            rescale(spark, str(tmp_path / "line/ckpt"), 3, output=str(tmp_path / "line/ckpt-3"))
+            rescale(spark, str(tmp_path / "in-place/ckpt"), 1, in_place=True)
+    targets = {"line": (tmp_path / "line/ckpt-3", 3), "in-place": (tmp_path / "in-place/ckpt", 1)}
+    for name, src in (("line", line), ("in-place", in_place)):
+        for rows in PHASES[1]["events"]:
+            src.add(rows)
+        checkpoint, partitions = targets[name]
+        batches, progress = run_phase(spark, src, checkpoint, PROVIDER_UNDER_TEST)
+        assert batches and batches == {b: ref_batches[b] for b in batches}, name
+        assert progress["stateOperators"][0]["numShufflePartitions"] == partitions, name
+        for state in ("count", "last", "totals", "$eventTimers"):
+            want = stored_state(spark, tmp_path / "reference/ckpt", state)
+            assert stored_state(spark, checkpoint, state) == want, (name, state)
+            rows = keyedstate_read(spark, str(checkpoint), state)
+            owner = F.pmod(F.hash(F.col("k")), F.lit(partitions))
+            assert rows.where(owner != F.col("partition_id")).count() == 0, (name, state)
