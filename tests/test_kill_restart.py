@@ -1,7 +1,8 @@
 """SIGKILL the whole driver (Python + JVM) at random points; restarts must be exactly-once.
 
-The driver (drivers/agg_driver.py) runs a count/sum per key in update mode over NUM_FILES input
-files, one file per micro-batch, and writes each batch's output idempotently. This test kills its
+The driver (drivers/agg_driver.py) runs a count/sum per key over NUM_FILES input files, one file
+per micro-batch, and writes each batch's output idempotently: with Spark's streaming aggregation
+(update mode), and with a keyedstate Python API function (a ValueState per key). This test kills its
 process group at seeded random points in different phases (JVM startup, mid-batch, right after a
 commit, after a random delay) and restarts it on the same checkpoint until it finishes. Alongside,
 the same driver runs uninterrupted on a fresh checkpoint. Per-batch and final results of the two
@@ -170,15 +171,18 @@ def drivers() -> Iterator[list[Driver]]:
             driver.kill_group()
 
 
-def test_kill_and_restart_is_exactly_once(tmp_path: Path, drivers: list[Driver]) -> None:
+@pytest.mark.parametrize("engine", ["aggregation", "python-api"])
+def test_kill_and_restart_is_exactly_once(
+    engine: str, tmp_path: Path, drivers: list[Driver]
+) -> None:
     rng = random.Random(SEED)
-    print(f"KILL_TEST_SEED={SEED} provider={PROVIDER_UNDER_TEST}")
+    print(f"KILL_TEST_SEED={SEED} provider={PROVIDER_UNDER_TEST} engine={engine}")
     files = make_input(tmp_path / "input")
     expected = expected_batches(files)
 
     checkpoint = tmp_path / "killed" / "checkpoint"
     output = tmp_path / "killed" / "output"
-    args = [str(tmp_path / "input"), str(checkpoint), str(output), PROVIDER_UNDER_TEST]
+    args = [str(tmp_path / "input"), str(checkpoint), str(output), PROVIDER_UNDER_TEST, engine]
 
     def commits() -> int:  # batches committed so far (old commit files get purged: use the id)
         done = committed_batches(checkpoint)
@@ -218,6 +222,7 @@ def test_kill_and_restart_is_exactly_once(tmp_path: Path, drivers: list[Driver])
         str(tmp_path / "clean" / "checkpoint"),
         str(clean_output),
         PROVIDER_UNDER_TEST,
+        engine,
     ]
     t0 = time.monotonic()
     clean = Driver(clean_args, tmp_path / "driver-clean.log")
