@@ -25,7 +25,7 @@ jar: $(PY)
 	cp $(JAR_SRC) $(JAR).tmp && mv $(JAR).tmp $(JAR)
 
 demo: setup
-	$(PY) -m keyedstate.demo
+	$(PY) -m keyedstate.tools.demo
 
 test-scala: $(PY)
 	$(SBT) test

@@ -17,8 +17,9 @@ floor's rows (checked after timing).
 Micro-batch 1 (the headline) is ``--rows`` events over ``--keys`` keys in ``--partitions``
 parquet files, read as ONE micro-batch on ``--partitions`` partitions (shuffle partitions too).
 Micro-batch 2 is ``--update-keys`` events of as many existing keys: it shows the cost of a small
-batch against a large state (keyedstate rewrites every bucket it touches). Every implementation
-first runs once on a small input, untimed, so that no timed run pays JIT and worker start-up.
+batch against a large state (bench/small_batch_bench.py measures its checkpoint bytes). Every
+implementation first runs once on a small input, untimed, so that no timed run pays JIT and
+worker start-up.
 
     python bench/state_api_bench.py --rows 400000 --keys 100000      # the documented run
     python bench/state_api_bench.py --rows 40000 --keys 10000        # quick
@@ -305,7 +306,6 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--update-keys", type=int, default=1000, help="keys in micro-batch 2")
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--buckets", type=int, default=None, help="key_by buckets (default: API)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--skip-tws", action="store_true", help="skip transformWithStateInPandas")
     parser.add_argument("--skip-spark-rocksdb", action="store_true")
@@ -344,7 +344,7 @@ def main() -> None:
                 .option("maxFilesPerTrigger", args.partitions)
                 .parquet(str(input_dir))
             )
-            keyed = keyedstate.key_by(source, "user_id", buckets=args.buckets, order_by="seq")
+            keyed = keyedstate.key_by(source, "user_id", order_by="seq")
             ours = keyed.process(UserActivity(), OUTPUT_DDL)
             plan = [("keyedstate", keyedstate.PROVIDER_CLASS, ours)]
             if not args.skip_spark_rocksdb:
@@ -368,9 +368,8 @@ def main() -> None:
             run_query(spark, name, provider, frame, workdir, expected)
             for name, provider, frame in queries(workdir / "input")
         ]
-        buckets = keyedstate.key_by(spark.range(1), "id", buckets=args.buckets).buckets
         spark.stop()
-        report(args, runs, floor_first, buckets)
+        report(args, runs, floor_first)
         if not all(r.correct for r in runs):
             sys.exit("some implementation did not produce the floor's output")
     finally:
@@ -382,11 +381,11 @@ def plain_loop_continue(before: list[tuple], rows: list[tuple]) -> list[tuple]:
     return plain_loop(before + rows)[len(before) :]
 
 
-def report(args: argparse.Namespace, runs: list[Run], floor_s: float, buckets: int) -> None:
+def report(args: argparse.Namespace, runs: list[Run], floor_s: float) -> None:
     print()
     print(
         f"micro-batch 1: {args.rows} rows, {args.keys} keys on {args.partitions} partitions; "
-        f"micro-batch 2: {args.update_keys} keys; local[2]; keyedstate buckets={buckets}; "
+        f"micro-batch 2: {args.update_keys} keys; local[2]; "
         f"load average {os.getloadavg()[0]:.1f}"
     )
     tws = next((r for r in runs if r.name == "transformWithStateInPandas"), None)

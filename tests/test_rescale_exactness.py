@@ -463,7 +463,7 @@ def agg_lines(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> 
             assert agg_line.line.run_batches(0) == reference.run_batches(0)
 
         cli_source, cli_output = fresh["cli"].line.path, root / "cli-rescaled"
-        cli = [sys.executable, "-m", "keyedstate.cli"]
+        cli = [sys.executable, "-m", "keyedstate.tools.cli"]
         spark_options = ["--master", "local[2]", "--json"]
         cli_runs = {
             "rescale": Driver(
@@ -554,7 +554,7 @@ def test_chained_rescale(spark: SparkSession, agg_lines: AggLines, tmp_path: Pat
 
 
 def test_cli_rescale_and_inspect(spark: SparkSession, agg_lines: AggLines) -> None:
-    """``python -m keyedstate.cli rescale`` (started by the fixture) writes a checkpoint that
+    """``python -m keyedstate.tools.cli rescale`` (started by the fixture) writes a checkpoint that
     restarts exactly at M; ``keyedstate.inspect`` counts its keys per partition as the
     ``statestore`` source does, none misplaced."""
     reference, agg = agg_lines.reference, agg_lines.fresh["cli"]

@@ -33,14 +33,6 @@ from keyedstate.functions import (
     TimerService,
 )
 from keyedstate.keyed_stream import KeyedStream, key_by, side_output
-from keyedstate.ops import (
-    CheckpointOperationError,
-    InspectReport,
-    RescaleResult,
-    inspect,
-    read_state,
-    rescale,
-)
 from keyedstate.state import (
     AggregatingState,
     AggregatingStateDescriptor,
@@ -63,6 +55,14 @@ from keyedstate.state import (
     Types,
     ValueState,
     ValueStateDescriptor,
+)
+from keyedstate.tools.ops import (
+    CheckpointOperationError,
+    InspectReport,
+    RescaleResult,
+    inspect,
+    read_state,
+    rescale,
 )
 
 __all__ = [

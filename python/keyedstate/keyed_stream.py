@@ -13,9 +13,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from keyedstate.engine import planner
-from keyedstate.engine.convert import element_class, output_tuple
-from keyedstate.engine.planner import OutputSchema
+from keyedstate.elements import element_class
 from keyedstate.functions import (
     FilterFunction,
     FlatMapFunction,
@@ -41,6 +39,8 @@ def side_output(result: DataFrame, tag: OutputTag | str | None) -> DataFrame:
     ``side_output(result, None)``: all rows, with ``side_output`` naming the tag (null for the
     main output) and each side output's columns as ``<tag>.<column>``, for ``foreachBatch``.
     """
+    from keyedstate.engine import planner  # the API layer loads the engine only when used
+
     return planner.side_output(result, tag)
 
 WITH_STATE_NAME = "withState"
@@ -83,9 +83,11 @@ class KeyedStream:
         self,
         kind: str,
         function: Any,  # noqa: ANN401
-        output_schema: OutputSchema | None,
+        output_schema: Any | None,
         **options: Any,  # noqa: ANN401
     ) -> DataFrame:
+        from keyedstate.engine import planner  # the API layer loads the engine only when used
+
         return planner.build(
             self._df,
             self.key_columns,
@@ -99,11 +101,11 @@ class KeyedStream:
     def process(
         self,
         function: KeyedProcessFunction,
-        output_schema: OutputSchema,
+        output_schema: Any,
         *,
         timer_mode: str = "auto",
         output_mode: str = "append",
-        side_outputs: Mapping[OutputTag, OutputSchema] | Sequence[OutputTag] | None = None,
+        side_outputs: Mapping[OutputTag, Any] | Sequence[OutputTag] | None = None,
     ) -> DataFrame:
         """Run a :class:`KeyedProcessFunction`.
 
@@ -126,7 +128,7 @@ class KeyedStream:
     def map(
         self,
         function: MapFunction | Callable[[Any], Any],
-        output_schema: OutputSchema,
+        output_schema: Any,
         *,
         output_mode: str = "append",
     ) -> DataFrame:
@@ -138,7 +140,7 @@ class KeyedStream:
     def flat_map(
         self,
         function: FlatMapFunction | Callable[[Any], Iterable[Any] | None],
-        output_schema: OutputSchema,
+        output_schema: Any,
         *,
         output_mode: str = "append",
     ) -> DataFrame:
@@ -174,7 +176,7 @@ class KeyedStream:
     def map_with_state(
         self,
         fun: Callable[[Any, Any], tuple[Any, Any]],
-        output_schema: OutputSchema,
+        output_schema: Any,
         state_type: Any = None,  # noqa: ANN401
         *,
         output_mode: str = "append",
@@ -193,7 +195,7 @@ class KeyedStream:
     def flat_map_with_state(
         self,
         fun: Callable[[Any, Any], tuple[Iterable[Any] | None, Any]],
-        output_schema: OutputSchema,
+        output_schema: Any,
         state_type: Any = None,  # noqa: ANN401
         *,
         output_mode: str = "append",
@@ -331,8 +333,6 @@ class _RunningReduce(MapFunction):
         else:
             # Both arguments are rows of the input (Flink's ReduceFunction<T>).
             row = element_class(self.names)._make(current)
-            result = element_class(self.names)._make(
-                tuple(output_tuple(self.reduce_fn(row, value), self.names))
-            )
+            result = element_class(self.names)._make(tuple(self.reduce_fn(row, value)))
         self.state.update(tuple(result))
         return result

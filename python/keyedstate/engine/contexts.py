@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from keyedstate.engine.keyed_state import KeyState, checker
+from keyedstate.engine.keyed_state import KeyState
 from keyedstate.functions import (
     FunctionInitializationContext,
     FunctionSnapshotContext,
@@ -32,7 +32,7 @@ from keyedstate.state.states import (
     ReducingState,
     ValueState,
 )
-from keyedstate.state.types import StateTypeError
+from keyedstate.state.types import StateTypeError, checker
 
 __all__ = ["ContextImpl", "RuntimeContextImpl", "TimerServiceImpl"]
 

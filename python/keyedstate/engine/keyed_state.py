@@ -29,7 +29,7 @@ from keyedstate.state.states import (
     ReducingState,
     ValueState,
 )
-from keyedstate.state.types import StateTypeError, TypeInformation, compile_exact, compile_exact_all
+from keyedstate.state.types import StateTypeError, checker
 
 __all__ = ["MIN_TIME", "KeyState", "create_handle"]
 
@@ -121,34 +121,6 @@ class KeyState:
 
 # ---------------------------------------------------------------------------------------------
 # State objects
-
-
-class _Check:
-    """Checks values against a declared type: a generated exact test first, then the type's
-    conversion, which normalises or raises :class:`StateTypeError` naming the state."""
-
-    __slots__ = ("exact", "exact_all", "_coerce", "_message")
-
-    def __init__(self, descriptor: StateDescriptor, info: TypeInformation, what: str) -> None:
-        self.exact = compile_exact(info)
-        self.exact_all = compile_exact_all(info)
-        self._coerce = info._coerce
-        self._message = f"{type(descriptor).__name__[:-10]} '{descriptor.name}' {what}"
-
-    def convert(self, value: Any) -> Any:  # noqa: ANN401
-        try:
-            return self._coerce(value)
-        except StateTypeError as error:
-            raise StateTypeError(f"{self._message}: {error}") from None
-
-    def one(self, value: Any) -> Any:  # noqa: ANN401
-        exact = self.exact
-        return value if exact is not None and exact(value) else self.convert(value)
-
-
-def checker(descriptor: StateDescriptor, info: TypeInformation, what: str) -> _Check | None:
-    """A checker for values of ``info``, or None when the type is unchecked (pickled)."""
-    return None if info.is_pickled() else _Check(descriptor, info, what)
 
 
 class _Handle:

@@ -19,9 +19,10 @@ from pyspark import cloudpickle
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from keyedstate.elements import element_class
 from keyedstate.engine.codec import column_decoder, column_encoder, state_codec
 from keyedstate.engine.contexts import ContextImpl, RuntimeContextImpl, TimerServiceImpl
-from keyedstate.engine.convert import OutputRows, element_class
+from keyedstate.engine.convert import OutputRows
 from keyedstate.engine.keyed_state import MIN_TIME, KeyState
 from keyedstate.functions import CheckpointedFunction, TimeDomain
 from keyedstate.state.descriptors import KeyedStateError, StateDescriptor

@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 
 __all__ = [
     "StateTypeError",
+    "checker",
     "TypeInformation",
     "Types",
     "compile_exact",
@@ -544,3 +545,31 @@ def to_type_info(declared: Any) -> TypeInformation:  # noqa: ANN401 - a type dec
         "decimal.Decimal, datetime.date, datetime.datetime, list[...], dict[...], tuple[...], "
         "a Spark DataType, or Types.PICKLED_BYTE_ARRAY() for any picklable object"
     )
+
+
+class _Check:
+    """Checks values against a declared type: a generated exact test first, then the type's
+    conversion, which normalises or raises :class:`StateTypeError` naming the state."""
+
+    __slots__ = ("exact", "exact_all", "_coerce", "_message")
+
+    def __init__(self, descriptor: Any, info: TypeInformation, what: str) -> None:  # noqa: ANN401
+        self.exact = compile_exact(info)
+        self.exact_all = compile_exact_all(info)
+        self._coerce = info._coerce
+        self._message = f"{type(descriptor).__name__[:-10]} '{descriptor.name}' {what}"
+
+    def convert(self, value: Any) -> Any:  # noqa: ANN401
+        try:
+            return self._coerce(value)
+        except StateTypeError as error:
+            raise StateTypeError(f"{self._message}: {error}") from None
+
+    def one(self, value: Any) -> Any:  # noqa: ANN401
+        exact = self.exact
+        return value if exact is not None and exact(value) else self.convert(value)
+
+
+def checker(descriptor: Any, info: TypeInformation, what: str) -> _Check | None:  # noqa: ANN401
+    """A checker for values of ``info``, or None when the type is unchecked (pickled)."""
+    return None if info.is_pickled() else _Check(descriptor, info, what)

@@ -1,6 +1,6 @@
 """The main job: a stateful streaming query on keyedstate's provider, stopped and restarted.
 
-Run with ``make demo`` (or ``python -m keyedstate.demo``). It generates a stream of purchase
+Run with ``make demo`` (or ``python -m keyedstate.tools.demo``). It generates a stream of purchase
 events as files, runs a per-user aggregation on local Spark with a local checkpoint folder,
 stops the query half-way, restarts it from the checkpoint, stops it again, rescales its state
 from 4 to 6 partitions (``keyedstate.rescale``), restarts it on the rescaled checkpoint, and

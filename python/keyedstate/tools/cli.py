@@ -7,7 +7,8 @@ import dataclasses
 import json
 import sys
 
-from keyedstate import _session, demo
+from keyedstate import _session
+from keyedstate.tools import demo
 
 
 def _add_spark_options(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +49,7 @@ def _has_master() -> bool:
 
 
 def _rescale(args: argparse.Namespace) -> int:
-    from keyedstate.ops import rescale
+    from keyedstate.tools.ops import rescale
 
     spark = _spark(args, "keyedstate rescale")
     try:
@@ -71,7 +72,7 @@ def _rescale(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from keyedstate.ops import inspect
+    from keyedstate.tools.ops import inspect
 
     spark = _spark(args, "keyedstate inspect")
     try:
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "jar":
         print(_session.jar_path())
         return 0
-    from keyedstate.ops import CheckpointOperationError
+    from keyedstate.tools.ops import CheckpointOperationError
 
     try:
         if args.command == "rescale":

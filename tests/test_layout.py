@@ -1,0 +1,65 @@
+"""The Python package is laid out by layer: the public API (functions, keyed streams, elements,
+``state/``) imports nothing from the engine or the tools, and nothing imports in a cycle."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "python" / "keyedstate"
+API = ["functions.py", "keyed_stream.py", "elements.py", "state"]
+
+
+def module_imports(path: Path) -> list[str]:
+    """Top-level (module load time) keyedstate imports of a file."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("keyedstate"):
+            found.append(str(node.module))
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("keyedstate")]
+    return found
+
+
+def api_files() -> list[Path]:
+    files: list[Path] = []
+    for name in API:
+        path = PACKAGE / name
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    return files
+
+
+def test_api_modules_import_no_engine_or_tools() -> None:
+    for path in api_files():
+        for module in module_imports(path):
+            assert not module.startswith(("keyedstate.engine", "keyedstate.tools")), (
+                f"{path.relative_to(PACKAGE)} imports {module}"
+            )
+
+
+def test_engine_imports_no_tools() -> None:
+    for path in sorted((PACKAGE / "engine").rglob("*.py")):
+        for module in module_imports(path):
+            assert not module.startswith("keyedstate.tools"), f"{path.name} imports {module}"
+
+
+def test_importing_the_package_loads_no_engine_and_every_module_imports_alone() -> None:
+    modules = sorted(
+        "keyedstate." + str(p.relative_to(PACKAGE).with_suffix("")).replace("/", ".")
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "__init__.py"
+    )
+    code = (
+        "import sys, importlib\n"
+        "import keyedstate\n"
+        "assert not [m for m in sys.modules if m.startswith('keyedstate.engine')], sorted(sys.modules)\n"
+        f"for name in {modules!r}:\n"
+        "    for m in [m for m in sys.modules if m.startswith('keyedstate')]:\n"
+        "        del sys.modules[m]\n"
+        "    importlib.import_module(name)\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
