@@ -33,7 +33,9 @@ from pathlib import Path
 import keyedstate
 import numpy as np
 import pandas as pd
+import state_api_bench
 from bench_support import SPARK_ROCKSDB, BatchLog, load_average, median, run_batches, session
+from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from state_api_bench import (
     CATEGORIES,
@@ -43,6 +45,9 @@ from state_api_bench import (
     UserActivityProcessor,
     write_input,
 )
+
+# The workers cannot import the bench modules: ship their functions by value.
+cloudpickle.register_pickle_by_value(state_api_bench)
 
 
 def prepare(

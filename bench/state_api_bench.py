@@ -228,6 +228,7 @@ def session(partitions: int) -> SparkSession:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "4g")
+        .config("spark.driver.extraJavaOptions", os.environ.get("BENCH_JAVA_OPTIONS", ""))
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.default.parallelism", str(partitions))
         .config("spark.sql.session.timeZone", "UTC")

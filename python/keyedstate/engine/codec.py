@@ -110,12 +110,12 @@ def state_codec(info: TypeInformation, time_zone: str) -> Codec:
             ]
             return row_class(*values) if name == "ROW_NAMED" else tuple(values)
 
-        def encode_struct(value: Any) -> dict:  # noqa: ANN401
-            return {
-                n: v if e is None else e(v) for n, v, e in zip(names, value, encoders, strict=True)
-            }
+        def encode_struct(value: Any) -> tuple:  # noqa: ANN401
+            return tuple(v if e is None else e(v) for v, e in zip(value, encoders, strict=True))
 
-        return Codec(decode_struct, encode_struct)
+        # pyarrow takes a tuple (a Row is one) for a struct, fields in order: no work per value
+        # unless a field needs encoding.
+        return Codec(decode_struct, None if all(e is None for e in encoders) else encode_struct)
     return Codec(None, None)
 
 
@@ -160,6 +160,8 @@ def column_encoder(data_type: T.DataType, time_zone: str) -> Convert | None:
     if isinstance(data_type, T.StructType):
         names = data_type.names
         encoders = [_nullable(column_encoder(f.dataType, time_zone)) for f in data_type.fields]
+        if all(e is None for e in encoders):
+            return None  # pyarrow takes tuples, Rows and dicts by field name as they are
 
         def encode_struct(value: Any) -> dict:  # noqa: ANN401
             if isinstance(value, dict):

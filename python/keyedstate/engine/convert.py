@@ -176,52 +176,67 @@ class OutputRows:
                 f"{type(value).__name__} {value!r}"
             )
 
-    def flush(self) -> pa.RecordBatch:
+    def _column(self, position: int, values: Sequence[Any]) -> pa.Array:
+        arrow_field = self._schema.field(position)
+        try:
+            return pa.array(values, type=arrow_field.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as error:
+            raise StateTypeError(
+                f"cannot convert column '{arrow_field.name}' to {arrow_field.type}: {error}"
+            ) from None
+
+    def _batch(self, rows: int, kinds: pa.Array, filled: dict[int, pa.Array]) -> pa.RecordBatch:
+        """A batch of ``rows`` rows: the given columns, nulls (made by Arrow) elsewhere."""
+        arrays = [kinds]
+        for position in range(1, len(self._schema)):
+            array = filled.get(position)
+            arrays.append(
+                array if array is not None else pa.nulls(rows, self._schema.field(position).type)
+            )
+        return pa.RecordBatch.from_arrays(arrays, schema=self._schema)
+
+    def _keys(self, keys: list[tuple], filled: dict[int, pa.Array]) -> None:
+        for j, position in enumerate(self._key_columns):
+            encode = self._key_encoders[j]
+            values = [k[j] for k in keys]
+            if encode is not None:
+                values = [None if v is None else encode(v) for v in values]
+            filled[position] = self._column(position, values)
+
+    def flush(self) -> list[pa.RecordBatch]:
+        """The collected rows as record batches: one of outputs, one per state variable changed,
+        one of timer changes (each dense in its own columns; the apply node reads them in order
+        per state variable, which is all the order it needs)."""
         outputs, changes, timers = self._outputs, self._changes, self._timers
         self._outputs, self._changes, self._timers = [], [], []
-        n_out, n_changes, n_timers = len(outputs), len(changes), len(timers)
-        total = n_out + n_changes + n_timers
-        n_rest = n_changes + n_timers
-        columns: list[list[Any]] = [[None] * total for _ in self._schema]
-        columns[0] = [0] * n_out + [c[0] for c in changes] + [t[0] for t in timers]
-        if n_out:
+        batches = []
+        if outputs:
+            filled: dict[int, pa.Array] = {}
             for j, values in enumerate(zip(*outputs, strict=True)):
                 self._check(j, values)
                 encode = self._encoders[j]
                 if encode is not None:
                     values = tuple(None if v is None else encode(v) for v in values)
-                columns[1 + j] = [*values, *([None] * n_rest)]
-        if n_rest:
-            for j, position in enumerate(self._key_columns):
-                encode = self._key_encoders[j]
-                column = columns[position]
-                for r, row in enumerate(changes):
-                    key = row[1]
-                    if key is not None:
-                        column[n_out + r] = (
-                            key[j] if encode is None or key[j] is None else encode(key[j])
-                        )
-                for r, row in enumerate(timers):
-                    key = row[1]
-                    column[n_out + n_changes + r] = (
-                        key[j] if encode is None or key[j] is None else encode(key[j])
-                    )
-            var_column = columns[self._var]
-            for r, (_, _, var, map_key, value) in enumerate(changes):
-                position = n_out + r
-                var_column[position] = var
-                columns[self._state[var]][position] = value
-                if map_key is not None:
-                    columns[self._map_key[var]][position] = map_key
-            time_column = columns[self._time]
-            for r, row in enumerate(timers):
-                time_column[n_out + n_changes + r] = row[2]
-        arrays = []
-        for column, arrow_field in zip(columns, self._schema, strict=True):
-            try:
-                arrays.append(pa.array(column, type=arrow_field.type))
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as error:
-                raise StateTypeError(
-                    f"cannot convert column '{arrow_field.name}' to {arrow_field.type}: {error}"
-                ) from None
-        return pa.RecordBatch.from_arrays(arrays, schema=self._schema)
+                filled[1 + j] = self._column(1 + j, values)
+            kinds = pa.array(np.zeros(len(outputs), dtype=np.int8))
+            batches.append(self._batch(len(outputs), kinds, filled))
+        by_var: dict[int, list[tuple]] = {}
+        for change in changes:
+            by_var.setdefault(change[2], []).append(change)
+        for var, rows in by_var.items():
+            filled = {}
+            if rows[0][1] is not None:  # operator state has no key
+                self._keys([r[1] for r in rows], filled)
+            filled[self._var] = pa.array(np.full(len(rows), var, dtype=np.int32))
+            filled[self._state[var]] = self._column(self._state[var], [r[4] for r in rows])
+            if var in self._map_key:
+                filled[self._map_key[var]] = self._column(self._map_key[var], [r[3] for r in rows])
+            kinds = pa.array([r[0] for r in rows], type=pa.int8())
+            batches.append(self._batch(len(rows), kinds, filled))
+        if timers:
+            filled = {}
+            self._keys([t[1] for t in timers], filled)
+            filled[self._time] = pa.array([t[2] for t in timers], type=pa.int64())
+            kinds = pa.array([t[0] for t in timers], type=pa.int8())
+            batches.append(self._batch(len(timers), kinds, filled))
+        return batches

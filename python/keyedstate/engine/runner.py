@@ -182,7 +182,7 @@ class _Task:
                 continue
             self._batch(batch)
             if out.size >= OUTPUT_BATCH_ROWS:
-                yield out.flush()
+                yield from out.flush()
         if self.opened:
             self._end_key()
             if self.checkpointed:
@@ -195,7 +195,7 @@ class _Task:
                         PUT, None, s.index, None, values if encode is None else encode(values)
                     )
         if out.size:
-            yield out.flush()
+            yield from out.flush()
 
     def _batch(self, batch: pa.RecordBatch) -> None:
         plan = self.plan
@@ -209,7 +209,9 @@ class _Task:
             if decode is not None:
                 values = [None if v is None else decode(v) for v in values]
             columns.append(values)
-        rows = list(zip(*columns, strict=True)) if width else [()] * len(kinds)
+        # Every row as an element (key rows too: their key columns are read from it).
+        make = self.element_class._make
+        rows = list(map(make, zip(*columns, strict=True))) if width else [make(())] * len(kinds)
         times = batch.column(1).to_pylist()
         event_ms = None
         if self.event_time is not None and IN_ELEMENT in kinds:
@@ -220,30 +222,42 @@ class _Task:
             for s in plan.states:
                 state_columns[s.index] = batch.column(offset + width + s.index).to_pylist()
 
-        make = self.element_class._make
         element_fn = self.element_fn
         kind = plan.kind
         ctx = self.ctx
+        ctx.domain = TimeDomain.EVENT_TIME
+        ctx.ts = None
         out = self.out
+        output = out.output
+        collected = out._outputs
+        width = out._width
+        pad = out._pad
         for i, k in enumerate(kinds):
             if k == IN_ELEMENT:
                 if not self.pre_fired:
                     self._fire_due()
-                element = make(rows[i])
-                if kind == "process":
-                    ctx.ts = None if event_ms is None else event_ms[i]
                     ctx.domain = TimeDomain.EVENT_TIME
+                element = rows[i]
+                if kind == "process":
+                    if event_ms is not None:
+                        ctx.ts = event_ms[i]
                     result = element_fn(element, ctx)
                     if result is not None:
-                        out.outputs(result)
+                        for value in result:
+                            # The common case inline: a tuple of the output's width.
+                            if not pad and type(value) is tuple and len(value) == width:  # noqa: E721
+                                collected.append(value)
+                            else:
+                                output(value)
                 elif kind == "map":
-                    out.output(element_fn(element))
+                    output(element_fn(element))
                 elif kind == "flat_map":
                     result = element_fn(element)
                     if result is not None:
-                        out.outputs(result)
+                        for value in result:
+                            output(value)
                 elif element_fn(element):
-                    out.output(element)
+                    output(element)
             elif k == IN_KEY:
                 self._end_key()
                 row = rows[i]
@@ -255,7 +269,8 @@ class _Task:
                 values: dict[str, Any] = {}
                 for s in self.keyed:
                     stored = state_columns[s.index][i]
-                    if stored is not None:
+                    # An absent list or map comes as empty (see KeyedStateLookupExec.emit).
+                    if stored is not None and (stored or s.kind not in ("list", "map")):
                         decode = self.codecs[s.index].decode
                         values[s.name] = stored if decode is None else decode(stored)
                 self.state.load(key, values)
@@ -276,7 +291,7 @@ class _Task:
             elif k == IN_OPERATOR_STATE:
                 for s in self.op_states:
                     stored = state_columns[s.index][i]
-                    if stored is not None:
+                    if stored:
                         decode = self.codecs[s.index].decode
                         self.state.op_state[s.name] = stored if decode is None else decode(stored)
                         self.state.restored = True
@@ -299,6 +314,7 @@ class _Task:
         result = self.on_timer(timestamp, ctx)  # type: ignore[misc]
         if result is not None:
             self.out.outputs(result)
+        ctx.ts = None  # elements without an event time see None
 
     def _fire_due(self) -> None:
         """The key's timers due at the start of the batch: event time first, each by time."""

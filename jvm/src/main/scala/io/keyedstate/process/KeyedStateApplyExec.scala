@@ -217,8 +217,13 @@ private final class MutationWriter(
         entries.foreach(store.remove(_, w.cf))
         removed += entries.length
       case (StateKind.OperatorList, Exchange.Put) =>
-        if (row.isNullAt(w.valueOrdinal) || row.getArray(w.valueOrdinal).numElements() == 0) store.remove(key, w.cf)
-        else store.put(key, w.value(row), w.cf)
+        // The snapshot replaces every list the lookup merged (see KeyedStateLookupExec).
+        val it = store.iterator(w.cf)
+        val stored = try it.map(_.key.copy()).toVector finally it.close()
+        stored.foreach(store.remove(_, w.cf))
+        if (!row.isNullAt(w.valueOrdinal) && row.getArray(w.valueOrdinal).numElements() > 0) {
+          store.put(key, w.value(row), w.cf)
+        }
         updated += 1
       case (_, Exchange.Clear) => store.remove(key, w.cf); removed += 1
       case (k, m) => throw new IllegalStateException(s"keyedstate: mutation $m is not defined for ${k.name} state '${v.name}'")

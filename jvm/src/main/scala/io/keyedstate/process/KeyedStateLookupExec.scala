@@ -106,6 +106,18 @@ private final class LookupIterator(
   private val stateOffset = InputOffset + inputTypes.length
   private val width = exchange.length
   private val toUnsafe = UnsafeProjection.create(exchange)
+
+  // List and map columns are never null: an absent list, map or operator list is empty. Spark
+  // measures a mapInArrow batch's bytes after every row, and Arrow's ListVector.setValueCount
+  // then refills every null slot since the last non-null list: runs of nulls made each batch
+  // quadratic. Value states of a list or map type stay null when absent (None is not []) and
+  // are empty on the rows of other kinds.
+  private val emptyNested: Array[(Int, Any)] = exchange.fields.zipWithIndex.drop(stateOffset).collect {
+    case (f, i) if f.dataType.isInstanceOf[ArrayType] => i -> new GenericArrayData(Array.empty[Any])
+    case (f, i) if f.dataType.isInstanceOf[MapType] =>
+      i -> ArrayBasedMapData(Array.empty[Any], Array.empty[Any])
+  }
+
   private val keyProjection = UnsafeProjection.create(
     keyOrdinals.map(i => BoundReference(i, inputTypes(i), nullable = true)))
   private val pending = new util.ArrayDeque[InternalRow]()
@@ -139,7 +151,19 @@ private final class LookupIterator(
     } finally it.close()
   }
 
-  private def emit(row: InternalRow): Unit = pending.add(toUnsafe(row).copy())
+  private def emit(row: InternalRow): Unit = {
+    var j = 0
+    while (j < emptyNested.length) {
+      val (i, empty) = emptyNested(j)
+      if (row.isNullAt(i) && !(row.getByte(0) == Exchange.Key && isValueState(i))) row.update(i, empty)
+      j += 1
+    }
+    pending.add(toUnsafe(row).copy())
+  }
+
+  private val valueStateColumns: Set[Int] =
+    spec.states.zipWithIndex.collect { case (v, i) if v.kind == StateKind.Value => stateOffset + i }.toSet
+  private def isValueState(column: Int): Boolean = valueStateColumns(column)
 
   private def header(): Unit = {
     val row = new GenericInternalRow(width)
@@ -151,10 +175,15 @@ private final class LookupIterator(
     if (spec.operatorStates.nonEmpty) {
       val ops = new GenericInternalRow(width)
       ops.update(0, Exchange.OperatorState)
-      val partitionKey = UnsafeProjection.create(Array[DataType](IntegerType))(InternalRow(partition))
+      // Every list stored in this partition: its own, and after a rescale those of the old
+      // partitions whose ids hash here (Flink's split redistribution, a whole list at a time).
       spec.operatorStates.foreach { case (v, i) =>
-        val value = store.get(partitionKey, v.columnFamily)
-        if (value != null) ops.update(stateOffset + i, value.copy().getArray(0).copy())
+        val it = store.iterator(v.columnFamily)
+        val lists = try it.map(p => (p.key.getInt(0), p.value.copy().getArray(0))).toVector finally it.close()
+        if (lists.nonEmpty) {
+          val elements = lists.sortBy(_._1).flatMap { case (_, a) => a.toSeq[Any](v.valueType) }
+          ops.update(stateOffset + i, new GenericArrayData(elements.toArray))
+        }
       }
       emit(ops)
     }
@@ -198,23 +227,27 @@ private final class LookupIterator(
     emit(row)
   }
 
-  private def element(input: InternalRow): Unit = {
-    val row = new GenericInternalRow(width)
-    row.update(0, Exchange.Element)
-    var i = 0
-    while (i < inputTypes.length) {
-      row.update(InputOffset + i, input.get(i, inputTypes(i)))
-      i += 1
+  // Element rows, the bulk, are generated code from the input row straight to the exchange row:
+  // no generic row, no copy (Spark's Arrow writer consumes a row before asking for the next).
+  private val elementProjection: UnsafeProjection = {
+    val fields = exchange.fields
+    val exprs = fields.indices.map { i =>
+      if (i == 0) Literal(Exchange.Element, ByteType)
+      else if (i >= InputOffset && i < stateOffset) {
+        BoundReference(i - InputOffset, inputTypes(i - InputOffset), nullable = true)
+      } else emptyNested.collectFirst { case (j, empty) if j == i => Literal(empty, fields(i).dataType) }
+        .getOrElse(Literal(null, fields(i).dataType))
     }
-    emit(row)
+    UnsafeProjection.create(exprs)
   }
+  private var nextElement: InternalRow = _
 
   private def fill(): Unit = {
     if (!started) {
       started = true
       if (input.hasNext || dueTimers.nonEmpty) header()
     }
-    while (pending.isEmpty && input.hasNext) {
+    if (pending.isEmpty && nextElement == null && input.hasNext) {
       val in = input.next()
       val key = keyProjection(in)
       if (currentKey == null || key != currentKey) {
@@ -222,9 +255,9 @@ private final class LookupIterator(
         keyRow(currentKey)
         dueTimers.remove(currentKey).foreach(timerRows)
       }
-      element(in)
+      nextElement = in // valid until input.next() is called again
     }
-    if (pending.isEmpty && !input.hasNext) {
+    if (pending.isEmpty && nextElement == null && !input.hasNext) {
       if (leftoverTimers == null) leftoverTimers = dueTimers.iterator
       if (leftoverTimers.hasNext) {
         val (key, timers) = leftoverTimers.next()
@@ -235,12 +268,17 @@ private final class LookupIterator(
   }
 
   override def hasNext: Boolean = {
-    if (pending.isEmpty) fill()
-    !pending.isEmpty
+    if (pending.isEmpty && nextElement == null) fill()
+    !pending.isEmpty || nextElement != null
   }
 
   override def next(): InternalRow = {
     if (!hasNext) throw new NoSuchElementException
-    pending.poll()
+    if (!pending.isEmpty) pending.poll()
+    else {
+      val row = elementProjection(nextElement)
+      nextElement = null
+      row
+    }
   }
 }
