@@ -262,6 +262,16 @@ def test_rescaled_python_api_checkpoint_continues_exactly(
     elements, map entries, timers) is the reference's, each row in pmod(hash(key), M)."""
     from keyedstate import rescale
 
+    partitions_key = "spark.sql.shuffle.partitions"
+    previous = spark.conf.get(partitions_key)
+    spark.conf.set(partitions_key, "2")  # N (a new checkpoint pins the session's value)
+    try:
+        rescale_and_continue(spark, tmp_path, rescale)
+    finally:
+        spark.conf.set(partitions_key, previous)
+
+
+def rescale_and_continue(spark: SparkSession, tmp_path: Path, rescale: Any) -> None:  # noqa: ANN401
     def source(name: str) -> FileInput:
         return FileInput(tmp_path / name / "input", SCHEMA)
 
@@ -293,3 +303,26 @@ def test_rescaled_python_api_checkpoint_continues_exactly(
             rows = keyedstate_read(spark, str(checkpoint), state)
             owner = F.pmod(F.hash(F.col("k")), F.lit(partitions))
             assert rows.where(owner != F.col("partition_id")).count() == 0, (name, state)
+
+
+def test_checkpoint_format_v2(spark: SparkSession, tmp_path: Path) -> None:
+    """With checkpoint format v2 (state store checkpoint ids in the commit log) the keyed
+    function restarts exactly on both providers: its store reports the ids it committed."""
+    key = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+    previous = spark.conf.get(key)
+    spark.conf.set(key, "2")
+    try:
+        jobs = on_both_providers(
+            lambda frames: key_by(frames["events"], "k").process(
+                Profile(), PROFILE_OUT, side_outputs=[Profile.BIG]
+            )
+        )
+        results = run_jobs(spark, tmp_path, {"events": SCHEMA}, PHASES, jobs)
+    finally:
+        spark.conf.set(key, previous)
+    want = model()[0]
+    for label, result in results.items():
+        got = {b: rows for b, rows in result.batches.items() if rows}
+        assert got == {b: r for b, r in want.items() if r}, label
+        commits = sorted((result.checkpoint / "commits").glob("[0-9]*"))
+        assert "stateUniqueIds" in commits[-1].read_text(), (label, commits[-1].read_text())

@@ -14,6 +14,7 @@ state is refused before the query starts.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,14 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 from state_api_support import PROVIDERS, TimedRun, ship_by_value, stored_state
-from streaming_harness import REFERENCE_PROVIDER, FileInput, await_finished, sort_rows, start_query
+from streaming_harness import (
+    REFERENCE_PROVIDER,
+    BatchCollector,
+    FileInput,
+    await_finished,
+    sort_rows,
+    start_query,
+)
 
 ship_by_value(__name__)
 
@@ -244,3 +252,44 @@ def test_ttl_is_refused_on_a_provider_without_column_family_ttl(
         (StreamingQueryException, AssertionError), match="KEYED_FUNCTION_TTL_NEEDS_KEYEDSTATE"
     ):
         await_finished(query)
+
+
+class Churn(KeyedProcessFunction):
+    """One TTL'd value per key, removed by the provider's incremental cleanup once expired."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        seen = ValueStateDescriptor("seen", Types.LONG())
+        seen.enable_time_to_live(
+            StateTtlConfig.new_builder(Time.milliseconds(500))
+            .cleanup_incrementally(1000, False)
+            .build()
+        )
+        self.seen = runtime_context.get_state(seen)
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        self.seen.update(value.n)
+        yield (value.key, value.op, 0, "null")
+
+
+def test_expired_state_is_removed_by_the_providers_cleanup(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Keys written once and never again leave the store: the provider's incremental cleanup
+    deletes them at a later commit (counted in its ttlRemovedIncremental metric), and the state
+    operator's row count drops to the keys still live."""
+    source = FileInput(tmp_path / "input", SCHEMA)
+    checkpoint = tmp_path / "ckpt"
+    progresses = []
+    for phase, rows in enumerate([[f"old{i}" for i in range(40)], ["new0"], ["new1"]]):
+        source.add([{"key": k, "op": "write", "n": phase} for k in rows])
+        frame = key_by(source.read_stream(spark), "key").process(Churn(), OUTPUT)
+        collector = BatchCollector()
+        query = start_query(spark, PROVIDERS["keyedstate"], frame, "append", checkpoint, collector)
+        await_finished(query)
+        progresses += [p for p in query.recentProgress if p.numInputRows]
+        time.sleep(0.8)  # past the TTL of everything written so far
+    operators = [p.stateOperators[0] for p in progresses]
+    removed = sum(int(o.customMetrics.get("ttlRemovedIncremental", 0)) for o in operators)
+    assert removed == 41, [o.customMetrics for o in operators]  # the 40 old keys and new0
+    assert operators[0].numRowsTotal == 40 and operators[-1].numRowsTotal == 1, operators
+    assert stored_state(spark, checkpoint, "seen") == [{"key": "new1", "value": 2}]

@@ -315,3 +315,19 @@ def test_ttl_config_builder_mirrors_pyflink() -> None:
     assert descriptor.ttl_config is None
     with pytest.raises(ValueError, match="TTL must be positive"):
         StateTtlConfig.new_builder(Time.seconds(0)).build()
+
+
+def test_a_provider_without_column_families_is_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add([{"k": "a", "v": 1}])
+    frame = key_by(source.read_stream(spark), "k").process(Counter(), "k string, n long")
+    hdfs = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+    collector = BatchCollector()
+    query = start_query(spark, hdfs, frame, "append", tmp_path / "checkpoint", collector)
+    with pytest.raises(StreamingQueryException) as failure:
+        await_finished(query)
+    message = str(failure.value)
+    assert "KEYED_FUNCTION_UNSUPPORTED_PROVIDER" in message and hdfs in message, message
+    assert "column families" in message and collector.batches == {}
