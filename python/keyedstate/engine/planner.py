@@ -297,6 +297,11 @@ def build(
     """Checks everything that can be checked before the query starts, then plans it."""
     if not isinstance(df, DataFrame) and type(df).__name__ != "DataFrame":
         raise TypeError(f"key_by needs a DataFrame, got {type(df).__name__}")
+    if not hasattr(df, "_jdf"):
+        raise KeyedStateError(
+            "keyed functions run on classic Spark sessions (the planner reaches the JVM through "
+            "py4j); this DataFrame belongs to a Spark Connect session"
+        )
     if not df.isStreaming:
         raise KeyedStateError(
             "keyedstate runs on streaming DataFrames (spark.readStream...); for a static "
