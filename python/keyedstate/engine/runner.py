@@ -17,10 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import cloudpickle
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from keyedstate.elements import element_class
-from keyedstate.engine.codec import column_decoder, column_encoder, state_codec
+from keyedstate.engine.codec import column_decoder, state_codec
 from keyedstate.engine.contexts import ContextImpl, RuntimeContextImpl, TimerServiceImpl
 from keyedstate.engine.convert import OutputRows
 from keyedstate.engine.keyed_state import MIN_TIME, KeyState
@@ -149,6 +148,7 @@ class _Task:
             "filter": getattr(fn, "filter", None),
         }[kind]
         self.on_timer = fn.on_timer if kind == "process" else None
+        self.positions: tuple[int, dict[int, int], list[int]] | None = None
         self.has_key = False
         self.pre_fired = True
         self.due: list[tuple[bool, int]] = []
@@ -199,8 +199,16 @@ class _Task:
 
     def _batch(self, batch: pa.RecordBatch) -> None:
         plan = self.plan
+        if self.positions is None:
+            # Where each column is, from the schema the JVM sent (Exchange.inSchema owns it).
+            names = batch.schema.names
+            self.positions = (
+                names.index(plan.input_schema.names[0]) if plan.input_schema.names else 0,
+                {s.index: names.index(f"__ks_s{s.index}") for s in plan.states},
+                [names.index(n) for n in ("__ks_time", "__ks_wm", "__ks_parts")],
+            )
+        offset, state_position, (time_at, watermark_at, partitions_at) = self.positions
         kinds = batch.column(0).to_pylist()
-        offset = 4
         width = len(plan.input_schema.fields)
         has_keys = IN_KEY in kinds
         columns = []
@@ -212,7 +220,7 @@ class _Task:
         # Every row as an element (key rows too: their key columns are read from it).
         make = self.element_class._make
         rows = list(map(make, zip(*columns, strict=True))) if width else [make(())] * len(kinds)
-        times = batch.column(1).to_pylist()
+        times = batch.column(time_at).to_pylist()
         event_ms = None
         if self.event_time is not None and IN_ELEMENT in kinds:
             micros = pc.cast(batch.column(offset + self.event_time), pa.int64())
@@ -220,7 +228,7 @@ class _Task:
         state_columns: dict[int, list[Any]] = {}
         if has_keys or IN_OPERATOR_STATE in kinds:
             for s in plan.states:
-                state_columns[s.index] = batch.column(offset + width + s.index).to_pylist()
+                state_columns[s.index] = batch.column(state_position[s.index]).to_pylist()
 
         element_fn = self.element_fn
         kind = plan.kind
@@ -285,9 +293,10 @@ class _Task:
             elif k == IN_BATCH:
                 state = self.state
                 state.now = times[i]
-                state.watermark = batch.column(2)[i].as_py() if plan.has_watermark else MIN_TIME
+                watermark = batch.column(watermark_at)[i].as_py()
+                state.watermark = watermark if plan.has_watermark else MIN_TIME
                 state.partition = _partition_id()
-                state.num_partitions = batch.column(3)[i].as_py()
+                state.num_partitions = batch.column(partitions_at)[i].as_py()
             elif k == IN_OPERATOR_STATE:
                 for s in self.op_states:
                     stored = state_columns[s.index][i]
@@ -422,10 +431,3 @@ def _partition_id() -> int:
 
     context = TaskContext.get()
     return 0 if context is None else context.partitionId()
-
-
-def arrow_schema(schema: T.StructType, time_zone: str) -> pa.Schema:
-    return to_arrow_schema(schema, timezone=time_zone)
-
-
-__all__ += ["arrow_schema", "column_encoder"]

@@ -10,28 +10,28 @@ import org.apache.spark.sql.types.StructType
  * (outputs out, state mutations into the store, commit). Output attributes are constructor
  * arguments so that they keep their ids through every copy of the plan.
  */
-final case class KeyedStateLookup(specJson: String, output: Seq[Attribute], child: LogicalPlan)
-    extends UnaryNode {
+/** What both nodes share: the spec, their own output, and reading every column of the child. */
+sealed trait KeyedFunctionNode extends UnaryNode {
+  def specJson: String
   @transient lazy val spec: ProcessSpec = ProcessSpec.fromJson(specJson)
-  override protected def withNewChildInternal(newChild: LogicalPlan): KeyedStateLookup = copy(child = newChild)
-  override def simpleString(maxFields: Int): String =
-    s"KeyedStateLookup ${spec.functionName} by ${spec.keyColumns.mkString(", ")}"
   override def producedAttributes: AttributeSet = AttributeSet(output)
-  // Reads every column of its child (ColumnPruning would otherwise prune them all away).
+  // ColumnPruning would otherwise prune every column of the child away.
   override lazy val references: AttributeSet = child.outputSet
+  override def simpleString(maxFields: Int): String =
+    s"$nodeName ${spec.functionName} by ${spec.keyColumns.mkString(", ")}"
+}
+
+final case class KeyedStateLookup(specJson: String, output: Seq[Attribute], child: LogicalPlan)
+    extends KeyedFunctionNode {
+  override protected def withNewChildInternal(newChild: LogicalPlan): KeyedStateLookup = copy(child = newChild)
 }
 
 final case class KeyedStateApply(
     specJson: String,
     inputSchema: StructType,
     output: Seq[Attribute],
-    child: LogicalPlan) extends UnaryNode {
-  @transient lazy val spec: ProcessSpec = ProcessSpec.fromJson(specJson)
+    child: LogicalPlan) extends KeyedFunctionNode {
   override protected def withNewChildInternal(newChild: LogicalPlan): KeyedStateApply = copy(child = newChild)
-  override def simpleString(maxFields: Int): String =
-    s"KeyedStateApply ${spec.functionName} by ${spec.keyColumns.mkString(", ")}"
-  override def producedAttributes: AttributeSet = AttributeSet(output)
-  override lazy val references: AttributeSet = child.outputSet
 }
 
 object KeyedProcessPlan {

@@ -163,7 +163,7 @@ private final class MutationWriter(
   private val partitionKey = UnsafeProjection.create(Array[DataType](IntegerType))(InternalRow(partition)).copy()
 
   // Per state variable: where its columns are, and projections to its stored rows.
-  private final class VarWriter(v: StateVar, i: Int) {
+  private final class VarWriter(val v: StateVar, i: Int) {
     val cf: String = v.columnFamily
     val valueOrdinal: Int = columns(Exchange.stateColumn(i))
     // The column holds the value, the map value, or (operator list) the whole array.
@@ -197,8 +197,9 @@ private final class MutationWriter(
 
   private def stateMutation(kind: Byte, row: InternalRow): Unit = {
     val w = vars(row.getInt(varOrdinal))
-    val v = spec.states(row.getInt(varOrdinal))
-    val key = if (v.kind == StateKind.OperatorList) partitionKey else keyProjection(row)
+    val v = w.v
+    // Map entries are keyed by their own projection: the plain key only where it is used.
+    def key: UnsafeRow = if (v.kind == StateKind.OperatorList) partitionKey else keyProjection(row)
     (v.kind, kind) match {
       case (StateKind.Value, Exchange.Put) => store.put(key, w.value(row), w.cf); updated += 1
       case (StateKind.List, Exchange.Put) =>

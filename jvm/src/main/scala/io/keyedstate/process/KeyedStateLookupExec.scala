@@ -47,9 +47,8 @@ final case class KeyedStateLookupExec(
     (byKey ++ byOrder) :: Nil
   }
 
-  override def outputPartitioning: Partitioning = child.outputPartitioning match {
-    case p => UnknownPartitioning(p.numPartitions)
-  }
+  // Rows of new attributes: the child's partitioning no longer names them.
+  override def outputPartitioning: Partitioning = UnknownPartitioning(child.outputPartitioning.numPartitions)
 
   override def producedAttributes: AttributeSet = AttributeSet(output)
 

@@ -4,6 +4,7 @@ import java.nio.charset.StandardCharsets
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.types._
 import org.json4s._
@@ -19,7 +20,10 @@ object OperatorSchema {
   private implicit val formats: Formats = DefaultFormats
 
   final case class StoredState(name: String, kind: String, valueType: DataType, mapKeyType: Option[DataType],
-      ttl: Map[String, String])
+      ttl: Map[String, String]) {
+    def toVar: StateVar =
+      StateVar(name, StateKind.parse(kind), kind, valueType, mapKeyType, if (ttl.isEmpty) None else Some(StateTtl(ttl)))
+  }
   final case class Stored(function: String, keySchema: StructType, states: Seq[StoredState])
 
   def path(info: StatefulOperatorStateInfo): Path =
@@ -88,12 +92,14 @@ object OperatorSchema {
           k.map(kt => "keyType" -> JsonMethods.parse(kt.json)).toList ++
           (if (ttl.isEmpty) Nil else List("ttl" -> JObject(ttl.toList.map { case (o, v) => o -> JString(v) }))))
       }))
-    val fs = file.getFileSystem(hadoopConf)
-    val tmp = new Path(file.getParent, s".${file.getName}.${java.util.UUID.randomUUID()}.tmp")
-    val out = fs.create(tmp, true)
-    try out.write(JsonMethods.pretty(json).getBytes(StandardCharsets.UTF_8)) finally out.close()
-    if (fs.exists(file)) fs.delete(file, false)
-    if (!fs.rename(tmp, file)) throw new java.io.IOException(s"could not rename $tmp to $file")
+    // Spark's CheckpointFileManager picks the atomic write each file system supports.
+    val files = CheckpointFileManager.create(file.getParent, hadoopConf)
+    files.mkdirs(file.getParent) // createAtomic does not create it
+    val out = files.createAtomic(file, overwriteIfPossible = true)
+    try out.write(JsonMethods.pretty(json).getBytes(StandardCharsets.UTF_8)) catch {
+      case e: Throwable => out.cancel(); throw e
+    }
+    out.close()
     file
   }
 }

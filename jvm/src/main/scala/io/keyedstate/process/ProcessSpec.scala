@@ -191,9 +191,9 @@ final class StateLayout(spec: ProcessSpec, input: StructType) extends Serializab
   val timerKeySchema: StructType =
     StructType(StructField("timestamp", LongType, nullable = false) +: keySchema.fields)
   private val timerValueSchema = StructType(Seq(StructField("unused", BooleanType, nullable = true)))
-  val eventTimers: Family = Family("$eventTimers", timerKeySchema, timerValueSchema,
+  val eventTimers: Family = Family(StateLayout.EventTimers, timerKeySchema, timerValueSchema,
     RangeKeyScanStateEncoderSpec(timerKeySchema, Seq(0)), multipleValues = false)
-  val procTimers: Family = Family("$procTimers", timerKeySchema, timerValueSchema,
+  val procTimers: Family = Family(StateLayout.ProcTimers, timerKeySchema, timerValueSchema,
     RangeKeyScanStateEncoderSpec(timerKeySchema, Seq(0)), multipleValues = false)
 
   val families: Seq[Family] =
@@ -201,4 +201,9 @@ final class StateLayout(spec: ProcessSpec, input: StructType) extends Serializab
 
   /** The default column family is not used; Spark's API needs a schema for it. */
   val defaultValueSchema: StructType = valueStruct(BooleanType)
+}
+
+object StateLayout {
+  val EventTimers = "$eventTimers"
+  val ProcTimers = "$procTimers"
 }

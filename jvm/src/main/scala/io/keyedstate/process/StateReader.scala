@@ -20,8 +20,7 @@ import io.keyedstate.rescale.QueryCheckpoint
  * transformWithState operators). Runs as a Spark job, one task per state partition.
  */
 object StateReader {
-  val EventTimers = "$eventTimers"
-  val ProcTimers = "$procTimers"
+  import StateLayout.{EventTimers, ProcTimers}
 
   def read(spark: SparkSession, checkpoint: String, stateName: String, operatorId: Int): DataFrame = {
     val hadoopConf = QueryCheckpoint.hadoopConf(spark)
@@ -43,47 +42,39 @@ object StateReader {
       throw new IllegalArgumentException(s"operator $op of ${ckpt.root} is not a keyed function " +
         s"(no ${schemaPath(ckpt, op)})"))
     val keySchema = stored.keySchema
-    val numKeys = keySchema.length
-    val (family, rowSchema) = stateName match {
+    val states = stored.states.map(_.toVar)
+    // The query's own layout: every state's column family, and the timers'.
+    val layout = new StateLayout(ProcessSpec("", stored.function, keySchema.fieldNames.toSeq, None, states,
+      timers = true, StructType(Nil)), keySchema)
+    // A row: the partition, `keyFields` fields of the stored key, then the value (if `hasValue`).
+    val (family, rowSchema, keyFields, hasValue) = stateName match {
       case EventTimers | ProcTimers =>
-        val f = timers(keySchema, stateName)
-        (f, StructType(StructField("timestamp", LongType, nullable = false) +: keySchema.fields))
+        val f = if (stateName == EventTimers) layout.eventTimers else layout.procTimers
+        (f, f.keySchema, f.keySchema.length, false)
       case name =>
-        val found = stored.states.find(_.name == name).getOrElse(
+        val v = states.find(_.name == name).getOrElse(
           throw new IllegalArgumentException(s"keyed function ${stored.function} (operator $op) has no state " +
-            s"'$name'; its states are ${stored.states.map(s => s"'${s.name}'").mkString(", ")}, and " +
+            s"'$name'; its states are ${states.map(s => s"'${s.name}'").mkString(", ")}, and " +
             s"$EventTimers, $ProcTimers"))
-        val (kind, valueType, keyType) = (found.kind, found.valueType, found.mapKeyType)
-        val v = StateVar(name, StateKind.parse(kind), kind, valueType, keyType,
-          if (found.ttl.isEmpty) None else Some(StateTtl(found.ttl)))
-        val f = new StateLayout(ProcessSpec("", stored.function, keySchema.fieldNames.toSeq, None, Seq(v),
-          timers = false, StructType(Nil)), keySchema).family(v)
-        val valueFields = v.kind match {
-          case StateKind.Map => Seq(StructField("user_map_key", keyType.get), StructField("value", valueType))
-          case StateKind.OperatorList => Seq(StructField("value", ArrayType(valueType, containsNull = false)))
-          case _ => Seq(StructField("value", valueType))
+        val f = layout.family(v)
+        v.kind match {
+          case StateKind.OperatorList => (f, f.valueSchema, 0, true)
+          case _ => (f, StructType(f.keySchema.fields ++ f.valueSchema.fields), f.keySchema.length, true)
         }
-        val keys = if (v.kind == StateKind.OperatorList) Nil else keySchema.fields.toSeq
-        (f, StructType(keys ++ valueFields))
     }
     val schema = StructType(StructField("partition_id", IntegerType, nullable = false) +: rowSchema.fields)
     val conf = KeyedProcessSqlBridge.sqlConfWith(spark, ckpt.pinnedConf(batch))
     // TTL'd states read as the query sees them at its last batch: expired entries hidden.
-    val ttlOptions = stored.states.filter(_.ttl.nonEmpty).flatMap { s =>
-      val cf = StateVar(s.name, StateKind.parse(s.kind), s.kind, s.valueType, s.mapKeyType, None).columnFamily
-      s.ttl.map { case (o, v) => s"${io.keyedstate.KeyedStateConf.Prefix}ttl.operator.$op.columnFamily.$cf.$o" -> v }
-    }.toMap
     val storeConf = new StateStoreConf(conf,
-      if (KeyedProcessOperators.isKeyedStateProvider(conf)) ttlOptions else Map.empty)
+      if (KeyedProcessOperators.isKeyedStateProvider(conf)) StoreOptions.ttlOptions(states, op) else Map.empty)
     val serializableConf = new SerializableConfiguration(hadoopConf)
     val stateRoot = ckpt.stateRoot.toString
     val partitions = ckpt.partitions(op)
     val version = batch + 1
-    val isOperatorList = family.name.startsWith("$op_")
     val rdd = spark.sparkContext.parallelize(partitions, math.max(1, partitions.size)).mapPartitions { ps =>
       ps.flatMap { partition =>
         readPartition(stateRoot, op, partition, version, keySchema, family, storeConf, serializableConf.value,
-          numKeys, isOperatorList, rowSchema)
+          keyFields, hasValue)
       }
     }
     KeyedProcessSqlBridge.internalCreateDataFrame(spark, rdd, schema)
@@ -91,12 +82,6 @@ object StateReader {
 
   private def schemaPath(ckpt: QueryCheckpoint, op: Int) =
     new org.apache.hadoop.fs.Path(ckpt.stateRoot, s"$op/_keyedstate/schema.json")
-
-  private def timers(keySchema: StructType, name: String): Family = {
-    val schema = StructType(StructField("timestamp", LongType, nullable = false) +: keySchema.fields)
-    Family(name, schema, StructType(Seq(StructField("unused", BooleanType))),
-      RangeKeyScanStateEncoderSpec(schema, Seq(0)), multipleValues = false)
-  }
 
   private def readPartition(
       stateRoot: String,
@@ -107,9 +92,8 @@ object StateReader {
       family: Family,
       storeConf: StateStoreConf,
       hadoopConf: org.apache.hadoop.conf.Configuration,
-      numKeys: Int,
-      isOperatorList: Boolean,
-      rowSchema: StructType): Seq[InternalRow] = {
+      keyFields: Int,
+      hasValue: Boolean): Seq[InternalRow] = {
     val providerId = StateStoreProviderId(StateStoreId(stateRoot, op, partition), UUID.randomUUID())
     val provider = StateStoreProvider.createAndInit(providerId, keySchema,
       StructType(Seq(StructField("value", BooleanType))), NoPrefixKeyStateEncoderSpec(keySchema),
@@ -124,17 +108,14 @@ object StateReader {
         else {
           val it = if (family.multipleValues) store.iteratorWithMultiValues(family.name) else store.iterator(family.name)
           try it.map { pair =>
-            val out = new GenericInternalRow(rowSchema.length + 1)
+            val out = new GenericInternalRow(1 + keyFields + (if (hasValue) 1 else 0))
             out.update(0, partition)
-            val keyFields = if (isOperatorList) 0 else family.keySchema.length
             var i = 0
             while (i < keyFields) {
               out.update(1 + i, pair.key.get(i, family.keySchema(i).dataType))
               i += 1
             }
-            if (!family.name.startsWith("$eventTimers") && !family.name.startsWith("$procTimers")) {
-              out.update(1 + keyFields, pair.value.get(0, family.valueSchema(0).dataType))
-            }
+            if (hasValue) out.update(1 + keyFields, pair.value.get(0, family.valueSchema(0).dataType))
             out.copy(): InternalRow
           }.toVector finally it.close()
         }

@@ -41,9 +41,13 @@ private[process] object StoreOptions {
           s"${conf.stateStoreProviderClass} has no per-column-family TTL. Use keyedstate.configure " +
           "(io.keyedstate.KeyedStateStoreProvider) or drop enable_time_to_live")
     }
-    withTtl.flatMap { v =>
-      val prefix = s"${KeyedStateConf.Prefix}ttl.operator.$operatorId.columnFamily.${v.columnFamily}."
-      v.ttl.get.options.map { case (option, value) => prefix + option -> value }
-    }.toMap
+    ttlOptions(spec.states, operatorId)
   }
+
+  /** The provider's `ttl.operator.<id>.columnFamily.<cf>.*` options of the TTL'd states. */
+  def ttlOptions(states: Seq[StateVar], operatorId: Long): Map[String, String] =
+    states.flatMap { v =>
+      val prefix = s"${KeyedStateConf.Prefix}ttl.operator.$operatorId.columnFamily.${v.columnFamily}."
+      v.ttl.toSeq.flatMap(_.options.map { case (option, value) => prefix + option -> value })
+    }.toMap
 }
