@@ -287,6 +287,33 @@ def test_types_check_and_normalise_values() -> None:
     assert descriptor.type_info.spark_type() == T.MapType(T.StringType(), T.ArrayType(T.LongType()))
 
 
+def test_list_update_checks_every_element_it_has_not_stored() -> None:
+    """update() skips a second check only for the stored elements of an immutable type it is
+    given back (get(), change, update()); new, replaced or mutable elements are all checked."""
+    from keyedstate.engine.keyed_state import KeyState
+
+    keys = KeyState()
+    pairs = keys.register(ListStateDescriptor("pairs", Types.TUPLE([int, int])), "list")
+    nested = keys.register(ListStateDescriptor("nested", Types.LIST(int)), "list")
+    keys.load("k", {})
+    pairs.update([(1, 2), (3, 4)])
+    kept = pairs.get()
+    pairs.update([*kept[1:], (5, 6)])  # dropped from the front, appended
+    assert pairs.get() == [(3, 4), (5, 6)]
+    with pytest.raises(StateTypeError, match="ListState 'pairs' element"):
+        pairs.update([*pairs.get(), (7, "x")])
+    with pytest.raises(StateTypeError, match="ListState 'pairs' element"):
+        pairs.update([(1.5, 2), *pairs.get()])  # a bad element before the stored ones
+    assert pairs.get() == [(3, 4), (5, 6)]
+    with pytest.raises(StateTypeError, match="expected LONG"):
+        pairs.update([(3, 4), (5.0, 6)])  # equal to a stored element, not the same object
+    nested.update([[1], [2]])
+    inner = nested.get()
+    inner[0].append("x")  # a mutable element changed in place is checked again
+    with pytest.raises(StateTypeError, match="ListState 'nested' element"):
+        nested.update(inner)
+
+
 def test_ttl_config_builder_mirrors_pyflink() -> None:
     config = StateTtlConfig.new_builder(Time.seconds(10)).build()
     assert config.get_ttl().to_milliseconds() == 10_000

@@ -10,6 +10,7 @@ is written, so nothing here knows about time to live.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -223,11 +224,14 @@ class _AggregatingStateImpl(_Handle, AggregatingState):
 
 
 class _ListStateImpl(_Handle, ListState):
-    __slots__ = ("_check",)
+    __slots__ = ("_check", "_immutable")
 
     def __init__(self, backend: KeyState, descriptor: ListStateDescriptor) -> None:
         super().__init__(backend, descriptor)
         self._check = checker(descriptor, descriptor.element_type_info, "element")
+        # Elements of an immutable type that are the stored ones (already checked) need no
+        # second check: get(), change the list, update() is the common pattern.
+        self._immutable = descriptor.element_type_info.is_immutable()
 
     def _element(self, value: Any) -> Any:  # noqa: ANN401
         if value is None:
@@ -240,9 +244,26 @@ class _ListStateImpl(_Handle, ListState):
             raise StateTypeError(f"ListState '{self._name}': {method} needs a list, got None")
         new = list(values)
         check = self._check
-        if check is not None and check.exact_all is not None and check.exact_all(new):
+        if check is None or not new:
             return new
-        return [self._element(v) for v in new]
+        checked = 0
+        stored = self._b.cur.get(self._name) if self._immutable else None
+        if stored:
+            # The stored elements the new list starts with (the same objects, in order, maybe
+            # after dropping some from the front) were checked when they were stored.
+            first = new[0]
+            for start, element in enumerate(stored):
+                if element is first:
+                    kept = stored[start:]
+                    if len(kept) <= len(new) and all(map(operator.is_, new, kept)):
+                        checked = len(kept)
+                    break
+            if checked == len(new):
+                return new
+        rest = new[checked:] if checked else new
+        if check.exact_all is not None and check.exact_all(rest):
+            return new
+        return new[:checked] + [self._element(v) for v in rest]
 
     def get(self) -> list:
         stored = self._b.cur.get(self._name)
@@ -276,13 +297,15 @@ class _ListStateImpl(_Handle, ListState):
     def update(self, values: Iterable[Any]) -> None:
         new = self._elements(values, "update")
         b = self._b
+        name = self._name
         if new:
-            b.cur[self._name] = new
+            b.cur[name] = new
         else:
-            b.cur.pop(self._name, None)
-        b.replaced.add(self._name)
-        b.appended.pop(self._name, None)
-        b.dirty.add(self._name)
+            b.cur.pop(name, None)
+        b.replaced.add(name)
+        if b.appended:
+            b.appended.pop(name, None)
+        b.dirty.add(name)
 
     def clear(self) -> None:
         self.update([])
@@ -326,13 +349,19 @@ class _MapStateImpl(_Handle, MapState):
         check = self._check_value
         if check is not None and value is not None:
             value = check.one(value)
-        cur = self._b.cur
-        stored = cur.get(self._name)
+        b = self._b
+        name = self._name
+        stored = b.cur.get(name)
         if stored is None:
-            cur[self._name] = {key: value}
+            b.cur[name] = {key: value}
         else:
             stored[key] = value
-        self._changed(key)
+        changes = b.map_changes.get(name)
+        if changes is None:
+            b.map_changes[name] = {key}
+        else:
+            changes.add(key)
+        b.dirty.add(name)
 
     def put_all(self, dict_value: Mapping[Any, Any]) -> None:
         for key, value in dict_value.items():

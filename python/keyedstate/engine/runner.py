@@ -207,7 +207,7 @@ class _Task:
                 {s.index: names.index(f"__ks_s{s.index}") for s in plan.states},
                 [names.index(n) for n in ("__ks_time", "__ks_wm", "__ks_parts")],
             )
-        offset, state_position, (time_at, watermark_at, partitions_at) = self.positions
+        offset, state_position, (time_at, _, _) = self.positions
         kinds = batch.column(0).to_pylist()
         width = len(plan.input_schema.fields)
         has_keys = IN_KEY in kinds
@@ -237,76 +237,100 @@ class _Task:
         ctx.ts = None
         out = self.out
         output = out.output
-        collected = out._outputs
+        collected = out._outputs.append
         width = out._width
-        pad = out._pad
+        # The bulk: process_element returning tuples of the output's width, no event time.
+        plain = kind == "process" and event_ms is None and not out._pad
+        pre_fired = self.pre_fired
         for i, k in enumerate(kinds):
-            if k == IN_ELEMENT:
-                if not self.pre_fired:
-                    self._fire_due()
-                    ctx.domain = TimeDomain.EVENT_TIME
-                element = rows[i]
-                if kind == "process":
-                    if event_ms is not None:
-                        ctx.ts = event_ms[i]
-                    result = element_fn(element, ctx)
-                    if result is not None:
-                        for value in result:
-                            # The common case inline: a tuple of the output's width.
-                            if not pad and type(value) is tuple and len(value) == width:  # noqa: E721
-                                collected.append(value)
-                            else:
-                                output(value)
-                elif kind == "map":
-                    output(element_fn(element))
-                elif kind == "flat_map":
-                    result = element_fn(element)
-                    if result is not None:
-                        for value in result:
+            if k != IN_ELEMENT:
+                self._control(i, k, rows, times, state_columns, batch)
+                pre_fired = self.pre_fired
+                continue
+            if not pre_fired:
+                self._fire_due()
+                pre_fired = True
+                ctx.domain = TimeDomain.EVENT_TIME
+            element = rows[i]
+            if plain:
+                result = element_fn(element, ctx)
+                if result is not None:
+                    for value in result:
+                        if type(value) is tuple and len(value) == width:  # noqa: E721
+                            collected(value)
+                        else:
                             output(value)
-                elif element_fn(element):
-                    output(element)
-            elif k == IN_KEY:
-                self._end_key()
-                row = rows[i]
-                key = (
-                    row[self.key_positions[0]]
-                    if len(self.key_positions) == 1
-                    else tuple(row[p] for p in self.key_positions)
-                )
-                values: dict[str, Any] = {}
-                for s in self.keyed:
-                    stored = state_columns[s.index][i]
-                    # An absent list or map comes as empty (see KeyedStateLookupExec.emit).
-                    if stored is not None and (stored or s.kind not in ("list", "map")):
-                        decode = self.codecs[s.index].decode
-                        values[s.name] = stored if decode is None else decode(stored)
-                self.state.load(key, values)
-                self.current_key_row = tuple(row[p] for p in self.key_positions)
-                self.has_key = True
-                self.pre_fired = False
-                self.due = []
-            elif k == IN_EVENT_TIMER:
-                self.due.append((True, times[i]))
-            elif k == IN_PROC_TIMER:
-                self.due.append((False, times[i]))
-            elif k == IN_BATCH:
-                state = self.state
-                state.now = times[i]
-                watermark = batch.column(watermark_at)[i].as_py()
-                state.watermark = watermark if plan.has_watermark else MIN_TIME
-                state.partition = _partition_id()
-                state.num_partitions = batch.column(partitions_at)[i].as_py()
-            elif k == IN_OPERATOR_STATE:
-                for s in self.op_states:
-                    stored = state_columns[s.index][i]
-                    if stored:
-                        decode = self.codecs[s.index].decode
-                        self.state.op_state[s.name] = stored if decode is None else decode(stored)
-                        self.state.restored = True
-            if not self.opened and k != IN_BATCH and k != IN_OPERATOR_STATE:
-                self._open()
+            elif kind == "process":
+                if event_ms is not None:
+                    ctx.ts = event_ms[i]
+                result = element_fn(element, ctx)
+                if result is not None:
+                    for value in result:
+                        output(value)
+            elif kind == "map":
+                output(element_fn(element))
+            elif kind == "flat_map":
+                result = element_fn(element)
+                if result is not None:
+                    for value in result:
+                        output(value)
+            elif element_fn(element):
+                output(element)
         if not self.opened and IN_BATCH in kinds:
+            self._open()
+
+    def _control(
+        self,
+        i: int,
+        k: int,
+        rows: list[Any],
+        times: list[Any],
+        state_columns: dict[int, list[Any]],
+        batch: pa.RecordBatch,
+    ) -> None:
+        """A row that is not an element: a key (its state), a due timer, the batch header or
+        the operator state."""
+        if k == IN_KEY:
+            self._end_key()
+            row = rows[i]
+            key = (
+                row[self.key_positions[0]]
+                if len(self.key_positions) == 1
+                else tuple(row[p] for p in self.key_positions)
+            )
+            values: dict[str, Any] = {}
+            for s in self.keyed:
+                stored = state_columns[s.index][i]
+                # An absent list or map comes as empty (see KeyedStateLookupExec.emit).
+                if stored is not None and (stored or s.kind not in ("list", "map")):
+                    decode = self.codecs[s.index].decode
+                    values[s.name] = stored if decode is None else decode(stored)
+            self.state.load(key, values)
+            self.current_key_row = tuple(row[p] for p in self.key_positions)
+            self.has_key = True
+            self.pre_fired = False
+            self.due = []
+        elif k == IN_EVENT_TIMER:
+            self.due.append((True, times[i]))
+        elif k == IN_PROC_TIMER:
+            self.due.append((False, times[i]))
+        elif k == IN_BATCH:
+            assert self.positions is not None
+            _, _, (_, watermark_at, partitions_at) = self.positions
+            state = self.state
+            state.now = times[i]
+            watermark = batch.column(watermark_at)[i].as_py()
+            state.watermark = watermark if self.plan.has_watermark else MIN_TIME
+            state.partition = _partition_id()
+            state.num_partitions = batch.column(partitions_at)[i].as_py()
+        elif k == IN_OPERATOR_STATE:
+            for s in self.op_states:
+                stored = state_columns[s.index][i]
+                if stored:
+                    decode = self.codecs[s.index].decode
+                    self.state.op_state[s.name] = stored if decode is None else decode(stored)
+                    self.state.restored = True
+        if not self.opened and k != IN_BATCH and k != IN_OPERATOR_STATE:
             self._open()
 
     # -----------------------------------------------------------------------------------------

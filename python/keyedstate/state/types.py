@@ -24,7 +24,6 @@ __all__ = [
     "checker",
     "TypeInformation",
     "Types",
-    "compile_exact",
     "compile_exact_all",
     "python_type_name",
     "to_type_info",
@@ -89,6 +88,13 @@ class TypeInformation:
 
     def is_pickled(self) -> bool:
         return self._name == "PICKLED_BYTE_ARRAY"
+
+    def is_immutable(self) -> bool:
+        """Whether values of this type, once checked, cannot change in place (scalars, and
+        tuples and rows of them)."""
+        if self._name in ("LIST", "MAP", "PRIMITIVE_ARRAY", "PICKLED_BYTE_ARRAY"):
+            return False
+        return all(child.is_immutable() for child in self._children)
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -221,26 +227,19 @@ _NAMESPACE: dict[str, Any] = {
     "all": all,
     "type": type,
 }
-
-
-def compile_exact(info: TypeInformation) -> Callable[[Any], bool] | None:
-    """A fast test that a value needs no conversion for ``info`` (None: always convert)."""
-    source = info.exact_check_source("v")
-    if source is None:
-        return None
-    namespace = dict(_NAMESPACE)
-    exec(f"def exact(v):\n    return {source}\n", namespace)  # noqa: S102 - generated test
-    return namespace["exact"]
+# The generated tests take these names as default arguments: local, not global, lookups.
+_LOCALS = ", ".join(f"{name}={name}" for name in _NAMESPACE)
 
 
 def compile_exact_all(info: TypeInformation) -> Callable[[Any], bool] | None:
-    """Like :func:`compile_exact`, for every element of a sequence (None elements fail)."""
+    """A fast test that every element of a sequence needs no conversion for ``info`` (None
+    elements fail; None: always convert)."""
     source = info.exact_check_source("v")
     if source is None:
         return None
     namespace = dict(_NAMESPACE)
     exec(  # noqa: S102 - generated test
-        "def exact_all(values):\n"
+        f"def exact_all(values, {_LOCALS}):\n"
         "    for v in values:\n"
         f"        if v is None or not ({source}):\n"
         "            return False\n"
@@ -402,10 +401,12 @@ class Types:
         def exact(var: str, depth: int) -> str | None:
             tests = [f"type({var}) is tuple", f"len({var}) == {n}"]
             for i, f in enumerate(fields):
-                test = f.exact_check_source(f"{var}[{i}]", depth + 1)
+                # Each field read once, into a name unique to its depth and position.
+                field = f"_t{depth}_{i}"
+                test = f.exact_check_source(field, depth + 1)
                 if test is None:
                     return None
-                tests.append(f"({var}[{i}] is None or {test})")
+                tests.append(f"(({field} := {var}[{i}]) is None or {test})")
             return "(" + " and ".join(tests) + ")"
 
         spark = T.StructType([T.StructField(f"f{i}", f.spark_type()) for i, f in enumerate(fields)])
@@ -548,26 +549,31 @@ def to_type_info(declared: Any) -> TypeInformation:  # noqa: ANN401 - a type dec
 
 
 class _Check:
-    """Checks values against a declared type: a generated exact test first, then the type's
-    conversion, which normalises or raises :class:`StateTypeError` naming the state."""
+    """Checks values against a declared type: ``one`` is a generated function that returns a
+    value already in its stored form as it is (one call, the test inline) and otherwise the
+    type's conversion, which normalises or raises :class:`StateTypeError` naming the state."""
 
-    __slots__ = ("exact", "exact_all", "_coerce", "_message")
+    __slots__ = ("one", "exact_all", "_coerce", "_message")
 
     def __init__(self, descriptor: Any, info: TypeInformation, what: str) -> None:  # noqa: ANN401
-        self.exact = compile_exact(info)
-        self.exact_all = compile_exact_all(info)
         self._coerce = info._coerce
         self._message = f"{type(descriptor).__name__[:-10]} '{descriptor.name}' {what}"
+        self.exact_all = compile_exact_all(info)
+        source = info.exact_check_source("v")
+        if source is None:
+            self.one: Callable[[Any], Any] = self.convert
+        else:
+            namespace = dict(_NAMESPACE, convert=self.convert)
+            exec(  # noqa: S102 - generated test
+                f"def one(v, {_LOCALS}):\n    return v if {source} else convert(v)\n", namespace
+            )
+            self.one = namespace["one"]
 
     def convert(self, value: Any) -> Any:  # noqa: ANN401
         try:
             return self._coerce(value)
         except StateTypeError as error:
             raise StateTypeError(f"{self._message}: {error}") from None
-
-    def one(self, value: Any) -> Any:  # noqa: ANN401
-        exact = self.exact
-        return value if exact is not None and exact(value) else self.convert(value)
 
 
 def checker(descriptor: Any, info: TypeInformation, what: str) -> _Check | None:  # noqa: ANN401

@@ -1,10 +1,17 @@
 package io.keyedstate
 
+import scala.collection.mutable
+
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 
 import io.keyedstate.rocks.{ClosableIterator, ColumnFamilyCodec}
+
+private object KeyedStateStore {
+  /** A prefix scan with more entries than this does not teach the key count's memo. */
+  val MaxScanRemembered = 10000
+}
 
 /**
  * One version of one state store partition, open for reading (`getReadStore`) or for updates
@@ -103,8 +110,37 @@ final class KeyedStateStore private[keyedstate] (
       throw new UnsupportedOperationException(
         s"prefixScan needs a prefix-key encoder; column family '$cf' uses ${codec.keySpec}")
     }
-    pairs(state.db.prefixScan(cf, codec.encodePrefix(prefixKey)), cf, codec, multi)
+    val prefix = codec.encodePrefix(prefixKey)
+    pairs(remembering(state.db.prefixScan(cf, prefix), cf, prefix), cf, codec, multi)
   }
+
+  /** The raw entries of a prefix scan; one that reaches its end tells the key count's memo
+   * which keys exist under the prefix (expired ones included: they are still stored). */
+  private def remembering(
+      raw: ClosableIterator[(Array[Byte], Array[Byte])],
+      cf: String,
+      prefix: Array[Byte]): ClosableIterator[(Array[Byte], Array[Byte])] =
+    new ClosableIterator[(Array[Byte], Array[Byte])] {
+      private val seen = mutable.ArrayBuffer.empty[Array[Byte]]
+      private var told = false // or a prefix too large to remember
+      def hasNext: Boolean = {
+        val more = raw.hasNext
+        if (!more && !told) {
+          told = true
+          state.rememberScanned(cf, prefix, seen)
+        }
+        more
+      }
+      def next(): (Array[Byte], Array[Byte]) = {
+        val entry = raw.next()
+        if (!told) {
+          seen += entry._1
+          if (seen.length > KeyedStateStore.MaxScanRemembered) { told = true; seen.clear() }
+        }
+        entry
+      }
+      def close(): Unit = raw.close()
+    }
 
   override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
     checkOpen("iterator")

@@ -71,10 +71,33 @@ private[keyedstate] final class StoreInstance(
       }
     }
 
+  // Prefixes scanned to their end since the last commit, per column family, with their lengths:
+  // a key under one of them that `knownKeys` does not hold does not exist. A keyed function
+  // reads a key's map by prefix scan and then puts new entries: no point read per new entry.
+  private final class ScannedPrefixes {
+    val prefixes = new java.util.HashSet[java.nio.ByteBuffer]()
+    val lengths = mutable.SortedSet[Int]()
+  }
+  private val scannedPrefixes = mutable.Map[String, ScannedPrefixes]()
+
+  /** A prefix scan reached its end: every key under `prefix` is now in `knownKeys`. */
+  def rememberScanned(cf: String, prefix: Array[Byte], keys: Iterable[Array[Byte]]): Unit =
+    if (conf.trackNumKeys && knownKeyCount + keys.size < StoreInstance.MaxKnownKeys) {
+      keys.foreach(remember(cf, _, exists = true))
+      val scanned = scannedPrefixes.getOrElseUpdate(cf, new ScannedPrefixes)
+      if (scanned.prefixes.add(java.nio.ByteBuffer.wrap(prefix.clone()))) knownKeyCount += 1
+      scanned.lengths += prefix.length
+    }
+
+  private def underScannedPrefix(cf: String, key: Array[Byte]): Boolean =
+    scannedPrefixes.get(cf).exists { scanned =>
+      scanned.lengths.exists(n => n < key.length && scanned.prefixes.contains(java.nio.ByteBuffer.wrap(key, 0, n)))
+    }
+
   private def exists(cf: String, key: Array[Byte]): Boolean =
     knownKeys.get(cf).flatMap(m => Option(m.get(java.nio.ByteBuffer.wrap(key)))) match {
       case Some(known) => known.booleanValue()
-      case None => db.get(cf, key) != null
+      case None => !underScannedPrefix(cf, key) && db.get(cf, key) != null
     }
 
   /** A point read (that also teaches the key count whether the key exists). */
@@ -87,6 +110,7 @@ private[keyedstate] final class StoreInstance(
   /** Called at commit: the memo serves one version's writes. */
   def forgetKnownKeys(): Unit = {
     knownKeys.clear()
+    scannedPrefixes.clear()
     knownKeyCount = 0
   }
 
@@ -183,6 +207,7 @@ private[keyedstate] final class StoreInstance(
     }
     db.deleteRange(cf, begin, end)
     knownKeys.remove(cf) // a range is not worth tracking key by key
+    scannedPrefixes.remove(cf)
     log.foreach(_.deleteRange(cf, begin, end))
     dirty = true
   }

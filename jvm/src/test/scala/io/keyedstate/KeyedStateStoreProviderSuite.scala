@@ -189,6 +189,30 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     r.release(); p.close(); q.close()
   }
 
+  test("numKeys stays exact when prefix scans tell which keys exist (puts after a scan read nothing back)") {
+    val root = tempDir()
+    val p = newProvider(root, spec = PrefixKeyScanStateEncoderSpec(keySchema, 1))
+    val s = p.getStore(0)
+    Seq(("a", 1), ("a", 2), ("ab", 1), ("b", 1)).foreach { case (k, n) => s.put(key(k, n), value(n)) }
+    s.commit()
+    val t = p.getStore(1)
+    def drain(pre: String): Int = { val it = t.prefixScan(prefix(pre)); try it.size finally it.close() }
+    assert(drain("a") == 2 && drain("c") == 0)
+    // Under scanned prefixes: an existing key, new keys, a removed key, a removed absent key.
+    t.put(key("a", 1), value(10)); t.put(key("a", 3), value(3)); t.put(key("c", 1), value(1))
+    t.remove(key("a", 2)); t.remove(key("c", 9))
+    // Under a prefix scanned only in part: "b" is not known to the memo.
+    val partial = t.prefixScan(prefix("b")); partial.hasNext; partial.close()
+    t.put(key("b", 1), value(2)); t.put(key("ab", 1), value(2))
+    assert(t.metrics.numKeys == 5) // a1 a3 ab1 b1 c1
+    t.commit()
+    val q = newProvider(root, spec = PrefixKeyScanStateEncoderSpec(keySchema, 1))
+    val r = q.getStore(2)
+    assert(r.metrics.numKeys == 5)
+    assert(contents(r).size == 5)
+    r.abort(); p.close(); q.close()
+  }
+
   test("range scan and deleteRange follow the order of the ordering columns, negatives included") {
     val tsSchema = StructType(Seq(StructField("t", LongType), StructField("k", StringType)))
     val proj = UnsafeProjection.create(tsSchema)

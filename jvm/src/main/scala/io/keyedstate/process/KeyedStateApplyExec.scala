@@ -11,6 +11,8 @@ import org.apache.spark.sql.catalyst.plans.physical.{Partitioning, UnknownPartit
 import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorStateInfo, StatefulOpStateStoreCheckpointInfo, StateStoreWriter}
 import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.keyedstate.SqlConfScopedRDD
 import org.apache.spark.sql.types._
 import org.apache.spark.util.AccumulatorV2
 
@@ -81,7 +83,10 @@ final case class KeyedStateApplyExec(
     val updatesTime = longMetric("allUpdatesTimeMs")
     val commitTime = longMetric("commitTimeMs")
 
-    child.execute().mapPartitionsWithIndex { (partition, rows) =>
+    // Arrow batches to Python are bounded by rows (spark.sql.execution.arrow.maxRecordsPerBatch)
+    // and not also by bytes: Spark's byte bound measures every vector after every row.
+    val input = new SqlConfScopedRDD(child.execute(), Map(SQLConf.ARROW_EXECUTION_MAX_BYTES_PER_BATCH.key -> Int.MaxValue.toString))
+    input.mapPartitionsWithIndex { (partition, rows) =>
       val task = TaskContext.get()
       val store = StoreHandoff.take(task.taskAttemptId(), info.operatorId)
       val writer = new MutationWriter(specCopy, layout, store, partition, outSchema, numOutput)

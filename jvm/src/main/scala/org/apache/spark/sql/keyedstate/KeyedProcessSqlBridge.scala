@@ -54,3 +54,24 @@ object KeyedProcessSqlBridge {
   def hadoopConf(session: SparkSession): org.apache.hadoop.conf.Configuration =
     session.asInstanceOf[ClassicSession].sessionState.newHadoopConf()
 }
+
+/**
+ * The partitions of `parent`, computed with SQL settings changed for this RDD only: a Python
+ * runner in `parent`'s stage reads Spark's SQL configuration when the partition is computed.
+ * keyedstate's keyed runner bounds its input batches by rows: Spark's byte bound measures every
+ * Arrow vector after every row, which cost more than writing the rows did.
+ */
+final class SqlConfScopedRDD[T: scala.reflect.ClassTag](
+    parent: org.apache.spark.rdd.RDD[T],
+    settings: Map[String, String]) extends org.apache.spark.rdd.RDD[T](parent) {
+
+  override protected def getPartitions: Array[org.apache.spark.Partition] = parent.partitions
+
+  override def compute(split: org.apache.spark.Partition, context: org.apache.spark.TaskContext): Iterator[T] = {
+    // A task's SQLConf is read-only and cannot be cloned: copy its settings.
+    val scoped = new org.apache.spark.sql.internal.SQLConf
+    org.apache.spark.sql.internal.SQLConf.get.getAllConfs.foreach { case (k, v) => scoped.setConfString(k, v) }
+    settings.foreach { case (k, v) => scoped.setConfString(k, v) }
+    org.apache.spark.sql.internal.SQLConf.withExistingConf(scoped) { parent.iterator(split, context) }
+  }
+}
