@@ -8,7 +8,7 @@ from pathlib import Path
 import keyedstate
 import pytest
 from keyedstate import _session
-from pyspark.errors import StreamingQueryException
+from pyspark.errors import IllegalArgumentException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -35,31 +35,67 @@ def test_configure_rejects_unknown_options_naming_the_allowed_ones() -> None:
 
 def test_every_option_is_documented() -> None:
     text = DOCS.read_text()
-    for keyword, key in _session.OPTIONS.items():
-        row = re.search(rf"^\| `{key}` \| `{keyword}` \|", text, re.MULTILINE)
-        assert row, f"docs/configuration.md has no row for {key} ({keyword})"
+    for keyword, option in _session.OPTIONS.items():
+        name = option["key"].removeprefix(keyedstate.OPTION_PREFIX)
+        row = re.search(rf"^\| `{name}` \| `{keyword}` \|", text, re.MULTILINE)
+        assert row, f"docs/configuration.md has no row for {name} ({keyword})"
 
 
-def test_invalid_value_fails_the_query_naming_key_value_and_allowed(
+@pytest.mark.parametrize(
+    ("keyword", "value", "allowed"),
+    [
+        ("compression", "brotli", "one of none, snappy, lz4, zstd"),
+        ("block_cache_size_mb", 0, "an integer from 1 to 1048576"),
+        ("transfer_threads", "4.5", "an integer from 1 to 256"),
+        ("track_num_keys", "yes", "true or false"),
+        ("local_dir", "relative/dir", "an absolute local directory path"),
+    ],
+)
+def test_configure_refuses_a_bad_value_naming_key_value_and_allowed(
+    keyword: str, value: object, allowed: str
+) -> None:
+    with pytest.raises(ValueError) as failure:
+        keyedstate.configure(SparkSession.builder, **{keyword: value})
+    message = str(failure.value)
+    assert f"Invalid value {value!r} for {keyword}=" in message
+    assert _session.OPTIONS[keyword]["key"] in message and allowed in message
+
+
+def test_invalid_value_fails_the_query_start_naming_key_value_and_allowed(
     spark: SparkSession, tmp_path: Path, provider_under_test: str
 ) -> None:
+    """Set on the session after configure(): the streaming query fails on the driver as it is
+    defined (Spark analyses a streaming DataFrame when it is created), before any batch."""
     key = "spark.sql.streaming.stateStore.keyedstate.compression"
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider_under_test)
     spark.conf.set(key, "brotli")
+    checkpoint = tmp_path / "ck"
     try:
+        with pytest.raises(IllegalArgumentException) as failure:
+            counts = (
+                spark.readStream.format("rate").option("rowsPerSecond", 10).load()
+                .groupBy((F.col("value") % 3).alias("k")).count()
+            )
+            counts.writeStream.format("noop").outputMode("update").option(
+                "checkpointLocation", str(checkpoint)
+            ).start()
+        message = str(failure.value)
+        assert len(message) < 400, message
+        assert "Invalid value 'brotli'" in message
+        assert key in message
+        assert "one of none, snappy, lz4, zstd" in message
+        assert not (checkpoint / "offsets").exists() and not (checkpoint / "state").exists()
+        # A streaming DataFrame defined before the bad value was set: start() fails.
+        spark.conf.unset(key)
         counts = (
             spark.readStream.format("rate").option("rowsPerSecond", 10).load()
             .groupBy((F.col("value") % 3).alias("k")).count()
         )
-        query = (
-            counts.writeStream.format("noop").outputMode("update")
-            .option("checkpointLocation", str(tmp_path / "ck")).start()
-        )
-        with pytest.raises(StreamingQueryException) as failure:
-            query.awaitTermination(120)
-        message = str(failure.value)
-        assert "Invalid value 'brotli'" in message
-        assert key in message
-        assert "one of none, snappy, lz4, zstd" in message
+        spark.conf.set(key, "brotli")
+        with pytest.raises(IllegalArgumentException, match="Invalid value 'brotli'"):
+            counts.writeStream.format("noop").outputMode("update").option(
+                "checkpointLocation", str(checkpoint)
+            ).start()
+        assert not (checkpoint / "offsets").exists() and not (checkpoint / "state").exists()
     finally:
         spark.conf.unset(key)

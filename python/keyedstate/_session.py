@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +18,15 @@ EXTENSIONS_CLASS = "io.keyedstate.process.KeyedStateExtensions"
 EXTENSIONS_KEY = "spark.sql.extensions"
 OPTION_PREFIX = "spark.sql.streaming.stateStore.keyedstate."
 
-# Python keyword -> provider option (under OPTION_PREFIX). Documented in docs/configuration.md;
-# the provider validates the values and fails the query at start on a bad one.
-OPTIONS: dict[str, str] = {
-    "local_dir": "localDir",
-    "block_cache_size_mb": "blockCacheSizeMB",
-    "write_buffer_size_mb": "writeBufferSizeMB",
-    "compression": "compression",
-    "track_num_keys": "trackNumKeys",
-    "transfer_threads": "transferThreads",
-    "verify_checksums_on_load": "verifyChecksumsOnLoad",
-    "orphan_file_grace_period_ms": "orphanFileGracePeriodMs",
-    "max_open_files": "maxOpenFiles",
-    "changelog_checkpointing": "changelogCheckpointing",
-}
+
+def _load_options() -> dict[str, dict[str, Any]]:
+    """Python keyword -> the provider option's key and rule, generated from the provider's
+    option registry (io.keyedstate.OptionDocs; docs/configuration.md has the same table)."""
+    text = resources.files("keyedstate").joinpath("_options.json").read_text(encoding="utf-8")
+    return {entry["python"]: entry for entry in json.loads(text)}
+
+
+OPTIONS: dict[str, dict[str, Any]] = _load_options()
 
 _JAR_NAME = "keyedstate.jar"
 
@@ -56,24 +54,47 @@ def _with_extensions(builder: SparkSession.Builder) -> str:
     return ",".join([e for e in existing if e and e != EXTENSIONS_CLASS] + [EXTENSIONS_CLASS])
 
 
+def _option_value(name: str, value: Any) -> str:  # noqa: ANN401 - any option's value
+    """The setting's text for keyword ``name``, checked as the provider checks it."""
+    option = OPTIONS[name]
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    raw = text.strip()
+    kind = option["kind"]
+    if kind == "integer":
+        valid = (
+            not isinstance(value, bool)
+            and re.fullmatch(r"[+-]?\d+", raw) is not None
+            and option["min"] <= int(raw) <= option["max"]
+        )
+    elif kind == "boolean":
+        valid = raw.lower() in ("true", "false")
+    elif kind == "choice":
+        valid = raw.lower() in option["choices"]
+    else:  # absolute_path
+        valid = os.path.isabs(raw)
+    if not valid:
+        raise ValueError(
+            f"Invalid value {value!r} for {name}= ({option['key']}): allowed is {option['allowed']}"
+        )
+    return text
+
+
 def configure(builder: SparkSession.Builder, **options: Any) -> SparkSession.Builder:
     """Return ``builder`` with the keyedstate jar on the classpath and the provider selected.
 
-    Keyword options are the provider's options in snake_case (see ``OPTIONS``), for
-    example ``configure(builder, local_dir="/mnt/ssd/keyedstate", compression="zstd")``.
+    Keyword options are the provider's options in snake_case (docs/configuration.md), for
+    example ``configure(builder, local_dir="/mnt/ssd/keyedstate", compression="zstd")``; each
+    value is checked here, as the provider checks it.
     """
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise ValueError(
-            f"unknown keyedstate option(s) {unknown}; allowed: {sorted(OPTIONS)}"
-        )
+        raise ValueError(f"unknown keyedstate option(s) {unknown}; allowed: {sorted(OPTIONS)}")
+    settings = {OPTIONS[name]["key"]: _option_value(name, value) for name, value in options.items()}
     builder = (
         builder.config("spark.jars", jar_path())
         .config(PROVIDER_CLASS_KEY, PROVIDER_CLASS)
         .config(EXTENSIONS_KEY, _with_extensions(builder))
     )
-    for name, value in options.items():
-        if isinstance(value, bool):
-            value = str(value).lower()
-        builder = builder.config(OPTION_PREFIX + OPTIONS[name], str(value))
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     return builder

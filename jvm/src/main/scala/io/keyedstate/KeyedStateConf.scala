@@ -37,47 +37,93 @@ object KeyedStateConf {
 
   val Compressions: Seq[String] = Seq("none", "snappy", "lz4", "zstd")
 
-  private sealed abstract class Opt[T](val name: String, val default: T, val allowed: String) {
+  /**
+   * One option: its key, default, what is allowed and what it does. The Python keywords
+   * (`python/keyedstate/_options.json`) and the table in `docs/configuration.md` are generated
+   * from these ([[OptionDocs]]); `OptionDocsSuite` fails when they are stale.
+   */
+  sealed abstract class Opt[T](
+      val name: String,
+      val default: T,
+      val allowed: String,
+      val description: String) {
     def key: String = Prefix + name
     def parse(raw: String): Option[T]
+    /** The Python keyword: the name in snake_case (`blockCacheSizeMB` -> `block_cache_size_mb`). */
+    def pythonName: String = name.replaceAll("([a-z0-9])([A-Z])", "$1_$2").toLowerCase(Locale.ROOT)
+    /** How the default reads in the docs. */
+    def defaultText: String = default.toString
+    /** The rule Python checks values with: kind, and its bounds or choices. */
+    def rule: Map[String, Any]
   }
-  private final class LongOpt(name: String, default: Long, min: Long, max: Long)
-      extends Opt[Long](name, default, s"an integer from $min to $max") {
+  private final class LongOpt(name: String, default: Long, min: Long, max: Long, description: String)
+      extends Opt[Long](name, default,
+        if (max == Long.MaxValue) s"an integer of at least $min" else s"an integer from $min to $max", description) {
     def parse(raw: String): Option[Long] =
       raw.trim.toLongOption.filter(v => v >= min && v <= max)
+    def rule: Map[String, Any] = Map("kind" -> "integer", "min" -> min, "max" -> max)
   }
-  private final class BoolOpt(name: String, default: Boolean)
-      extends Opt[Boolean](name, default, "true or false") {
+  private final class BoolOpt(name: String, default: Boolean, description: String)
+      extends Opt[Boolean](name, default, "true or false", description) {
     def parse(raw: String): Option[Boolean] = raw.trim.toLowerCase(Locale.ROOT).toBooleanOption
+    def rule: Map[String, Any] = Map("kind" -> "boolean")
   }
-  private final class ChoiceOpt(name: String, default: String, choices: Seq[String])
-      extends Opt[String](name, default, choices.mkString("one of ", ", ", "")) {
+  private final class ChoiceOpt(name: String, default: String, choices: Seq[String], description: String)
+      extends Opt[String](name, default, choices.mkString("one of ", ", ", ""), description) {
     def parse(raw: String): Option[String] =
       Some(raw.trim.toLowerCase(Locale.ROOT)).filter(choices.contains)
+    def rule: Map[String, Any] = Map("kind" -> "choice", "choices" -> choices)
   }
-  private final class PathOpt(name: String)
-      extends Opt[Option[String]](name, None, "an absolute local directory path") {
+  private final class PathOpt(name: String, defaultDescription: String, description: String)
+      extends Opt[Option[String]](name, None, "an absolute local directory path", description) {
     def parse(raw: String): Option[Option[String]] =
       Some(raw.trim).filter(p => new File(p).isAbsolute).map(Some(_))
+    override def defaultText: String = defaultDescription
+    def rule: Map[String, Any] = Map("kind" -> "absolute_path")
   }
 
-  private val LocalDir = new PathOpt("localDir")
-  private val BlockCacheSizeMB = new LongOpt("blockCacheSizeMB", 64, 1, 1L << 20)
-  private val WriteBufferSizeMB = new LongOpt("writeBufferSizeMB", 64, 1, 1L << 16)
-  private val Compression = new ChoiceOpt("compression", "lz4", Compressions)
-  private val TrackNumKeys = new BoolOpt("trackNumKeys", true)
-  private val TransferThreads = new LongOpt("transferThreads", 4, 1, 256)
-  private val VerifyChecksumsOnLoad = new BoolOpt("verifyChecksumsOnLoad", true)
-  private val OrphanFileGracePeriodMs = new LongOpt("orphanFileGracePeriodMs", 600000, 0, Long.MaxValue)
-  private val MaxOpenFiles = new LongOpt("maxOpenFiles", -1, -1, Int.MaxValue)
-  private val ChangelogCheckpointing = new BoolOpt("changelogCheckpointing", true)
+  private val LocalDir = new PathOpt("localDir",
+    "Spark's local dir (`LOCAL_DIRS`, `SPARK_LOCAL_DIRS`, `spark.local.dir`), else `java.io.tmpdir`",
+    "Where the working RocksDB instances and the local file cache live (under `keyedstate/`). Use a fast local disk.")
+  private val BlockCacheSizeMB = new LongOpt("blockCacheSizeMB", 64, 1, 1L << 20,
+    "RocksDB block cache, **shared by every partition on an executor** (sized by the first store opened in the JVM).")
+  private val WriteBufferSizeMB = new LongOpt("writeBufferSizeMB", 64, 1, 1L << 16,
+    "Memtable size per column family (two memtables at most). Every commit flushes, so this bounds the memory of " +
+      "one batch's writes rather than SST sizes.")
+  private val Compression = new ChoiceOpt("compression", "lz4", Compressions, "SST block compression.")
+  private val TrackNumKeys = new BoolOpt("trackNumKeys", true,
+    "Keep an exact key count per column family (a point read per write, except for keys the store read or found " +
+      "by a prefix scan since the last commit). With `false`, `numRowsTotal` is RocksDB's estimate.")
+  private val TransferThreads = new LongOpt("transferThreads", 4, 1, 256,
+    "Parallel uploads on commit and downloads on load (one pool per executor).")
+  private val VerifyChecksumsOnLoad = new BoolOpt("verifyChecksumsOnLoad", true,
+    "Check each downloaded file's CRC32C against the manifest. Sizes are always checked.")
+  private val OrphanFileGracePeriodMs = new LongOpt("orphanFileGracePeriodMs", 600000, 0, Long.MaxValue,
+    "A file that no retained version lists is deleted only once it is older than this, because it may belong to a " +
+      "commit still in flight on another executor (a speculative or zombie task attempt). Must exceed the longest commit.")
+  private val MaxOpenFiles = new LongOpt("maxOpenFiles", -1, -1, Int.MaxValue,
+    "RocksDB's open file limit per instance (-1: unlimited).")
+  private val ChangelogCheckpointing = new BoolOpt("changelogCheckpointing", true,
+    "`true`: a commit uploads only the version's changelog (its writes) and a manifest; every " +
+      "`minDeltasForSnapshot` versions a RocksDB checkpoint is taken and its new SST files are uploaded in the " +
+      "background. `false`: every commit flushes, checkpoints and uploads the new SST files before it returns. " +
+      "See docs/architecture.md.")
 
-  private val all: Seq[Opt[_]] = Seq(LocalDir, BlockCacheSizeMB, WriteBufferSizeMB, Compression,
-    TrackNumKeys, TransferThreads, VerifyChecksumsOnLoad, OrphanFileGracePeriodMs, MaxOpenFiles,
-    ChangelogCheckpointing)
+  /** Every option, in the order of the docs. */
+  val options: Seq[Opt[_]] = Seq(ChangelogCheckpointing, LocalDir, BlockCacheSizeMB, WriteBufferSizeMB,
+    Compression, TrackNumKeys, TransferThreads, VerifyChecksumsOnLoad, OrphanFileGracePeriodMs, MaxOpenFiles)
 
   /** The documented option names, for error messages and docs tests. */
-  val optionNames: Seq[String] = all.map(_.name)
+  val optionNames: Seq[String] = options.map(_.name)
+
+  /**
+   * Checks a session's settings as the provider will, on the driver when a streaming query
+   * starts (`KeyedStateExtensions`), so a bad value fails `start()` instead of the first batch.
+   */
+  def validateSession(settings: Map[String, String]): Unit = {
+    fromMap(settings.filter { case (k, _) => k.startsWith(Prefix) })
+    ()
+  }
 
   def apply(storeConf: StateStoreConf): KeyedStateConf =
     fromMap(storeConf.sqlConfs ++ storeConf.extraOptions, storeConf.minVersionsToRetain,

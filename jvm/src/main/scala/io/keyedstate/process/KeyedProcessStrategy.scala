@@ -8,12 +8,20 @@ import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.streaming.OutputMode
 
-import io.keyedstate.KeyedStateStoreProvider
+import io.keyedstate.{KeyedStateConf, KeyedStateStoreProvider}
 
-/** `spark.sql.extensions=io.keyedstate.process.KeyedStateExtensions`: plans keyed functions. */
+/**
+ * `spark.sql.extensions=io.keyedstate.process.KeyedStateExtensions` (set by
+ * `keyedstate.configure`): plans keyed functions, and checks the provider's options on the
+ * driver when a streaming query starts, so a bad value fails `start()` with the key, the value
+ * and what is allowed, before any task runs.
+ */
 final class KeyedStateExtensions extends (SparkSessionExtensions => Unit) {
-  override def apply(extensions: SparkSessionExtensions): Unit =
+  override def apply(extensions: SparkSessionExtensions): Unit = {
     extensions.injectPlannerStrategy(session => new KeyedProcessStrategy(session))
+    extensions.injectCheckRule(session => (plan: LogicalPlan) =>
+      if (plan.isStreaming) KeyedStateConf.validateSession(session.sessionState.conf.getAllConfs))
+  }
 }
 
 /** What a keyed function's nodes need from the micro-batch being planned. */
