@@ -3,12 +3,49 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import os
 import sys
+import tempfile
+import traceback
+from collections.abc import Iterator
 
 from keyedstate import _session
 from keyedstate.tools import demo
+
+
+@dataclasses.dataclass
+class _SparkLog:
+    """Where Spark's output of one command went; removed at the end unless ``keep``."""
+
+    path: str
+    keep: bool = True
+
+
+@contextlib.contextmanager
+def _spark_output_to_log(command: str) -> Iterator[_SparkLog]:
+    """Spark's JVM (a child process) and its logging write to file descriptor 2: send that to
+    a log file for the command's run, and keep the terminal for the command's own lines."""
+    fd, path = tempfile.mkstemp(prefix=f"keyedstate-{command}-", suffix=".log")
+    sys.stderr.flush()
+    terminal_fd = os.dup(2)
+    os.dup2(fd, 2)
+    os.close(fd)
+    terminal = os.fdopen(terminal_fd, "w", buffering=1)
+    previous, sys.stderr = sys.stderr, terminal
+    log = _SparkLog(path)
+    try:
+        yield log
+    finally:
+        sys.stderr = previous
+        terminal.flush()
+        os.dup2(terminal_fd, 2)
+        terminal.close()
+        if not log.keep:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def _add_spark_options(parser: argparse.ArgumentParser) -> None:
@@ -24,20 +61,24 @@ def _add_spark_options(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a Spark setting for the job (repeatable), e.g. the checkpoint file system's",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Spark's output (by default it goes to a log file named on failure)",
+    )
 
 
 def _spark(args: argparse.Namespace, app: str):  # noqa: ANN202 - pyspark is imported lazily
     from pyspark.sql import SparkSession
 
-    builder = _session.configure(SparkSession.builder.appName(app))
+    builder = _session.configure(SparkSession.builder.appName(app)).config(
+        "spark.ui.showConsoleProgress", "false"
+    )
     if args.master:
         builder = builder.master(args.master)
     elif not _has_master():
         builder = builder.master("local[*]")
-    for setting in args.conf:
-        key, sep, value = setting.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--conf expects KEY=VALUE, got {setting!r}")
+    for key, value in args.conf:
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
@@ -142,16 +183,34 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from keyedstate.tools.ops import CheckpointOperationError
 
-    try:
-        if args.command == "rescale":
-            return _rescale(args)
-        if args.command == "inspect":
-            return _inspect(args)
-    except CheckpointOperationError as e:
-        print(f"keyedstate {args.command}: {e}", file=sys.stderr)
-        return 2
-    return demo.main(rest)
-
+    run = {"rescale": _rescale, "inspect": _inspect}.get(args.command)
+    if run is None:
+        return demo.main(rest)
+    settings = []
+    for setting in args.conf:
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            print(f"keyedstate: --conf expects KEY=VALUE, got {setting!r}", file=sys.stderr)
+            return 2
+        settings.append((key, value))
+    args.conf = settings
+    with contextlib.ExitStack() as stack:
+        log = None if args.verbose else stack.enter_context(_spark_output_to_log(args.command))
+        where = f" (Spark's log: {log.path})" if log else ""
+        try:
+            code = run(args)
+        except CheckpointOperationError as e:
+            print(f"keyedstate {args.command}: {e}{where}", file=sys.stderr)
+            return 2
+        except Exception as e:  # noqa: BLE001 - a bug or an environment problem: one line too
+            if log:
+                with open(log.path, "a", encoding="utf-8") as out:
+                    traceback.print_exc(file=out)
+            print(f"keyedstate {args.command}: {type(e).__name__}: {e}{where}", file=sys.stderr)
+            return 2
+        if log:
+            log.keep = False
+        return code
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -29,8 +29,23 @@ def _call(method: Any, *args: Any) -> Any:
     try:
         return method(*args)
     except Py4JJavaError as e:
-        message = e.java_exception.getMessage() or e.java_exception.toString()
-        raise CheckpointOperationError(str(message)) from e
+        raise CheckpointOperationError(_java_message(e.java_exception)) from e
+
+
+def _java_message(error: Any) -> str:  # noqa: ANN401 - a py4j JavaObject (a Throwable)
+    """One line: keyedstate's own message (the store, the version, the file), found among the
+    causes of Spark's wrappers (a failed job, a state-store error class); else the error's first
+    line. Spark's job failures embed executor stack traces in their message: never shown."""
+    chain = []
+    inner = error
+    while inner is not None and len(chain) < 20:
+        chain.append(inner)
+        cause = inner.getCause()
+        inner = None if cause is None or cause.equals(inner) else cause
+    ours = [e for e in chain if e.getClass().getName().startswith("io.keyedstate.")]
+    chosen = ours[0] if ours else error
+    text = str(chosen.getMessage() or chosen.toString())
+    return " ".join(text.splitlines()[0].split()) if text.strip() else chosen.toString()
 
 
 def _snake(name: str) -> str:

@@ -141,7 +141,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       writable: Boolean,
       forceSnapshot: Boolean): KeyedStateStore =
     synchronized {
-      require(version >= 0, s"Invalid state store version $version for $id")
+      if (version < 0) throw KeyedStateErrors.unexpectedVersion(version)
       acquire()
       try {
         load(version, checkpointId, loadEmpty)
@@ -157,7 +157,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       } catch {
         case NonFatal(e) =>
           notifyAll()
-          throw e
+          throw KeyedStateErrors.cannotLoad(id, version, e)
       }
     }
 
@@ -328,8 +328,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     } catch {
       case NonFatal(e) =>
         discardLoaded()
-        throw new CheckpointFileException(
-          s"Failed to commit version $newVersion of state store $id: ${e.getMessage}", e)
+        throw KeyedStateErrors.cannotCommit(id, newVersion, e)
     } finally {
       activeStore = null
       activeThread = null

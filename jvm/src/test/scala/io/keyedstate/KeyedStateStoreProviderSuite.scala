@@ -271,8 +271,9 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
         assert(contents(r).size == 200 * v)
         r.release()
       }
-      val e = intercept[CheckpointFileException](fresh.getReadStore(5))
-      assert(e.getMessage.contains("version 5") && e.getMessage.contains("5.manifest"))
+      val (condition, message) = sparkFailure(fresh.getReadStore(5))
+      assert(condition.startsWith("CANNOT_LOAD_STATE_STORE."), condition)
+      assert(message.contains("version 5") && message.contains("5.manifest"), message)
       p.close(); fresh.close()
     }
   }
@@ -473,12 +474,27 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     root
   }
 
+  private def condition(e: Throwable): String = e match {
+    case spark: org.apache.spark.SparkThrowable => spark.getCondition
+    case other => fail(s"not a Spark error: $other")
+  }
+
+  /** A failure's Spark error condition, and keyedstate's own message found among its causes. */
+  private def sparkFailure(f: => Any): (String, String) = {
+    val e = intercept[Exception](f)
+    val ours = Iterator.iterate[Throwable](e)(_.getCause).takeWhile(_ != null)
+      .collectFirst { case c: CheckpointFileException => c.getMessage }
+      .getOrElse(fail(s"no keyedstate message under $e"))
+    (condition(e), ours)
+  }
+
   /** Loads on a new executor (its own local directory, so nothing comes from a local cache). */
   private def assertLoadFails(root: File, version: Long, mustMention: String*): Unit = {
     val p = newProvider(root, storeConf(KeyedStateConf.Prefix + "changelogCheckpointing" -> "false",
       KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath))
-    val e = intercept[CheckpointFileException](p.getStore(version))
-    mustMention.foreach(m => assert(e.getMessage.contains(m), s"'${e.getMessage}' should mention '$m'"))
+    val (condition, message) = sparkFailure(p.getStore(version))
+    assert(condition.startsWith("CANNOT_LOAD_STATE_STORE."), condition)
+    mustMention.foreach(m => assert(message.contains(m), s"'$message' should mention '$m'"))
     p.close()
   }
 
@@ -564,8 +580,41 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
       r.release(); q.close()
     }
     val q = newProvider(root, conf)
-    assert(intercept[CheckpointFileException](q.getStore(2)).getMessage.contains("2 commits"))
+    assert(sparkFailure(q.getStore(2))._2.contains("2 commits"))
     q.close(); p.close()
+  }
+
+  test("load failures are Spark's CANNOT_LOAD_STATE_STORE errors, keyedstate's message (path, version) the cause") {
+    val root = tempDir()
+    val p = newProvider(root)
+    commitWith(p, 0)(_.put(key("a"), value(1)))
+    val negative = intercept[Exception](p.getStore(-1))
+    assert(condition(negative) == "CANNOT_LOAD_STATE_STORE.UNEXPECTED_VERSION", negative)
+    val (missing, message) = sparkFailure(p.getReadStore(7))
+    assert(missing.startsWith("CANNOT_LOAD_STATE_STORE."), missing)
+    assert(message.contains("version 7") && message.contains("7.manifest") && message.contains(root.getAbsolutePath),
+      message)
+    // The provider still serves the versions it has.
+    val r = p.getReadStore(1)
+    assert(contents(r) == Map(("a", 0) -> 1L))
+    r.release(); p.close()
+  }
+
+  test("a file system whose rename reports failure fails the commit with CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT") {
+    val dir = tempDir()
+    val hadoopConf = new org.apache.hadoop.conf.Configuration()
+    hadoopConf.set("fs.renamefails.impl", classOf[RenameReturnsFalseFileSystem].getName)
+    hadoopConf.setBoolean("fs.renamefails.impl.disable.cache", true)
+    val p = new KeyedStateStoreProvider
+    p.init(StateStoreId(s"renamefails://${dir.getAbsolutePath}", 0, 0), keySchema, valueSchema,
+      NoPrefixKeyStateEncoderSpec(keySchema), useColumnFamilies = false, storeConf(), hadoopConf, false, None)
+    val s = p.getStore(0)
+    s.put(key("a"), value(1))
+    val (condition, message) = sparkFailure(s.commit())
+    assert(condition == "CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT", condition)
+    assert(message.contains("version 1") && message.contains("manifest"), message)
+    assert(!new File(partitionDir(dir), "1.manifest").exists())
+    p.close()
   }
 
   test("loadEmpty starts a version from nothing") {
@@ -612,6 +661,12 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     }
     assert(unknown.getMessage.contains("blockCacheSize") && unknown.getMessage.contains("blockCacheSizeMB"))
   }
+}
+
+/** A local file system whose rename reports failure, as Spark's own test file system does. */
+class RenameReturnsFalseFileSystem extends org.apache.hadoop.fs.RawLocalFileSystem {
+  override def getUri: java.net.URI = java.net.URI.create("renamefails:///")
+  override def rename(src: org.apache.hadoop.fs.Path, dst: org.apache.hadoop.fs.Path): Boolean = false
 }
 
 object KeyedStateMetricsNames {

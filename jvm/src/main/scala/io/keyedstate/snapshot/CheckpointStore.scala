@@ -37,7 +37,9 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
     case local: LocalFileSystem => local.getRawFileSystem
     case other => other
   }
-  private val isLocal = fs.isInstanceOf[RawLocalFileSystem]
+  // The java.nio shortcut only for Hadoop's own local file system: a subclass (a test file
+  // system, a wrapper) has its own rename, and its writes must go through it.
+  private val isLocal = fs.getClass == classOf[RawLocalFileSystem]
   private lazy val fileManager = CheckpointFileManager.create(root, hadoopConf)
 
   def manifestPath(version: Long, checkpointId: Option[String]): Path =
@@ -46,7 +48,10 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
   def resolve(relative: String): Path = new Path(root, relative)
 
   /** Makes the partition directory exist: Spark's state reader discovers partitions by listing. */
-  def ensureRoot(): Unit = if (!fs.exists(root)) fs.mkdirs(root)
+  def ensureRoot(): Unit =
+    if (!fs.exists(root) && !fs.mkdirs(root) && !fs.exists(root)) {
+      throw new CheckpointFileException(s"Cannot create the state directory $root: the file system refused")
+    }
 
   def listManifests(): Seq[ManifestRef] = listNamed(ManifestSuffix)
 
@@ -205,12 +210,18 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
     copied
   }
 
+  /** Deletes a file; one the file system refused to delete is logged and left (retention
+   * tries again), never taken for gone. */
   def delete(path: Path): Unit =
-    try fs.delete(path, false)
-    catch { case _: java.io.FileNotFoundException => () }
+    try {
+      if (!fs.delete(path, false) && fs.exists(path)) {
+        CheckpointStore.log.warn(s"The file system did not delete $path; it stays until the next cleanup")
+      }
+    } catch { case _: java.io.FileNotFoundException => () }
 }
 
 object CheckpointStore {
+  private val log = org.slf4j.LoggerFactory.getLogger(classOf[CheckpointStore])
   val SharedDir = "shared"
   val PrivateDir = "private"
   val ChangelogDir = "changelog"
