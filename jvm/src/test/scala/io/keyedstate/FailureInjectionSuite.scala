@@ -1,0 +1,188 @@
+package io.keyedstate
+
+import java.io.{File, IOException}
+import java.net.URI
+import java.util.concurrent.atomic.AtomicLong
+
+import scala.collection.mutable
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.{FSDataInputStream, FSDataOutputStream, FileStatus, Path, RawLocalFileSystem}
+import org.apache.hadoop.fs.permission.FsPermission
+import org.apache.hadoop.util.Progressable
+import org.apache.spark.sql.execution.streaming.state._
+import org.scalatest.funsuite.AnyFunSuite
+
+/**
+ * Failure injection at every file-system call of a commit and of retention, in-process (as
+ * Spark's FailureInjectionCheckpointFileManager suite does): the provider's checkpoint lives on
+ * `faulty://`, a local file system that throws on its Nth call of create, open, rename, delete,
+ * mkdirs or listStatus. For every N up to the number of calls the step makes:
+ *   - the step either takes effect fully or not at all: every version loads on a fresh provider
+ *     (a new executor) with exactly the content written, or is absent;
+ *   - the next attempt, without faults, succeeds;
+ *   - retention never deletes a file a retained version needs.
+ */
+class FailureInjectionSuite extends AnyFunSuite with ProviderFixture {
+
+  private def faultyConf(): Configuration = {
+    val c = new Configuration()
+    c.set("fs.faulty.impl", classOf[FaultyFileSystem].getName)
+    c.setBoolean("fs.faulty.impl.disable.cache", true)
+    c
+  }
+
+  private def provider(root: File, changelog: Boolean, local: File): KeyedStateStoreProvider = {
+    val p = new KeyedStateStoreProvider
+    val conf = storeConf(
+      KeyedStateConf.Prefix + "changelogCheckpointing" -> changelog.toString,
+      KeyedStateConf.Prefix + "localDir" -> local.getAbsolutePath,
+      KeyedStateConf.Prefix + "orphanFileGracePeriodMs" -> "0",
+      "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "2",
+      "spark.sql.streaming.minBatchesToRetain" -> "2")
+    p.init(StateStoreId(s"faulty://${root.getAbsolutePath}", 0, 0), keySchema, valueSchema,
+      NoPrefixKeyStateEncoderSpec(keySchema), useColumnFamilies = false, conf, faultyConf(), false, None)
+    p
+  }
+
+  /** Version v holds keys k0..k(10v-1) with value v (earlier keys rewritten each version). */
+  private def expected(v: Long): Map[(String, Int), Long] = (0 until (10 * v).toInt).map(i => (s"k$i", 0) -> v).toMap
+
+  private def write(p: KeyedStateStoreProvider, v: Long): Long = {
+    val s = p.getStore(v - 1)
+    try {
+      expected(v).keys.foreach { case (k, _) => s.put(key(k), value(v)) }
+      s.commit()
+    } catch {
+      case e: Throwable => if (!s.hasCommitted) s.abort(); throw e
+    }
+  }
+
+  /** Every version is either absent or exactly what was written, seen from a new executor. */
+  private def checkVersions(root: File, changelog: Boolean, upTo: Long, mustExist: Set[Long], what: String): Unit = {
+    FaultyFileSystem.disarm()
+    val p = provider(root, changelog, tempDir())
+    try (1L to upTo).foreach { v =>
+      val loaded =
+        try { val r = p.getReadStore(v); try Some(contents(r)) finally r.release() }
+        catch { case _: Exception if !mustExist(v) => None }
+      loaded.foreach(c => assert(c == expected(v), s"$what: version $v has other content"))
+    } finally p.close()
+  }
+
+  for (changelog <- Seq(false, true)) {
+    test(s"a fault at any file-system call of a commit: the version is whole or absent, the retry commits (changelog=$changelog)") {
+      var n = 1
+      var done = false
+      val tried = mutable.ArrayBuffer.empty[String]
+      while (!done) {
+        val root = tempDir()
+        val p = provider(root, changelog, tempDir())
+        try {
+          (1L to 3L).foreach(v => write(p, v))
+          p.awaitSnapshotUpload()
+          FaultyFileSystem.armAt(n)
+          val failed = try { write(p, 4); false } catch { case _: Exception => true }
+          p.awaitSnapshotUpload()
+          val call = FaultyFileSystem.failedCall
+          FaultyFileSystem.disarm()
+          if (call.isEmpty) done = true // the commit made fewer than n calls: every point tried
+          else {
+            tried += call.get
+            checkVersions(root, changelog, 4, Set(1L, 2L, 3L) ++ (if (failed) Set.empty else Set(4L)), s"fault at ${call.get}")
+            if (failed) assert(write(p, 4) == 4, s"retry after a fault at ${call.get}")
+            p.awaitSnapshotUpload()
+            checkVersions(root, changelog, 4, Set(1L, 2L, 3L, 4L), s"after the retry of a fault at ${call.get}")
+          }
+        } finally { FaultyFileSystem.disarm(); p.close() }
+        n += 1
+      }
+      assert(tried.nonEmpty)
+      info(s"${tried.size} injection points: ${tried.groupBy(_.takeWhile(_ != ' ')).map { case (k, v) => s"$k ${v.size}" }.mkString(", ")}")
+    }
+
+    test(s"a fault at any file-system call of retention never deletes what a retained version needs (changelog=$changelog)") {
+      var n = 1
+      var done = false
+      var points = 0
+      while (!done) {
+        val root = tempDir()
+        val p = provider(root, changelog, tempDir())
+        try {
+          (1L to 6L).foreach(v => write(p, v))
+          p.awaitSnapshotUpload()
+          FaultyFileSystem.armAt(n)
+          try p.doMaintenance() catch { case _: Exception => () }
+          val call = FaultyFileSystem.failedCall
+          FaultyFileSystem.disarm()
+          if (call.isEmpty) done = true
+          else {
+            points += 1
+            // minBatchesToRetain = 2: versions 5 and 6 must load; the next version commits.
+            checkVersions(root, changelog, 6, Set(5L, 6L), s"retention fault at ${call.get}")
+            assert(write(p, 7) == 7)
+            p.doMaintenance()
+            checkVersions(root, changelog, 7, Set(6L, 7L), s"retention after a fault at ${call.get}")
+          }
+        } finally { FaultyFileSystem.disarm(); p.close() }
+        n += 1
+      }
+      assert(points > 0)
+      info(s"$points injection points")
+    }
+  }
+}
+
+/** The armed fault, shared by every instance (Hadoop creates file systems reflectively). */
+object FaultyFileSystem {
+  private val calls = new AtomicLong(0)
+  @volatile private var failAt = 0L
+  @volatile private var failed: Option[String] = None
+
+  def armAt(n: Int): Unit = synchronized { calls.set(0); failed = None; failAt = n }
+  def disarm(): Unit = synchronized { failAt = 0 }
+  def failedCall: Option[String] = failed
+
+  def call(what: String, path: Path): Unit = {
+    if (failAt > 0 && calls.incrementAndGet() == failAt) {
+      failed = Some(s"$what ${path.getName}")
+      throw new IOException(s"injected fault: $what $path")
+    }
+  }
+}
+
+/** A local file system on `faulty://` whose calls fail when [[FaultyFileSystem]] says so. */
+class FaultyFileSystem extends RawLocalFileSystem {
+  override def getUri: URI = URI.create("faulty:///")
+
+  override def create(f: Path, permission: FsPermission, overwrite: Boolean, bufferSize: Int, replication: Short,
+      blockSize: Long, progress: Progressable): FSDataOutputStream = {
+    FaultyFileSystem.call("create", f)
+    super.create(f, permission, overwrite, bufferSize, replication, blockSize, progress)
+  }
+  override def create(f: Path, overwrite: Boolean, bufferSize: Int, replication: Short, blockSize: Long,
+      progress: Progressable): FSDataOutputStream = {
+    FaultyFileSystem.call("create", f)
+    super.create(f, overwrite, bufferSize, replication, blockSize, progress)
+  }
+  override def open(f: Path, bufferSize: Int): FSDataInputStream = {
+    FaultyFileSystem.call("open", f)
+    super.open(f, bufferSize)
+  }
+  override def rename(src: Path, dst: Path): Boolean = {
+    FaultyFileSystem.call("rename", dst)
+    super.rename(src, dst)
+  }
+  override def delete(p: Path, recursive: Boolean): Boolean = {
+    FaultyFileSystem.call("delete", p)
+    super.delete(p, recursive)
+  }
+  override def mkdirs(p: Path, permission: FsPermission): Boolean = {
+    FaultyFileSystem.call("mkdirs", p)
+    super.mkdirs(p, permission)
+  }
+  override def listStatus(p: Path): Array[FileStatus] = {
+    FaultyFileSystem.call("listStatus", p)
+    super.listStatus(p)
+  }
+}
