@@ -9,7 +9,7 @@ JAR_SRC := target/scala-2.13/keyedstate_2.13-0.1.0.jar
 JAR := python/keyedstate/jars/keyedstate.jar
 export PYTHON := $(abspath $(PY))
 
-.PHONY: setup jar demo test test-scala test-python lint clean wheel
+.PHONY: setup jar demo test test-scala test-python soak lint clean wheel
 
 $(PY): pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,6 +35,11 @@ test-python: setup
 	$(PY) -m pytest -v tests
 
 test: setup test-scala test-python
+
+# Not in CI: 100 driver SIGKILLs per engine over a replayable source (about 25 minutes each,
+# bounded at 50).
+soak: setup
+	KILL_TEST_KILLS=100 KILL_TEST_BUDGET_S=3000 $(PY) -m pytest -v tests/test_kill_restart.py
 
 wheel: setup
 	$(PY) -m pip wheel --no-deps -w dist .

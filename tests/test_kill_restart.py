@@ -8,7 +8,9 @@ commit, after a random delay) and restarts it on the same checkpoint until it fi
 the same driver runs uninterrupted on a fresh checkpoint. Per-batch and final results of the two
 must be identical, and equal to the values computed here in plain Python.
 
-KILL_TEST_SEED picks the kill points; the seed and the kill log are printed.
+KILL_TEST_SEED picks the kill points; the seed and the kill log are printed. KILL_TEST_KILLS sets
+how many kills (4 by default; `make soak` runs 100, with as many input files as they need) and
+KILL_TEST_BUDGET_S bounds the time spent killing (the run then finishes with the kills made).
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ from streaming_harness import (
 )
 
 DRIVER = Path(__file__).resolve().parent / "drivers" / "agg_driver.py"
-NUM_FILES = 30
+KILLS = int(os.environ.get("KILL_TEST_KILLS", "4"))
+KILL_BUDGET_S = float(os.environ.get("KILL_TEST_BUDGET_S", "3600"))
+# Every kill after the first waits for 1 to 5 more commits: enough batches for all of them.
+NUM_FILES = max(30, 5 * KILLS + 10)
 ROWS_PER_FILE = 12
 NUM_KEYS = 10
 SEED = int(os.environ.get("KILL_TEST_SEED", "20240611"))
@@ -213,7 +218,8 @@ def test_kill_and_restart_is_exactly_once(
 
     later = [mid_batch, after_commit, random_delay]
     rng.shuffle(later)
-    phases = [startup, *later]  # startup first, while nothing is committed yet
+    # Startup first, while nothing is committed yet; each later kind once, then at random.
+    phases = [startup, *later, *(rng.choice(later) for _ in range(KILLS - 4))][: max(KILLS, 1)]
 
     # The same driver, uninterrupted, on a fresh checkpoint (concurrently, to save time).
     clean_output = tmp_path / "clean" / "output"
@@ -230,6 +236,9 @@ def test_kill_and_restart_is_exactly_once(
 
     kills: list[Kill] = []
     for attempt, phase in enumerate(phases):
+        if time.monotonic() - t0 > KILL_BUDGET_S:
+            print(f"kill budget of {KILL_BUDGET_S:.0f}s spent after {len(kills)} kills")
+            break
         driver = Driver(args, tmp_path / f"driver-{attempt}.log")
         drivers.append(driver)
         phase(driver)
