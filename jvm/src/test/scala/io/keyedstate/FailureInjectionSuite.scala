@@ -5,6 +5,7 @@ import java.net.URI
 import java.util.concurrent.atomic.AtomicLong
 
 import scala.collection.mutable
+import scala.util.Try
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FSDataInputStream, FSDataOutputStream, FileStatus, Path, RawLocalFileSystem}
@@ -70,65 +71,64 @@ class FailureInjectionSuite extends AnyFunSuite with ProviderFixture {
     } finally p.close()
   }
 
+  /**
+   * Runs `step` once per file-system call it makes, failing that call: `prepare` builds a fresh
+   * checkpoint, `step` runs with the fault armed, `verify` (faults off) checks the outcome, given
+   * the failed call and whether `step` reported success. Returns the failed calls, one per run.
+   */
+  private def atEveryCall(changelog: Boolean)(prepare: KeyedStateStoreProvider => Unit)(
+      step: KeyedStateStoreProvider => Unit)(verify: (File, KeyedStateStoreProvider, String, Boolean) => Unit): Seq[String] = {
+    val failedCalls = mutable.ArrayBuffer.empty[String]
+    var n = 1
+    var everyCallTried = false
+    while (!everyCallTried) {
+      val root = tempDir()
+      val p = provider(root, changelog, tempDir())
+      try {
+        prepare(p)
+        p.awaitSnapshotUpload()
+        FaultyFileSystem.armAt(n)
+        val succeeded = Try(step(p)).isSuccess
+        p.awaitSnapshotUpload()
+        val call = FaultyFileSystem.failedCall
+        FaultyFileSystem.disarm()
+        call match {
+          case None => everyCallTried = true // the step made fewer than n calls
+          case Some(c) => failedCalls += c; verify(root, p, c, succeeded)
+        }
+      } finally { FaultyFileSystem.disarm(); p.close() }
+      n += 1
+    }
+    failedCalls.toSeq
+  }
+
+  private def summary(calls: Seq[String]): String =
+    s"${calls.size} injection points: " + calls.groupBy(_.takeWhile(_ != ' ')).map { case (k, v) => s"$k ${v.size}" }.mkString(", ")
+
   for (changelog <- Seq(false, true)) {
     test(s"a fault at any file-system call of a commit: the version is whole or absent, the retry commits (changelog=$changelog)") {
-      var n = 1
-      var done = false
-      val tried = mutable.ArrayBuffer.empty[String]
-      while (!done) {
-        val root = tempDir()
-        val p = provider(root, changelog, tempDir())
-        try {
-          (1L to 3L).foreach(v => write(p, v))
-          p.awaitSnapshotUpload()
-          FaultyFileSystem.armAt(n)
-          val failed = try { write(p, 4); false } catch { case _: Exception => true }
-          p.awaitSnapshotUpload()
-          val call = FaultyFileSystem.failedCall
-          FaultyFileSystem.disarm()
-          if (call.isEmpty) done = true // the commit made fewer than n calls: every point tried
-          else {
-            tried += call.get
-            checkVersions(root, changelog, 4, Set(1L, 2L, 3L) ++ (if (failed) Set.empty else Set(4L)), s"fault at ${call.get}")
-            if (failed) assert(write(p, 4) == 4, s"retry after a fault at ${call.get}")
-            p.awaitSnapshotUpload()
-            checkVersions(root, changelog, 4, Set(1L, 2L, 3L, 4L), s"after the retry of a fault at ${call.get}")
-          }
-        } finally { FaultyFileSystem.disarm(); p.close() }
-        n += 1
+      val calls = atEveryCall(changelog)(p => (1L to 3L).foreach(v => write(p, v)))(p => write(p, 4)) {
+        (root, p, call, committed) =>
+        // A commit that reported success is durable; one that failed left version 4 whole or absent.
+        checkVersions(root, changelog, 4, Set(1L, 2L, 3L) ++ (if (committed) Set(4L) else Set.empty), s"fault at $call")
+        if (!committed) assert(write(p, 4) == 4, s"retry after a fault at $call")
+        p.awaitSnapshotUpload()
+        checkVersions(root, changelog, 4, Set(1L, 2L, 3L, 4L), s"after the retry of a fault at $call")
       }
-      assert(tried.nonEmpty)
-      info(s"${tried.size} injection points: ${tried.groupBy(_.takeWhile(_ != ' ')).map { case (k, v) => s"$k ${v.size}" }.mkString(", ")}")
+      assert(calls.nonEmpty)
+      info(summary(calls))
     }
 
     test(s"a fault at any file-system call of retention never deletes what a retained version needs (changelog=$changelog)") {
-      var n = 1
-      var done = false
-      var points = 0
-      while (!done) {
-        val root = tempDir()
-        val p = provider(root, changelog, tempDir())
-        try {
-          (1L to 6L).foreach(v => write(p, v))
-          p.awaitSnapshotUpload()
-          FaultyFileSystem.armAt(n)
-          try p.doMaintenance() catch { case _: Exception => () }
-          val call = FaultyFileSystem.failedCall
-          FaultyFileSystem.disarm()
-          if (call.isEmpty) done = true
-          else {
-            points += 1
-            // minBatchesToRetain = 2: versions 5 and 6 must load; the next version commits.
-            checkVersions(root, changelog, 6, Set(5L, 6L), s"retention fault at ${call.get}")
-            assert(write(p, 7) == 7)
-            p.doMaintenance()
-            checkVersions(root, changelog, 7, Set(6L, 7L), s"retention after a fault at ${call.get}")
-          }
-        } finally { FaultyFileSystem.disarm(); p.close() }
-        n += 1
+      val calls = atEveryCall(changelog)(p => (1L to 6L).foreach(v => write(p, v)))(_.doMaintenance()) { (root, p, call, _) =>
+        // minBatchesToRetain = 2: versions 5 and 6 must load; the next version commits.
+        checkVersions(root, changelog, 6, Set(5L, 6L), s"retention fault at $call")
+        assert(write(p, 7) == 7)
+        p.doMaintenance()
+        checkVersions(root, changelog, 7, Set(6L, 7L), s"retention after a fault at $call")
       }
-      assert(points > 0)
-      info(s"$points injection points")
+      assert(calls.nonEmpty)
+      info(summary(calls))
     }
   }
 }
