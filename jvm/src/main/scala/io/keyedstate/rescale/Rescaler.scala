@@ -251,7 +251,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
     progress("writing the query metadata")
     src.metadataFiles().filterNot(isRetiredPartitionFile(_, j.toPartitions)).foreach(src.copyTo(_, dst))
     pinPartitions(dst, j)
-    dst.fs.delete(new Path(dst.root, RescaleDir), true)
+    deleteOrFail(dst.fs, new Path(dst.root, RescaleDir))
   }
 
   /**
@@ -265,15 +265,23 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       val staged = new Path(staging, s"manifests/$op/$store/$t/${j.batchId + 1}.manifest")
       if (src.fs.exists(staged)) {
         val live = new Path(src.storeDir(StoreRef(op, store, t)), s"${j.batchId + 1}.manifest")
-        org.apache.hadoop.fs.FileUtil.copy(src.fs, staged, src.fs, live, false, true, hadoopConf)
+        if (!org.apache.hadoop.fs.FileUtil.copy(src.fs, staged, src.fs, live, false, true, hadoopConf)) {
+          throw new java.io.IOException(s"The file system did not copy $staged over $live; run the rescale again")
+        }
       }
     }
     for (op <- src.operators; p <- src.partitions(op) if p >= j.toPartitions) {
-      src.fs.delete(new Path(src.stateRoot, s"$op/$p"), true)
+      deleteOrFail(src.fs, new Path(src.stateRoot, s"$op/$p"))
     }
     pinPartitions(src, j)
-    src.fs.delete(new Path(src.root, RescaleDir), true)
+    deleteOrFail(src.fs, new Path(src.root, RescaleDir))
   }
+
+  /** Publishing steps are repeatable: one the file system refused fails the publish, to be redone. */
+  private def deleteOrFail(fs: org.apache.hadoop.fs.FileSystem, path: Path): Unit =
+    if (!fs.delete(path, true) && fs.exists(path)) {
+      throw new java.io.IOException(s"The file system did not delete $path; run the rescale again")
+    }
 
   private def undoInPlace(src: QueryCheckpoint): Unit =
     src.fs.delete(new Path(src.root, RescaleDir), true)
