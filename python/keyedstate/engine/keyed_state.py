@@ -303,8 +303,7 @@ class _ListStateImpl(_Handle, ListState):
         else:
             b.cur.pop(name, None)
         b.replaced.add(name)
-        if b.appended:
-            b.appended.pop(name, None)
+        b.appended.pop(name, None)
         b.dirty.add(name)
 
     def clear(self) -> None:
@@ -349,19 +348,13 @@ class _MapStateImpl(_Handle, MapState):
         check = self._check_value
         if check is not None and value is not None:
             value = check.one(value)
-        b = self._b
-        name = self._name
-        stored = b.cur.get(name)
+        cur = self._b.cur
+        stored = cur.get(self._name)
         if stored is None:
-            b.cur[name] = {key: value}
+            cur[self._name] = {key: value}
         else:
             stored[key] = value
-        changes = b.map_changes.get(name)
-        if changes is None:
-            b.map_changes[name] = {key}
-        else:
-            changes.add(key)
-        b.dirty.add(name)
+        self._changed(key)
 
     def put_all(self, dict_value: Mapping[Any, Any]) -> None:
         for key, value in dict_value.items():

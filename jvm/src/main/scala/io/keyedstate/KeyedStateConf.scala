@@ -121,7 +121,7 @@ object KeyedStateConf {
    * starts (`KeyedStateExtensions`), so a bad value fails `start()` instead of the first batch.
    */
   def validateSession(settings: Map[String, String]): Unit = {
-    fromMap(settings.filter { case (k, _) => k.startsWith(Prefix) })
+    fromMap(settings) // reads only the keys under Prefix
     ()
   }
 

@@ -111,7 +111,8 @@ final class KeyedStateStore private[keyedstate] (
         s"prefixScan needs a prefix-key encoder; column family '$cf' uses ${codec.keySpec}")
     }
     val prefix = codec.encodePrefix(prefixKey)
-    pairs(remembering(state.db.prefixScan(cf, prefix), cf, prefix), cf, codec, multi)
+    val raw = state.db.prefixScan(cf, prefix)
+    pairs(if (state.tracksNumKeys) remembering(raw, cf, prefix) else raw, cf, codec, multi)
   }
 
   /** The raw entries of a prefix scan; one that reaches its end tells the key count's memo
@@ -122,20 +123,20 @@ final class KeyedStateStore private[keyedstate] (
       prefix: Array[Byte]): ClosableIterator[(Array[Byte], Array[Byte])] =
     new ClosableIterator[(Array[Byte], Array[Byte])] {
       private val seen = mutable.ArrayBuffer.empty[Array[Byte]]
-      private var told = false // or a prefix too large to remember
+      private var settled = false // told the memo, or too many entries to tell it
       def hasNext: Boolean = {
         val more = raw.hasNext
-        if (!more && !told) {
-          told = true
+        if (!more && !settled) {
+          settled = true
           state.rememberScanned(cf, prefix, seen)
         }
         more
       }
       def next(): (Array[Byte], Array[Byte]) = {
         val entry = raw.next()
-        if (!told) {
+        if (!settled) {
           seen += entry._1
-          if (seen.length > KeyedStateStore.MaxScanRemembered) { told = true; seen.clear() }
+          if (seen.length > KeyedStateStore.MaxScanRemembered) { settled = true; seen.clear() }
         }
         entry
       }

@@ -80,6 +80,9 @@ private[keyedstate] final class StoreInstance(
   }
   private val scannedPrefixes = mutable.Map[String, ScannedPrefixes]()
 
+  /** Whether writes keep exact key counts (and so whether scans are worth remembering). */
+  def tracksNumKeys: Boolean = conf.trackNumKeys
+
   /** A prefix scan reached its end: every key under `prefix` is now in `knownKeys`. */
   def rememberScanned(cf: String, prefix: Array[Byte], keys: Iterable[Array[Byte]]): Unit =
     if (conf.trackNumKeys && knownKeyCount + keys.size < StoreInstance.MaxKnownKeys) {

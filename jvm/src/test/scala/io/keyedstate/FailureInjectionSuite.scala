@@ -155,34 +155,20 @@ object FaultyFileSystem {
 class FaultyFileSystem extends RawLocalFileSystem {
   override def getUri: URI = URI.create("faulty:///")
 
+  private def checked[T](what: String, path: Path)(call: => T): T = {
+    FaultyFileSystem.call(what, path)
+    call
+  }
+
   override def create(f: Path, permission: FsPermission, overwrite: Boolean, bufferSize: Int, replication: Short,
-      blockSize: Long, progress: Progressable): FSDataOutputStream = {
-    FaultyFileSystem.call("create", f)
-    super.create(f, permission, overwrite, bufferSize, replication, blockSize, progress)
-  }
+      blockSize: Long, progress: Progressable): FSDataOutputStream =
+    checked("create", f)(super.create(f, permission, overwrite, bufferSize, replication, blockSize, progress))
   override def create(f: Path, overwrite: Boolean, bufferSize: Int, replication: Short, blockSize: Long,
-      progress: Progressable): FSDataOutputStream = {
-    FaultyFileSystem.call("create", f)
-    super.create(f, overwrite, bufferSize, replication, blockSize, progress)
-  }
-  override def open(f: Path, bufferSize: Int): FSDataInputStream = {
-    FaultyFileSystem.call("open", f)
-    super.open(f, bufferSize)
-  }
-  override def rename(src: Path, dst: Path): Boolean = {
-    FaultyFileSystem.call("rename", dst)
-    super.rename(src, dst)
-  }
-  override def delete(p: Path, recursive: Boolean): Boolean = {
-    FaultyFileSystem.call("delete", p)
-    super.delete(p, recursive)
-  }
-  override def mkdirs(p: Path, permission: FsPermission): Boolean = {
-    FaultyFileSystem.call("mkdirs", p)
-    super.mkdirs(p, permission)
-  }
-  override def listStatus(p: Path): Array[FileStatus] = {
-    FaultyFileSystem.call("listStatus", p)
-    super.listStatus(p)
-  }
+      progress: Progressable): FSDataOutputStream =
+    checked("create", f)(super.create(f, overwrite, bufferSize, replication, blockSize, progress))
+  override def open(f: Path, bufferSize: Int): FSDataInputStream = checked("open", f)(super.open(f, bufferSize))
+  override def rename(src: Path, dst: Path): Boolean = checked("rename", dst)(super.rename(src, dst))
+  override def delete(p: Path, recursive: Boolean): Boolean = checked("delete", p)(super.delete(p, recursive))
+  override def mkdirs(p: Path, permission: FsPermission): Boolean = checked("mkdirs", p)(super.mkdirs(p, permission))
+  override def listStatus(p: Path): Array[FileStatus] = checked("listStatus", p)(super.listStatus(p))
 }

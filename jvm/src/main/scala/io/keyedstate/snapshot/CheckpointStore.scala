@@ -8,6 +8,7 @@ import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileStatus, FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
+import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 
 /** A manifest (or snapshot descriptor) found in the store directory. */
@@ -28,7 +29,7 @@ class CheckpointFileException(message: String, cause: Throwable = null)
  *   <version>_<commit id>.manifest       checkpoint format v2: one per commit id
  * }}}
  */
-final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
+final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends Logging {
   import CheckpointStore._
 
   // On the local file system, skip Hadoop's checksummed wrapper: its .crc side files double
@@ -215,13 +216,12 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) {
   def delete(path: Path): Unit =
     try {
       if (!fs.delete(path, false) && fs.exists(path)) {
-        CheckpointStore.log.warn(s"The file system did not delete $path; it stays until the next cleanup")
+        logWarning(s"The file system did not delete $path; it stays until the next cleanup")
       }
     } catch { case _: java.io.FileNotFoundException => () }
 }
 
 object CheckpointStore {
-  private val log = org.slf4j.LoggerFactory.getLogger(classOf[CheckpointStore])
   val SharedDir = "shared"
   val PrivateDir = "private"
   val ChangelogDir = "changelog"
