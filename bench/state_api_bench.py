@@ -9,10 +9,19 @@ The same per-key logic runs four ways on the same input, in one process, one aft
   Spark's RocksDB provider (it refuses other providers);
 * ``plain Python loop`` - the same logic over the same rows in memory, no Spark: the floor.
 
+Two references show what the floor ratio is made of (``--skip-references`` leaves them out); they
+run micro-batch 1 only:
+
+* ``spark-passthrough`` - Spark's ``mapInArrow`` over the same input, repartitioned by key, with a
+  Python loop emitting one row per event and no state and no logic: what reading, shuffling,
+  Arrow in both directions and the parquet output cost before any state;
+* ``keyedstate-state-in-dicts`` - keyedstate's engine running the same logic with its state in
+  the function's own dictionaries (no state calls, nothing stored): the engine without state.
+
 The logic, per event of a key (events ordered by ``seq``): a running count (ValueState), the last
 10 events (ListState), totals per category (MapState); one output row per event
-``(user_id, seq, count, category_total, recent_sum)``. Every Spark run must produce exactly the
-floor's rows (checked after timing).
+``(user_id, seq, count, category_total, recent_sum)``. Every Spark run but the pass-through
+must produce exactly the floor's rows (checked after timing).
 
 Micro-batch 1 (the headline) is ``--rows`` events over ``--keys`` keys in ``--partitions``
 parquet files, read as ONE micro-batch on ``--partitions`` partitions (shuffle partitions too).
@@ -172,6 +181,53 @@ class UserActivity(KeyedProcessFunction):
         yield (value.user_id, value.seq, count, total, sum(a for _, a in recent))
 
 
+class UserActivityInDicts(KeyedProcessFunction):
+    """The same logic with the state in the function's dictionaries: nothing is stored, so this
+    is right for one micro-batch only (a reference, not an implementation)."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.counts: dict[str, int] = {}
+        self.recents: dict[str, list[tuple[int, int]]] = {}
+        self.totals: dict[str, dict[str, int]] = {}
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Iterator[tuple]:  # noqa: ANN401
+        user_id = value.user_id
+        count = self.counts.get(user_id, 0) + 1
+        self.counts[user_id] = count
+        recent = self.recents.get(user_id, [])
+        recent.append((value.seq, value.amount))
+        if len(recent) > RECENT:
+            recent = recent[-RECENT:]
+        self.recents[user_id] = recent
+        per_category = self.totals.setdefault(user_id, {})
+        total = per_category.get(value.category, 0) + value.amount
+        per_category[value.category] = total
+        yield (user_id, value.seq, count, total, sum(a for _, a in recent))
+
+
+def passthrough(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """One output row per event, no state and no logic (``mapInArrow``)."""
+    for batch in batches:
+        columns = batch.to_pydict()
+        users, seqs, amounts = [], [], []
+        for user_id, seq, amount in zip(
+            columns["user_id"], columns["seq"], columns["amount"], strict=True
+        ):
+            users.append(user_id)
+            seqs.append(seq)
+            amounts.append(amount)
+        ones = [1] * len(users)
+        yield pa.RecordBatch.from_pydict(
+            {
+                "user_id": users,
+                "seq": seqs,
+                "count": ones,
+                "category_total": amounts,
+                "recent_sum": amounts,
+            }
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # transformWithStateInPandas
 
@@ -221,7 +277,7 @@ class Run:
     provider: str
     wall_s: float  # start() to the end of the query (both micro-batches)
     batch_s: list[float]  # triggerExecution of each micro-batch with input
-    correct: bool
+    correct: bool | None  # None: a reference, not checked
 
 
 def session(partitions: int) -> SparkSession:
@@ -250,8 +306,9 @@ def run_query(
     provider: str,
     frame: Any,  # noqa: ANN401 - a streaming DataFrame
     workdir: Path,
-    expected: pd.DataFrame,
+    expected: pd.DataFrame | None,
 ) -> Run:
+    """``expected``: the floor's rows, or None for a reference whose rows differ."""
     short = provider.rsplit(".", 1)[-1]
     print(f"[bench] running {name} on {short} ...", file=sys.stderr, flush=True)
     checkpoint = workdir / f"checkpoint-{name}"
@@ -276,6 +333,8 @@ def run_query(
         if p.numInputRows
     ]
     got = pd.read_parquet(output).sort_values("seq").reset_index(drop=True)[OUTPUT_COLUMNS]
+    if expected is None:
+        return Run(name, short, wall, batches, None)
     correct = len(got) == len(expected) and all(
         got[c].tolist() == expected[c].tolist() for c in OUTPUT_COLUMNS
     )
@@ -316,6 +375,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--skip-tws", action="store_true", help="skip transformWithStateInPandas")
     parser.add_argument("--skip-spark-rocksdb", action="store_true")
+    parser.add_argument(
+        "--skip-references",
+        action="store_true",
+        help="skip spark-passthrough and keyedstate-state-in-dicts",
+    )
     args = parser.parse_args()
     if args.rows < args.keys or args.update_keys > args.keys:
         parser.error("need rows >= keys >= update-keys")
@@ -340,6 +404,16 @@ def main() -> None:
             args.partitions,
             args.seed + 1,
         )
+        if not args.skip_references:  # micro-batch 1 alone (same seeds, same events)
+            prepare(workdir / "input-first", args.rows, args.keys, 0, args.partitions, args.seed)
+            prepare(
+                workdir / "warmup-input-first",
+                warmup_rows,
+                warmup_keys,
+                0,
+                args.partitions,
+                args.seed + 1,
+            )
 
         # The floor: micro-batch 1 then micro-batch 2, timed separately, no Spark.
         rows = list(events.itertuples(index=False, name=None))
@@ -357,17 +431,33 @@ def main() -> None:
 
         spark = session(args.partitions)
 
-        def queries(input_dir: Path) -> list[tuple[str, str, Any]]:
-            source = (
+        def stream(input_dir: Path) -> Any:  # noqa: ANN401
+            return (
                 spark.readStream.schema(INPUT_SCHEMA)
                 .option("maxFilesPerTrigger", args.partitions)
                 .parquet(str(input_dir))
             )
+
+        def queries(input_dir: Path) -> list[tuple[str, str, Any, bool]]:
+            """(name, provider, DataFrame, checked against the floor's rows)."""
+            source = stream(input_dir)
             keyed = keyedstate.key_by(source, "user_id", order_by="seq")
             ours = keyed.process(UserActivity(), OUTPUT_DDL)
-            plan = [("keyedstate", keyedstate.PROVIDER_CLASS, ours)]
+            plan = [("keyedstate", keyedstate.PROVIDER_CLASS, ours, True)]
+            if not args.skip_references:
+                first = stream(input_dir.with_name(input_dir.name + "-first"))
+                plain = first.repartition(args.partitions, "user_id").mapInArrow(
+                    passthrough, OUTPUT_DDL
+                )
+                plan.append(("spark-passthrough", keyedstate.PROVIDER_CLASS, plain, False))
+                in_dicts = keyedstate.key_by(first, "user_id", order_by="seq").process(
+                    UserActivityInDicts(), OUTPUT_DDL
+                )
+                plan.append(
+                    ("keyedstate-state-in-dicts", keyedstate.PROVIDER_CLASS, in_dicts, True)
+                )
             if not args.skip_spark_rocksdb:
-                plan.append(("keyedstate-on-spark-rocksdb", SPARK_ROCKSDB, ours))
+                plan.append(("keyedstate-on-spark-rocksdb", SPARK_ROCKSDB, ours, True))
             if not args.skip_tws:
                 tws = source.groupBy("user_id").transformWithStateInPandas(
                     statefulProcessor=UserActivityProcessor(),
@@ -375,23 +465,31 @@ def main() -> None:
                     outputMode="Append",
                     timeMode="None",
                 )
-                plan.append(("transformWithStateInPandas", SPARK_ROCKSDB, tws))
+                plan.append(("transformWithStateInPandas", SPARK_ROCKSDB, tws, True))
             return plan
 
         # Each implementation warms up (JIT, heap, Python workers) right before its timed run,
         # so no timed run follows another implementation's warm-up and its leftovers.
         runs = []
         timed = queries(workdir / "input")
-        for (name, provider, warm), (_, _, frame) in zip(
+        for (name, provider, warm, checked), (_, _, frame, _) in zip(
             queries(workdir / "warmup-input"), timed, strict=True
         ):
-            run = run_query(spark, f"warmup-{name}", provider, warm, workdir, warmup_expected)
-            if not run.correct:
+            # The references run micro-batch 1 only: they are checked against its rows.
+            only_first = name.startswith(("spark-", "keyedstate-state-in"))
+            warm_rows = warmup_expected.iloc[:warmup_rows] if only_first else warmup_expected
+            rows_expected = expected.iloc[: args.rows] if only_first else expected
+            run = run_query(
+                spark, f"warmup-{name}", provider, warm, workdir, warm_rows if checked else None
+            )
+            if run.correct is False:
                 sys.exit(f"{name} gave a wrong result on the warm-up input")
-            runs.append(run_query(spark, name, provider, frame, workdir, expected))
+            runs.append(
+                run_query(spark, name, provider, frame, workdir, rows_expected if checked else None)
+            )
         spark.stop()
         report(args, runs, floor_first)
-        if not all(r.correct for r in runs):
+        if any(r.correct is False for r in runs):
             sys.exit("some implementation did not produce the floor's output")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -420,10 +518,11 @@ def report(args: argparse.Namespace, runs: list[Run], floor_s: float) -> None:
         first = run.batch_s[0]
         second = f"{run.batch_s[1]:9.2f}" if len(run.batch_s) > 1 else f"{'-':>9}"
         versus = f"{tws.batch_s[0] / first:6.1f}x" if tws else f"{'-':>7}"
+        provider = "-" if run.correct is None else run.provider  # the pass-through keeps no state
         print(
-            f"{run.name:<29} {run.provider:<26} {first:9.2f} {args.rows / first:9.0f} "
+            f"{run.name:<29} {provider:<26} {first:9.2f} {args.rows / first:9.0f} "
             f"{versus} {first / floor_s:8.1f} {second} {run.wall_s:7.1f} "
-            f"{'yes' if run.correct else 'NO':>7}"
+            f"{ {True: 'yes', False: 'NO', None: '-'}[run.correct]:>7}"
         )
     print(
         f"{'plain Python loop (floor)':<29} {'-':<26} {floor_s:9.2f} {args.rows / floor_s:9.0f} "
