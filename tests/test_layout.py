@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,43 @@ def test_importing_the_package_loads_no_engine_and_every_module_imports_alone() 
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+# The JVM side, lowest layer first (docs/architecture.md, "Code layout"): a package may import
+# its own layer's and lower layers' packages, never a higher one. "" is the provider itself.
+JVM_ROOT = PACKAGE.parent.parent / "jvm" / "src" / "main" / "scala" / "io" / "keyedstate"
+JVM_LAYERS = [
+    {"conf"},
+    {"rocks"},
+    {"checkpoint"},
+    {"checkpoint.commit", "checkpoint.retention", "ttl"},
+    {"checkpoint.restore"},
+    {"metrics"},
+    {""},
+    {"rescale"},
+    {"process"},
+]
+
+
+def jvm_package(path: Path) -> str:
+    """``checkpoint.commit`` for .../io/keyedstate/checkpoint/commit/X.scala; "" at the root."""
+    relative = path.parent.relative_to(JVM_ROOT)
+    return "" if path.parent == JVM_ROOT else str(relative).replace("/", ".")
+
+
+def test_jvm_packages_import_only_their_own_or_lower_layers() -> None:
+    rank = {package: i for i, layer in enumerate(JVM_LAYERS) for package in layer}
+    problems = []
+    sources = sorted(JVM_ROOT.rglob("*.scala"))
+    assert len(sources) > 30, f"the provider's sources are not under {JVM_ROOT}"
+    for path in sources:
+        package = jvm_package(path)
+        assert package in rank, f"{path.relative_to(JVM_ROOT)}: package {package!r} has no layer"
+        for line in path.read_text().splitlines():
+            found = re.match(r"import io\.keyedstate\.([\w.]*?)\.?(?:[A-Z{_]|$)", line)
+            if not found:
+                continue
+            imported = found.group(1)
+            if imported != package and rank[imported] >= rank[package]:
+                problems.append(f"{path.relative_to(JVM_ROOT)} ({package or 'provider'}): {line}")
+    assert not problems, "\n".join(problems)

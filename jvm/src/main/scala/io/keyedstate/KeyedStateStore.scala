@@ -39,7 +39,6 @@ final class KeyedStateStore private[keyedstate] (
 
   override def id: StateStoreId = provider.stateStoreId
 
-
   private def checkOpen(op: String): Unit = if (phase != Open) {
     throw new IllegalStateException(
       s"Cannot $op on state store ${id} version $version: it is ${phase.toString.toLowerCase}")

@@ -14,10 +14,13 @@ import org.apache.spark.sql.execution.streaming.runtime.StreamExecution
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 
+import io.keyedstate.checkpoint.{ChangelogFile, CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, RescaleJournal, StoreLease, VersionManifest}
+import io.keyedstate.checkpoint.commit.{Changelog, CommitStats, SnapshotStrategy, VersionLineage}
+import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
+import io.keyedstate.checkpoint.retention.RetentionCleaner
+import io.keyedstate.conf.{CheckpointFileException, KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.metrics.KeyedStateMetrics
-import io.keyedstate.rescale.{RescaleJournal, StoreLease}
 import io.keyedstate.rocks.LocalRocksDB
-import io.keyedstate.snapshot._
 import io.keyedstate.ttl.{TtlClock, TtlStats}
 
 /**

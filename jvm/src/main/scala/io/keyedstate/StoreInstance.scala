@@ -7,9 +7,11 @@ import scala.collection.mutable
 import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, StateStore}
 import org.apache.spark.sql.types.StructType
 
+import io.keyedstate.checkpoint.ManifestColumnFamily
+import io.keyedstate.checkpoint.commit.Changelog
+import io.keyedstate.conf.{KeyedStateConf, TtlConfig}
 import io.keyedstate.rocks.{ColumnFamilyCodec, LocalRocksDB}
-import io.keyedstate.snapshot.{Changelog, ManifestColumnFamily}
-import io.keyedstate.ttl.{TtlCleanup, TtlConfig, TtlState}
+import io.keyedstate.ttl.{TtlCleanup, TtlCleanupTarget, TtlState}
 
 /**
  * The loaded state of one partition: the working RocksDB, the codec of each column family, and
@@ -30,7 +32,7 @@ private[keyedstate] final class StoreInstance(
     knownColumnFamilies: Seq[ManifestColumnFamily],
     newChangelog: Option[() => Changelog.Writer],
     ttlOf: String => TtlConfig = _ => TtlConfig.Disabled,
-    ttlCursors: Map[String, String] = Map.empty) extends AutoCloseable {
+    ttlCursors: Map[String, String] = Map.empty) extends TtlCleanupTarget with AutoCloseable {
 
   private val codecs = mutable.Map[String, ColumnFamilyCodec]()
   private val keyCounts = mutable.Map[String, Long]()
@@ -44,14 +46,14 @@ private[keyedstate] final class StoreInstance(
   // Background TTL cleanup reads the database from the maintenance thread: close waits for it.
   private val closeGuard = new ReentrantReadWriteLock()
   @volatile private var closing = false
-  def isClosing: Boolean = closing
+  override def isClosing: Boolean = closing
   /** Runs `f` unless the instance is closing; close waits until `f` returns. */
-  def readGuarded[T](f: => T): Option[T] = {
+  override def readGuarded[T](f: => T): Option[T] = {
     closeGuard.readLock().lock()
     try if (closing) None else Some(f) finally closeGuard.readLock().unlock()
   }
 
-  def isMultiValue(cf: String): Boolean =
+  override def isMultiValue(cf: String): Boolean =
     codecs.get(cf).map(_.multipleValues).orElse(previousDescriptions.get(cf).map(_.multipleValues)).getOrElse(false)
 
   /** Writes happened since the version was loaded or committed. */
@@ -182,7 +184,7 @@ private[keyedstate] final class StoreInstance(
     existed
   }
 
-  def write(cf: String, key: Array[Byte], value: Array[Byte], merge: Boolean): Unit = {
+  override def write(cf: String, key: Array[Byte], value: Array[Byte], merge: Boolean): Unit = {
     if (conf.trackNumKeys && !exists(cf, key)) adjust(cf, 1)
     remember(cf, key, exists = true)
     if (merge) {
@@ -195,7 +197,7 @@ private[keyedstate] final class StoreInstance(
     dirty = true
   }
 
-  def delete(cf: String, key: Array[Byte]): Unit = {
+  override def delete(cf: String, key: Array[Byte]): Unit = {
     if (conf.trackNumKeys && exists(cf, key)) adjust(cf, -1)
     remember(cf, key, exists = false)
     db.delete(cf, key)

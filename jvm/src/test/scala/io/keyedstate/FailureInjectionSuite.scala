@@ -14,6 +14,8 @@ import org.apache.hadoop.util.Progressable
 import org.apache.spark.sql.execution.streaming.state._
 import org.scalatest.funsuite.AnyFunSuite
 
+import io.keyedstate.conf.KeyedStateConf
+
 /**
  * Failure injection at every file-system call of a commit and of retention, in-process (as
  * Spark's FailureInjectionCheckpointFileManager suite does): the provider's checkpoint lives on

@@ -8,8 +8,7 @@ import org.apache.spark.sql.types._
 import org.apache.spark.unsafe.types.UTF8String
 import org.scalatest.funsuite.AnyFunSuite
 
-import io.keyedstate.keygroups.{KeyGroupHasher, KeyGroups}
-import io.keyedstate.rocks.ColumnFamilyCodec
+import io.keyedstate.rocks.{ColumnFamilyCodec, KeyGroupHasher, KeyGroups}
 
 /** Key-group tags agree with the partition Spark's own hash partitioning computes. */
 class KeyGroupsSuite extends AnyFunSuite {

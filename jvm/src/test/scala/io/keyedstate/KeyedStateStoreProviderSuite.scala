@@ -9,7 +9,7 @@ import org.apache.spark.sql.types._
 import org.apache.spark.unsafe.types.UTF8String
 import org.scalatest.funsuite.AnyFunSuite
 
-import io.keyedstate.snapshot.CheckpointFileException
+import io.keyedstate.conf.{CheckpointFileException, KeyedStateConf}
 
 /** The provider against the 4.3 contract, on real RocksDB and a real local Hadoop file system. */
 class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
@@ -252,7 +252,7 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
       val dir = partitionDir(root)
       val manifests = dir.listFiles().map(_.getName).filter(_.endsWith(".manifest")).sorted
       assert(manifests.toSeq == Seq("10.manifest", "8.manifest", "9.manifest"))
-      val store = new snapshot.CheckpointStore(new org.apache.hadoop.fs.Path(dir.getAbsolutePath),
+      val store = new checkpoint.CheckpointStore(new org.apache.hadoop.fs.Path(dir.getAbsolutePath),
         new org.apache.hadoop.conf.Configuration())
       val retained = Seq(8L, 9L, 10L).map(v => store.readManifest(v, None))
       if (changelog) {
@@ -363,7 +363,7 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     val cleaner = newProvider(root, conf)
     cleaner.doCleanupMaintenance()
     cleaner.close()
-    val store = new snapshot.CheckpointStore(
+    val store = new checkpoint.CheckpointStore(
       new org.apache.hadoop.fs.Path(partitionDir(root).getAbsolutePath), new org.apache.hadoop.conf.Configuration())
     val m6 = store.readManifest(6, None)
     val r = newProvider(root, storeConf(KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath))
@@ -405,7 +405,7 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
       assert(m("keyedstateCommitBytesUploaded") < 2000, m)
     }
     // Snapshots are taken at versions 3 and 6; each one is the base of the next commit's manifest.
-    val store = new snapshot.CheckpointStore(
+    val store = new checkpoint.CheckpointStore(
       new org.apache.hadoop.fs.Path(partitionDir(root).getAbsolutePath), new org.apache.hadoop.conf.Configuration())
     assert((1 to 7).map(v => store.readManifest(v, None).snapshotVersion) == Seq(0, 0, 0, 3, 3, 3, 6))
     assert(metrics(2)("keyedstateSnapshotBytesUploaded") > 0) // the commit of version 4
@@ -458,7 +458,7 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
   }
 
   private def committedSst(root: File, version: Long): File = {
-    val store = new snapshot.CheckpointStore(
+    val store = new checkpoint.CheckpointStore(
       new org.apache.hadoop.fs.Path(partitionDir(root).getAbsolutePath), new org.apache.hadoop.conf.Configuration())
     val entry = store.readManifest(version, None).files.find(_.localName.endsWith(".sst")).get
     new File(partitionDir(root), entry.path)

@@ -5,6 +5,8 @@ import java.nio.file.{Files, Path, Paths}
 
 import org.scalatest.funsuite.AnyFunSuite
 
+import io.keyedstate.conf.{KeyedStateConf, OptionDocs}
+
 /** The Python keywords and the docs' options table are generated from the option registry. */
 class OptionDocsSuite extends AnyFunSuite {
   private val root = Paths.get(sys.props.getOrElse("user.dir", "."))

@@ -12,7 +12,7 @@ import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types._
 import org.apache.spark.unsafe.types.UTF8String
 
-import io.keyedstate.snapshot.LocalFiles
+import io.keyedstate.checkpoint.LocalFiles
 
 /** Builds real providers over a real local checkpoint directory, and rows to put in them. */
 trait ProviderFixture {

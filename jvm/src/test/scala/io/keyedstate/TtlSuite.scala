@@ -8,6 +8,7 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.sql.execution.streaming.state._
 import org.scalatest.funsuite.AnyFunSuite
 
+import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.ttl.TtlClock
 
 /**

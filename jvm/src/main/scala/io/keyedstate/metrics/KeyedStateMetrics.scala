@@ -2,7 +2,8 @@ package io.keyedstate.metrics
 
 import org.apache.spark.sql.execution.streaming.state.{StateStoreCustomMetric, StateStoreCustomSizeMetric, StateStoreCustomSumMetric, StateStoreCustomTimingMetric}
 
-import io.keyedstate.snapshot.{CommitStats, LoadStats}
+import io.keyedstate.checkpoint.commit.CommitStats
+import io.keyedstate.checkpoint.restore.LoadStats
 import io.keyedstate.ttl.TtlStats
 
 /**

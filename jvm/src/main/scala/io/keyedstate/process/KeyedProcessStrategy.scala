@@ -8,7 +8,8 @@ import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.streaming.OutputMode
 
-import io.keyedstate.{KeyedStateConf, KeyedStateStoreProvider}
+import io.keyedstate.KeyedStateStoreProvider
+import io.keyedstate.conf.KeyedStateConf
 
 /**
  * `spark.sql.extensions=io.keyedstate.process.KeyedStateExtensions` (set by

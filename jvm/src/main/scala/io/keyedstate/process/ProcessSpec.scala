@@ -171,7 +171,6 @@ final class StateLayout(spec: ProcessSpec, input: StructType) extends Serializab
 
   private def valueStruct(t: DataType) = StructType(Seq(StructField("value", t, nullable = true)))
 
-
   def family(v: StateVar): Family = v.kind match {
     case StateKind.Value => Family(v.columnFamily, keySchema, valueStruct(v.valueType),
       NoPrefixKeyStateEncoderSpec(keySchema), multipleValues = false)

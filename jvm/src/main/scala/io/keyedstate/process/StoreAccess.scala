@@ -5,7 +5,7 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOpera
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.internal.SQLConf
 
-import io.keyedstate.KeyedStateConf
+import io.keyedstate.conf.KeyedStateConf
 
 /** Opens a keyed function's store for one partition, with every column family it uses. */
 private[process] object StoreAccess {

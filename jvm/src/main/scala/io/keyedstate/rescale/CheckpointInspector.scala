@@ -4,8 +4,8 @@ import org.apache.spark.sql.SparkSession
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
-import io.keyedstate.KeyedStateConf
-import io.keyedstate.keygroups.KeyGroups
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.rocks.KeyGroups
 
 /** One store partition: its keys and bytes, and how they spread over the key groups. */
 final case class PartitionReport(

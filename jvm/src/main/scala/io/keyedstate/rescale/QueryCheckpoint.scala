@@ -8,7 +8,7 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.json4s._
 import org.json4s.jackson.JsonMethods.{compact, parse, render}
 
-import io.keyedstate.snapshot.CheckpointStore
+import io.keyedstate.checkpoint.{CheckpointStore, RescaleJournal}
 
 /** One state store partition directory of a checkpoint. */
 final case class StoreRef(operatorId: Int, storeName: String, partition: Int) {
@@ -178,7 +178,7 @@ object QueryCheckpoint {
     Set(CheckpointStore.SharedDir, CheckpointStore.PrivateDir, CheckpointStore.ChangelogDir)
 
   /** Where a rescale keeps its journal and staging files, under the checkpoint root. */
-  val RescaleDir = ".keyedstate-rescale"
+  val RescaleDir: String = RescaleJournal.Dir
 
   val ProviderKey = "spark.sql.streaming.stateStore.providerClass"
   val PartitionsKey = "spark.sql.shuffle.partitions"

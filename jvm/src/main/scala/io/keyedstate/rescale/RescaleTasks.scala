@@ -10,10 +10,12 @@ import scala.jdk.CollectionConverters._
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 
-import io.keyedstate.{KeyedStateConf, KeyedStateStoreProvider}
-import io.keyedstate.keygroups.KeyGroups
-import io.keyedstate.rocks.{LocalRocksDB, SstWriter}
-import io.keyedstate.snapshot._
+import io.keyedstate.KeyedStateStoreProvider
+import io.keyedstate.checkpoint.{CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, Transfers, VersionManifest}
+import io.keyedstate.checkpoint.commit.SnapshotStrategy
+import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.rocks.{KeyGroups, LocalRocksDB, SstWriter}
 
 /** One SST file of a source partition's keys that belong to one target partition. */
 final case class StagedFile(columnFamily: String, source: Int, target: Int, file: ManifestFile, keys: Long)

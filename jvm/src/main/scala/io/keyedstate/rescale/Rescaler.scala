@@ -12,7 +12,8 @@ import org.apache.spark.sql.execution.streaming.state.{KeyedStateCoordinatorBrid
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
-import io.keyedstate.KeyedStateConf
+import io.keyedstate.checkpoint.{LeaseHolder, RescaleJournal, StoreLease}
+import io.keyedstate.conf.KeyedStateConf
 
 /** What a rescale did. */
 final case class RescaleResult(

@@ -5,10 +5,6 @@ import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, Rock
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.unsafe.Platform
 
-import io.keyedstate.ttl.TtlValueCodec
-
-import io.keyedstate.keygroups.{KeyGroupHasher, KeyGroups}
-
 /**
  * How one column family's rows become RocksDB bytes.
  *

@@ -9,7 +9,7 @@ import scala.jdk.CollectionConverters._
 
 import org.rocksdb._
 
-import io.keyedstate.KeyedStateConf
+import io.keyedstate.conf.KeyedStateConf
 
 /**
  * The working RocksDB instance of one state store partition, on local disk.
@@ -17,7 +17,7 @@ import io.keyedstate.KeyedStateConf
  * Every Spark column family is a real RocksDB column family (Spark's "default" is RocksDB's
  * default), so dropping one is O(1) and each can get its own options later (TTL, compaction).
  * The write-ahead log is off: durability comes from the versioned checkpoints that
- * [[io.keyedstate.snapshot.SnapshotStrategy]] uploads on commit.
+ * [[io.keyedstate.checkpoint.commit.SnapshotStrategy]] uploads on commit.
  */
 final class LocalRocksDB private (
     val dir: File,

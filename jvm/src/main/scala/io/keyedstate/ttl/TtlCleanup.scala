@@ -5,7 +5,8 @@ import java.util.concurrent.atomic.AtomicInteger
 
 import scala.collection.mutable
 
-import io.keyedstate.StoreInstance
+import io.keyedstate.conf.TtlConfig
+import io.keyedstate.rocks.TtlValueCodec
 
 /**
  * The cleanup strategies: each removes expired entries from the loaded instance as ordinary
@@ -23,7 +24,7 @@ import io.keyedstate.StoreInstance
  *  - background: the maintenance thread scans read-only for expired keys and hands them to the
  *    next commit, which checks them again and removes them.
  */
-final class TtlCleanup(inst: StoreInstance, ttl: TtlState, initialCursors: Map[String, String]) {
+final class TtlCleanup(inst: TtlCleanupTarget, ttl: TtlState, initialCursors: Map[String, String]) {
   import TtlCleanup._
 
   private val cursors = mutable.Map[String, Array[Byte]]() ++ initialCursors.map { case (cf, hex) => cf -> fromHex(hex) }

@@ -11,6 +11,8 @@ import org.apache.spark.internal.Logging
 import org.json4s._
 import org.json4s.jackson.JsonMethods
 
+import io.keyedstate.conf.TimeCharacteristic
+
 /**
  * The time of one micro-batch, as the query recorded it in its offset log before running it:
  * `batchTimestampMs` (processing time) and `batchWatermarkMs` (event time). `fromOffsetLog` is

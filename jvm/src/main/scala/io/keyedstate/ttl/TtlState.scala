@@ -2,6 +2,9 @@ package io.keyedstate.ttl
 
 import java.util.concurrent.ConcurrentHashMap
 
+import io.keyedstate.conf.TtlConfig
+import io.keyedstate.rocks.TtlValueCodec
+
 /**
  * What TTL means for the reads and writes of one loaded instance: the stamp a write gets, and
  * whether a stored entry is visible, hidden (expired, `NeverReturnExpired`) or refreshed by a

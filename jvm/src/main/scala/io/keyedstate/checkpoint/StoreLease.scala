@@ -1,4 +1,4 @@
-package io.keyedstate.rescale
+package io.keyedstate.checkpoint
 
 import java.nio.charset.StandardCharsets.UTF_8
 import java.util.concurrent.ConcurrentHashMap

@@ -1,4 +1,6 @@
-package io.keyedstate
+package io.keyedstate.conf
+
+import java.io.IOException
 
 import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.apache.spark.sql.keyedstate.StateStoreErrorsBridge
@@ -27,5 +29,9 @@ object KeyedStateErrors {
 
   /** Where it happened (store, version) before keyedstate's own message (file, what is wrong). */
   private def withContext(context: String, cause: Throwable): Throwable =
-    new snapshot.CheckpointFileException(s"$context: ${cause.getMessage}", cause)
+    new CheckpointFileException(s"$context: ${cause.getMessage}", cause)
 }
+
+/** A store-level failure that names the file and version involved. */
+class CheckpointFileException(message: String, cause: Throwable = null)
+    extends IOException(message, cause)

@@ -1,4 +1,4 @@
-package io.keyedstate.snapshot
+package io.keyedstate.checkpoint
 
 import java.io.File
 import java.util.concurrent.TimeUnit

@@ -1,4 +1,4 @@
-package io.keyedstate.ttl
+package io.keyedstate.rocks
 
 import java.nio.ByteBuffer
 

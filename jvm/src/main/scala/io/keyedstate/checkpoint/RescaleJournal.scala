@@ -1,4 +1,4 @@
-package io.keyedstate.rescale
+package io.keyedstate.checkpoint
 
 import java.nio.charset.StandardCharsets.UTF_8
 
@@ -27,12 +27,14 @@ final case class RescaleJournal(
     startedAtMs: Long)
 
 object RescaleJournal {
+  /** Where a rescale keeps its journal and staging files, under the checkpoint root. */
+  val Dir = ".keyedstate-rescale"
   val Building = "building"
   val Publishing = "publishing"
 
   private implicit val formats: Formats = DefaultFormats
 
-  def path(checkpointRoot: Path): Path = new Path(new Path(checkpointRoot, QueryCheckpoint.RescaleDir), "journal.json")
+  def path(checkpointRoot: Path): Path = new Path(new Path(checkpointRoot, Dir), "journal.json")
 
   def read(checkpointRoot: Path, hadoopConf: Configuration): Option[RescaleJournal] = {
     val p = path(checkpointRoot)

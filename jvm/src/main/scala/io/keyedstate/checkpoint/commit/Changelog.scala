@@ -1,4 +1,4 @@
-package io.keyedstate.snapshot
+package io.keyedstate.checkpoint.commit
 
 import java.io._
 
@@ -6,6 +6,7 @@ import scala.collection.mutable
 
 import net.jpountz.lz4.{LZ4BlockInputStream, LZ4BlockOutputStream}
 
+import io.keyedstate.conf.CheckpointFileException
 import io.keyedstate.rocks.LocalRocksDB
 
 /**

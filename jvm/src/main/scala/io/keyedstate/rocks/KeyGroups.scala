@@ -1,4 +1,4 @@
-package io.keyedstate.keygroups
+package io.keyedstate.rocks
 
 import java.nio.ByteBuffer
 

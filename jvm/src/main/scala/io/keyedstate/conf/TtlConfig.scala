@@ -1,4 +1,4 @@
-package io.keyedstate.ttl
+package io.keyedstate.conf
 
 import java.util.Locale
 

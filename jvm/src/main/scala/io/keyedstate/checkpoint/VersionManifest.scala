@@ -1,4 +1,4 @@
-package io.keyedstate.snapshot
+package io.keyedstate.checkpoint
 
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization

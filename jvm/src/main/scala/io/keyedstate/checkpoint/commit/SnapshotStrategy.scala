@@ -1,8 +1,9 @@
-package io.keyedstate.snapshot
+package io.keyedstate.checkpoint.commit
 
 import java.io.File
 
-import io.keyedstate.KeyedStateConf
+import io.keyedstate.checkpoint.{CheckpointStore, LocalFiles, ManifestFile, Transfers, VersionManifest}
+import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.rocks.LocalRocksDB
 
 /** Where one commit spent its time and what it moved. */

@@ -1,4 +1,4 @@
-package io.keyedstate
+package io.keyedstate.conf
 
 import scala.jdk.CollectionConverters._
 

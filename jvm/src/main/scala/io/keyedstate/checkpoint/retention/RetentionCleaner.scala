@@ -1,8 +1,9 @@
-package io.keyedstate.snapshot
+package io.keyedstate.checkpoint.retention
 
 import java.util.concurrent.ConcurrentHashMap
 
-import io.keyedstate.KeyedStateConf
+import io.keyedstate.checkpoint.{CheckpointStore, ManifestRef, SnapshotDescriptor}
+import io.keyedstate.conf.KeyedStateConf
 
 /** What one cleanup removed. */
 final case class CleanupStats(manifestsDeleted: Int, filesDeleted: Int, bytesDeleted: Long)

@@ -1,4 +1,4 @@
-package io.keyedstate.snapshot
+package io.keyedstate.checkpoint.restore
 
 import java.io.File
 import java.util.UUID
@@ -7,7 +7,9 @@ import scala.util.control.NonFatal
 
 import org.apache.spark.internal.Logging
 
-import io.keyedstate.KeyedStateConf
+import io.keyedstate.checkpoint.{CheckpointStore, LocalFileCache, LocalFiles, ManifestFile, Transfers, VersionManifest}
+import io.keyedstate.checkpoint.commit.Changelog
+import io.keyedstate.conf.{CheckpointFileException, KeyedStateConf}
 import io.keyedstate.rocks.LocalRocksDB
 
 /** What one load did. */

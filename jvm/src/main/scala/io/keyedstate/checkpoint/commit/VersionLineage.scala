@@ -1,11 +1,12 @@
-package io.keyedstate.snapshot
+package io.keyedstate.checkpoint.commit
 
 import scala.concurrent.{ExecutionContext, Future}
 import scala.util.{Failure, Success}
 
 import org.apache.spark.internal.Logging
 
-import io.keyedstate.KeyedStateConf
+import io.keyedstate.checkpoint.{ChangelogFile, CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, SnapshotDescriptor, Transfers, VersionManifest}
+import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.rocks.LocalRocksDB
 
 /**

@@ -1,11 +1,9 @@
-package io.keyedstate
+package io.keyedstate.conf
 
 import java.io.File
 import java.util.Locale
 
 import org.apache.spark.sql.execution.streaming.state.StateStoreConf
-
-import io.keyedstate.ttl.TtlSettings
 
 /**
  * The provider's options, read from the session under `spark.sql.streaming.stateStore.keyedstate.*`

@@ -1,4 +1,4 @@
-package io.keyedstate.snapshot
+package io.keyedstate.checkpoint
 
 import java.io.{File, IOException}
 import java.nio.charset.StandardCharsets.UTF_8
@@ -72,7 +72,7 @@ object LocalFileCache {
   }
 
   /** SST and blob files are immutable, so a hard link is safe; RocksDB's small files are copied. */
-  private[snapshot] def place(source: File, target: File, entry: ManifestFile): Unit =
+  private[checkpoint] def place(source: File, target: File, entry: ManifestFile): Unit =
     if (VersionManifest.isShared(entry.localName)) {
       Files.deleteIfExists(target.toPath)
       try Files.createLink(target.toPath, source.toPath)

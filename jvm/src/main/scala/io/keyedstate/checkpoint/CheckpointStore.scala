@@ -1,4 +1,4 @@
-package io.keyedstate.snapshot
+package io.keyedstate.checkpoint
 
 import java.io.{File, FileInputStream, FileOutputStream, InputStream, IOException, OutputStream}
 import java.nio.charset.StandardCharsets.UTF_8
@@ -11,12 +11,10 @@ import org.apache.hadoop.fs.{FileStatus, FileSystem, LocalFileSystem, Path, RawL
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 
+import io.keyedstate.conf.CheckpointFileException
+
 /** A manifest (or snapshot descriptor) found in the store directory. */
 final case class ManifestRef(version: Long, checkpointId: Option[String], path: Path, modificationTime: Long)
-
-/** A store-level failure that names the file and version involved. */
-class CheckpointFileException(message: String, cause: Throwable = null)
-    extends IOException(message, cause)
 
 /**
  * The durable side of one store partition, under Spark's `storeCheckpointLocation()`
