@@ -33,6 +33,22 @@ from keyedstate.functions import (
     TimerService,
 )
 from keyedstate.keyed_stream import KeyedStream, key_by, side_output
+from keyedstate.runtime import (
+    CheckpointConfig,
+    CheckpointTimeoutError,
+    ExternalizedCheckpointCleanup,
+    QueryFailedError,
+    RestartStrategies,
+    RestartStrategy,
+    Supervisor,
+    SupervisorListener,
+    SuppressRestartsException,
+    exponential_delay_restart,
+    failure_rate_restart,
+    fixed_delay_restart,
+    no_restart,
+    run,
+)
 from keyedstate.state import (
     AggregatingState,
     AggregatingStateDescriptor,
@@ -66,6 +82,20 @@ from keyedstate.tools.ops import (
 )
 
 __all__ = [
+    "CheckpointConfig",
+    "CheckpointTimeoutError",
+    "ExternalizedCheckpointCleanup",
+    "QueryFailedError",
+    "RestartStrategies",
+    "RestartStrategy",
+    "Supervisor",
+    "SupervisorListener",
+    "SuppressRestartsException",
+    "exponential_delay_restart",
+    "failure_rate_restart",
+    "fixed_delay_restart",
+    "no_restart",
+    "run",
     "CheckpointOperationError",
     "InspectReport",
     "RescaleResult",
