@@ -9,7 +9,7 @@ JAR_SRC := target/scala-2.13/keyedstate_2.13-0.1.0.jar
 JAR := python/keyedstate/jars/keyedstate.jar
 export PYTHON := $(abspath $(PY))
 
-.PHONY: setup jar demo test test-scala test-python soak lint clean wheel
+.PHONY: setup jar connectors check-connectors demo test test-scala test-python soak lint clean wheel
 
 $(PY): pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,7 +17,26 @@ $(PY): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(PY)
 
-setup: $(PY) jar
+setup: $(PY) jar connectors
+
+# Jars the Kafka tests need, from Maven Central (dev/connectors/*/pom.xml): the Kafka broker
+# (tests/servers/kafka_broker.py) and Spark's Kafka connector (docs/exactly-once.md).
+CONNECTORS := build/connectors
+connectors: $(CONNECTORS)/kafka-broker/.done $(CONNECTORS)/spark-kafka/.done
+
+$(CONNECTORS)/%/.done: dev/connectors/%/pom.xml
+	rm -rf $(CONNECTORS)/$* $(CONNECTORS)/$*.tmp
+	mvn -q -B -f $< dependency:copy-dependencies \
+	  -DoutputDirectory=$(abspath $(CONNECTORS))/$*.tmp
+	mv $(CONNECTORS)/$*.tmp $(CONNECTORS)/$*
+	touch $@
+
+# Not in CI (about a minute): does the Kafka connector still link against pyspark's Spark?
+check-connectors: connectors
+	$(PY) dev/connectors/check_links.py $(CONNECTORS)/spark-kafka/spark-*.jar \
+	  --classpath $$($(PY) -c 'import pyspark, os; print(os.path.dirname(pyspark.__file__))')/jars \
+	  $(CONNECTORS)/spark-kafka/kafka-clients-*.jar $(CONNECTORS)/spark-kafka/commons-pool2-*.jar
+
 
 jar: $(PY)
 	$(SBT) package

@@ -51,3 +51,27 @@ def provider_under_test() -> str:
 @pytest.fixture(scope="session")
 def reference_provider() -> str:
     return REFERENCE_PROVIDER
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[object]:
+    """A PostgreSQL server on 127.0.0.1 (tests/servers/postgres_server.py), started on first use
+    and removed after the session."""
+    from servers.postgres_server import PostgresServer
+
+    server = PostgresServer()
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[object]:
+    """A single-node KRaft Kafka broker on 127.0.0.1 (tests/servers/kafka_broker.py; jars from
+    `make connectors`), started on first use and removed after the session."""
+    from servers.kafka_broker import KafkaBroker
+
+    broker = KafkaBroker()
+    broker.start()
+    yield broker
+    broker.close()

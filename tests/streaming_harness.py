@@ -39,6 +39,9 @@ PROVIDER_UNDER_TEST = os.environ.get("KEYEDSTATE_TEST_PROVIDER", keyedstate.PROV
 
 QUERY_TIMEOUT_S = 180.0
 
+# Spark's Kafka connector for pyspark 4.3 (dev/connectors/spark-kafka/pom.xml, `make connectors`).
+KAFKA_CONNECTOR_JARS = Path(__file__).resolve().parent.parent / "build/connectors/spark-kafka"
+
 # Input files get strictly increasing modification times (the file source orders by them).
 _MTIME_BASE = int(time.time()) - 24 * 3600
 
@@ -70,6 +73,11 @@ def session_builder(app_name: str, provider: str = PROVIDER_UNDER_TEST) -> Spark
             builder = keyedstate.configure(builder)
         except FileNotFoundError:
             pass
+    # Spark's Kafka source and sink, when `make connectors` fetched them (tests/test_kafka_*.py).
+    kafka_jars = [str(jar) for jar in sorted(KAFKA_CONNECTOR_JARS.glob("*.jar"))]
+    if kafka_jars:
+        jars = [j for j in str(builder._options.get("spark.jars", "")).split(",") if j]
+        builder = builder.config("spark.jars", ",".join(jars + kafka_jars))
     return builder.config(PROVIDER_CLASS_KEY, provider)
 
 

@@ -30,6 +30,12 @@ OPTIONS: dict[str, dict[str, Any]] = _load_options()
 
 _JAR_NAME = "keyedstate.jar"
 
+# Spark's Kafka source and sink for pyspark 4.3: Maven Central has no 4.3.0 connector and the
+# 4.2.0 one links and runs against Spark 4.3.0 (docs/exactly-once.md, "Kafka connector for
+# Spark 4.3").
+KAFKA_CONNECTOR_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
+PACKAGES_KEY = "spark.jars.packages"
+
 
 def jar_path() -> str:
     """The provider jar: the one bundled in the wheel, else a local sbt build.
@@ -79,13 +85,19 @@ def _option_value(name: str, value: Any) -> str:  # noqa: ANN401 - any option's 
     return text
 
 
-def configure(builder: SparkSession.Builder, **options: Any) -> SparkSession.Builder:
+def configure(
+    builder: SparkSession.Builder, *, kafka: bool = False, **options: Any
+) -> SparkSession.Builder:
     """Return ``builder`` with the keyedstate jar on the classpath and the provider selected.
 
     Keyword options are the provider's options in snake_case (docs/configuration.md), for
     example ``configure(builder, local_dir="/mnt/ssd/keyedstate", compression="zstd")``; each
-    value is checked here, as the provider checks it.
+    value is checked here, as the provider checks it. ``kafka=True`` also adds Spark's Kafka
+    source and sink (``KAFKA_CONNECTOR_PACKAGE`` to ``spark.jars.packages``, which Spark fetches
+    from Maven Central when the session starts).
     """
+    if not isinstance(kafka, bool):
+        raise ValueError(f"kafka= must be True or False, got {kafka!r}")
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ValueError(f"unknown keyedstate option(s) {unknown}; allowed: {sorted(OPTIONS)}")
@@ -97,4 +109,8 @@ def configure(builder: SparkSession.Builder, **options: Any) -> SparkSession.Bui
     )
     for key, value in settings.items():
         builder = builder.config(key, value)
+    if kafka:
+        packages = [p.strip() for p in str(builder._options.get(PACKAGES_KEY, "")).split(",")]
+        packages = [p for p in packages if p and p != KAFKA_CONNECTOR_PACKAGE]
+        builder = builder.config(PACKAGES_KEY, ",".join([*packages, KAFKA_CONNECTOR_PACKAGE]))
     return builder

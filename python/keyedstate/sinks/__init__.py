@@ -1,0 +1,30 @@
+"""Exactly-once sinks for ``foreachBatch``: a generic two-phase-commit base class (Flink's
+``TwoPhaseCommitSinkFunction``), PostgreSQL and Kafka. See docs/exactly-once.md."""
+
+from __future__ import annotations
+
+# Eager: the kafka module imports its client (confluent_kafka) only when a sink is made, and a
+# lazy __getattr__ would lose to the submodule once anything imported keyedstate.sinks.kafka.
+from keyedstate.sinks.kafka import KafkaSink, KafkaSinkError, kafka
+from keyedstate.sinks.postgres import PostgresSink, PostgresSinkError, postgres
+from keyedstate.sinks.two_phase_commit import (
+    BatchAlreadyCommitted,
+    TransactionContext,
+    TransactionScope,
+    TwoPhaseCommitSink,
+    WriteOutcome,
+)
+
+__all__ = [
+    "BatchAlreadyCommitted",
+    "KafkaSink",
+    "KafkaSinkError",
+    "PostgresSink",
+    "PostgresSinkError",
+    "TransactionContext",
+    "TransactionScope",
+    "TwoPhaseCommitSink",
+    "WriteOutcome",
+    "kafka",
+    "postgres",
+]
