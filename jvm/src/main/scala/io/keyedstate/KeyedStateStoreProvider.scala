@@ -14,13 +14,12 @@ import org.apache.spark.sql.execution.streaming.runtime.StreamExecution
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 
-import io.keyedstate.checkpoint.{ChangelogFile, CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, RescaleJournal, StoreLease, VersionManifest}
-import io.keyedstate.checkpoint.commit.{Changelog, CommitStats, SnapshotStrategy, VersionLineage}
+import io.keyedstate.checkpoint.{CheckpointStore, LocalFileCache, LocalFiles, RescaleJournal, StoreLease}
+import io.keyedstate.checkpoint.commit.{CommitStats, SnapshotStrategy, VersionLineage}
 import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
 import io.keyedstate.checkpoint.retention.RetentionCleaner
-import io.keyedstate.conf.{CheckpointFileException, KeyedStateConf, KeyedStateErrors}
+import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.metrics.KeyedStateMetrics
-import io.keyedstate.rocks.LocalRocksDB
 import io.keyedstate.ttl.{TtlClock, TtlStats}
 
 /**
@@ -29,17 +28,12 @@ import io.keyedstate.ttl.{TtlClock, TtlStats}
  *
  * Enable with `spark.sql.streaming.stateStore.providerClass=io.keyedstate.KeyedStateStoreProvider`.
  * The pieces: [[StoreInstance]] (the loaded RocksDB), [[SnapshotStrategy]] (commit),
- * [[RestoreOperation]] (load), [[RetentionCleaner]] (old versions and orphans),
+ * [[StoreLoader]] and [[RestoreOperation]] (load), [[RetentionCleaner]] (old versions and orphans),
  * [[CheckpointStore]] (the files on the Hadoop FileSystem).
  */
 class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 
   private var id: StateStoreId = _
-  private var keySchema: StructType = _
-  private var valueSchema: StructType = _
-  private var keySpec: KeyStateEncoderSpec = _
-  private var useColumnFamilies = false
-  private var multipleValuesPerKey = false
   private var conf: KeyedStateConf = _
   private var storeConf: StateStoreConf = _
   private var hadoopConf: Configuration = _
@@ -49,8 +43,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   private var dbDir: File = _
   private var workDir: File = _
   private var cache: LocalFileCache = _
-  private var snapshots: SnapshotStrategy = _
-  private var restores: RestoreOperation = _
+  private var loader: StoreLoader = _
   private var cleaner: RetentionCleaner = _
 
   // The loaded version and its durable history, guarded by `this`.
@@ -81,11 +74,6 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       useMultipleValuesPerKey: Boolean,
       stateSchemaProvider: Option[StateSchemaProvider]): Unit = {
     this.id = stateStoreId
-    this.keySchema = keySchema
-    this.valueSchema = valueSchema
-    this.keySpec = keyStateEncoderSpec
-    this.useColumnFamilies = useColumnFamilies
-    this.multipleValuesPerKey = useMultipleValuesPerKey
     this.conf = KeyedStateConf(storeConfs)
     KeyedStateStoreProvider.refuseTtlOnJoinState(stateStoreId, conf)
     this.storeConf = storeConfs
@@ -102,8 +90,10 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     cache = LocalFileCache.forStore(new File(localBase, "cache"), checkpointStore.root.toString)
     workDir = new File(localRoot, "work")
     workDir.mkdirs()
-    snapshots = new SnapshotStrategy(checkpointStore, workDir, conf)
-    restores = new RestoreOperation(checkpointStore, cache, conf)
+    val schema = StoreSchema(keySchema, valueSchema, keyStateEncoderSpec, useColumnFamilies, useMultipleValuesPerKey)
+    loader = new StoreLoader(id, schema, conf, storeConfs, checkpointStore, cache,
+      new SnapshotStrategy(checkpointStore, workDir, conf), new RestoreOperation(checkpointStore, cache, conf),
+      dbDir, workDir, reportSnapshotUploaded)
     cleaner = new RetentionCleaner(checkpointStore, conf)
   }
 
@@ -212,41 +202,14 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       lastLoad = Some(LoadStats())
     } else {
       if (loaded != null) discardLoaded()
-      if (loadEmpty || version == 0) {
-        LocalFiles.deleteRecursively(dbDir)
-        install(LocalRocksDB.open(dbDir, conf), Nil, Map.empty,
-          newLineage(version, None, snapshotVersion = version, Nil, Vector.empty))
-        lastLoad = Some(LoadStats())
-      } else {
-        lastLoad = Some(restore(restores.latestBase(resolveManifest(version, checkpointId))))
-      }
+      val (next, stats) =
+        if (loadEmpty || version == 0) (loader.empty(version), LoadStats())
+        else loader.restore(version, checkpointId)
+      loaded = next.instance
+      lineage = next.lineage
+      lastLoad = Some(stats)
     }
   }
-
-  /** Snapshot files from the cache or the checkpoint, then the changelogs replayed in order. */
-  private def restore(manifest: VersionManifest): LoadStats = {
-    val (db, stats) = restores.rebuild(manifest, dbDir, workDir, id.toString)
-    try {
-      cache.retainOnly(manifest.allFiles)
-      install(db, manifest.columnFamilies, manifest.ttlCursors, newLineage(manifest.version, Some(manifest.checkpointId),
-        manifest.snapshotVersion, manifest.files, manifest.changelogs.toVector))
-    } catch {
-      case NonFatal(e) =>
-        db.close()
-        throw e
-    }
-    logInfo(s"Loaded $id version ${manifest.version}: $stats")
-    stats
-  }
-
-  private def newLineage(
-      version: Long,
-      checkpointId: Option[String],
-      snapshotVersion: Long,
-      files: Seq[ManifestFile],
-      changelogs: Vector[ChangelogFile]): VersionLineage =
-    new VersionLineage(checkpointStore, snapshots, cache, conf, storeConf.minDeltasForSnapshot,
-      version, checkpointId, snapshotVersion, files, changelogs, reportSnapshotUploaded)
 
   /**
    * Tells Spark's state store coordinator that a snapshot of `version` is durable. Without it the
@@ -261,38 +224,6 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       }
     } catch {
       case NonFatal(e) => logWarning(s"Could not report the snapshot of version $version of $id: ${e.getMessage}")
-    }
-
-  private def install(
-      db: LocalRocksDB,
-      columnFamilies: Seq[ManifestColumnFamily],
-      ttlCursors: Map[String, String],
-      history: VersionLineage): Unit = {
-    val changelogs =
-      if (conf.changelogCheckpointing) {
-        Some(() => new Changelog.Writer(new File(workDir, s"changelog-${UUID.randomUUID()}.log")))
-      } else None
-    val inst = new StoreInstance(db, id.storeName, conf, useColumnFamilies, columnFamilies, changelogs,
-      cf => conf.ttl.forColumnFamily(id.operatorId, cf), ttlCursors)
-    inst.registerCodec(StateStore.DEFAULT_COL_FAMILY_NAME, keySchema, valueSchema, keySpec,
-      multipleValuesPerKey, isInternal = false)
-    loaded = inst
-    lineage = history
-  }
-
-  /** The manifest of `version`: by checkpoint id (format v2) or by version alone (v1). */
-  private def resolveManifest(version: Long, checkpointId: Option[String]): VersionManifest =
-    checkpointId match {
-      case Some(_) => checkpointStore.readManifest(version, checkpointId)
-      case None if !conf.checkpointIdsEnabled => checkpointStore.readManifest(version, None)
-      case None =>
-        checkpointStore.listManifests().filter(_.version == version) match {
-          case Seq(only) => checkpointStore.readManifest(only.path, version)
-          case Seq() => checkpointStore.readManifest(version, None)
-          case several => throw new CheckpointFileException(
-            s"State version $version of $id has ${several.size} commits " +
-              s"(${several.map(_.path.getName).mkString(", ")}) and no checkpoint id was given")
-        }
     }
 
   // ---- committing ----
