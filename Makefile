@@ -9,7 +9,7 @@ JAR_SRC := target/scala-2.13/keyedstate_2.13-0.1.0.jar
 JAR := python/keyedstate/jars/keyedstate.jar
 export PYTHON := $(abspath $(PY))
 
-.PHONY: setup jar connectors check-connectors demo test test-scala test-python soak lint clean wheel
+.PHONY: setup jar connectors check-connectors storage demo test test-scala test-python soak lint clean wheel
 
 $(PY): pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,7 +17,7 @@ $(PY): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(PY)
 
-setup: $(PY) jar connectors
+setup: $(PY) jar connectors storage
 
 # Jars the Kafka tests need, from Maven Central (dev/connectors/*/pom.xml): the Kafka broker
 # (tests/servers/kafka_broker.py) and Spark's Kafka connector (docs/exactly-once.md).
@@ -37,6 +37,16 @@ check-connectors: connectors
 	  --classpath $$($(PY) -c 'import pyspark, os; print(os.path.dirname(pyspark.__file__))')/jars \
 	  $(CONNECTORS)/spark-kafka/kafka-clients-*.jar $(CONNECTORS)/spark-kafka/commons-pool2-*.jar
 
+# Jars the storage tests need, from Maven Central (dev/storage/*/pom.xml): Hadoop's HDFS
+# minicluster (tests/servers/hdfs_cluster.py) and its s3a connector (tests/servers/s3_endpoint.py).
+STORAGE := build/storage
+storage: $(STORAGE)/hdfs-minicluster/.done $(STORAGE)/s3a/.done
+
+$(STORAGE)/%/.done: dev/storage/%/pom.xml
+	rm -rf $(STORAGE)/$* $(STORAGE)/$*.tmp
+	mvn -q -B -f $< dependency:copy-dependencies -DoutputDirectory=$(abspath $(STORAGE))/$*.tmp
+	mv $(STORAGE)/$*.tmp $(STORAGE)/$*
+	touch $@
 
 jar: $(PY)
 	$(SBT) package
@@ -56,9 +66,11 @@ test-python: setup
 test: setup test-scala test-python
 
 # Not in CI: 100 driver SIGKILLs per engine over a replayable source (about 25 minutes each,
-# bounded at 50).
+# bounded at 50), and the end-to-end pipeline (Kafka in, PostgreSQL and Kafka out) killed 20
+# times (about 12 minutes; CI kills it 6 times).
 soak: setup
 	KILL_TEST_KILLS=100 KILL_TEST_BUDGET_S=3000 $(PY) -m pytest -v tests/test_kill_restart.py
+	PIPELINE_KILLS=20 $(PY) -m pytest -v -s tests/test_exactly_once_pipeline.py
 
 wheel: setup
 	$(PY) -m pip wheel --no-deps -w dist .

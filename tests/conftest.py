@@ -75,3 +75,27 @@ def kafka_broker() -> Iterator[object]:
     broker.start()
     yield broker
     broker.close()
+
+
+@pytest.fixture(scope="session")
+def hdfs_cluster() -> Iterator[object]:
+    """An HDFS MiniDFSCluster with 3 datanodes on 127.0.0.1 (tests/servers/hdfs_cluster.py; jars
+    from `make storage`), started on first use and removed after the session."""
+    from servers.hdfs_cluster import HdfsCluster
+
+    cluster = HdfsCluster(datanodes=3)
+    cluster.start()
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[object]:
+    """moto's S3 server on 127.0.0.1 with one bucket (tests/servers/s3_endpoint.py; s3a jars from
+    `make storage`), started on first use and stopped after the session."""
+    from servers.s3_endpoint import S3Endpoint
+
+    endpoint = S3Endpoint()
+    endpoint.start()
+    yield endpoint
+    endpoint.close()

@@ -41,6 +41,10 @@ QUERY_TIMEOUT_S = 180.0
 
 # Spark's Kafka connector for pyspark 4.3 (dev/connectors/spark-kafka/pom.xml, `make connectors`).
 KAFKA_CONNECTOR_JARS = Path(__file__).resolve().parent.parent / "build/connectors/spark-kafka"
+# Hadoop's s3a connector (dev/storage/s3a/pom.xml, `make storage`), for checkpoints on s3a://.
+S3A_JARS = Path(__file__).resolve().parent.parent / "build/storage/s3a"
+# Hadoop settings (JSON object) a subprocess driver's session starts with, e.g. an S3 endpoint's.
+HADOOP_CONF_ENV = "KEYEDSTATE_TEST_HADOOP_CONF"
 
 # Input files get strictly increasing modification times (the file source orders by them).
 _MTIME_BASE = int(time.time()) - 24 * 3600
@@ -78,6 +82,13 @@ def session_builder(app_name: str, provider: str = PROVIDER_UNDER_TEST) -> Spark
     if kafka_jars:
         jars = [j for j in str(builder._options.get("spark.jars", "")).split(",") if j]
         builder = builder.config("spark.jars", ",".join(jars + kafka_jars))
+    # s3a, when `make storage` fetched it (tests/test_storage_*.py); jars load only at start.
+    s3a_jars = [str(jar) for jar in sorted(S3A_JARS.glob("*.jar"))]
+    if s3a_jars:
+        jars = [j for j in str(builder._options.get("spark.jars", "")).split(",") if j]
+        builder = builder.config("spark.jars", ",".join(jars + s3a_jars))
+    for key, value in json.loads(os.environ.get(HADOOP_CONF_ENV, "{}")).items():
+        builder = builder.config(f"spark.hadoop.{key}", value)
     return builder.config(PROVIDER_CLASS_KEY, provider)
 
 

@@ -84,7 +84,8 @@ def main(argv: list[str]) -> int:
     if len(argv) not in (4, 5, 6):
         print(__doc__, file=sys.stderr)
         return 2
-    input_dir, checkpoint, output_dir = (Path(a) for a in argv[1:4])
+    input_dir, output_dir = Path(argv[1]), Path(argv[3])
+    checkpoint = argv[2]  # a path or a URI (hdfs://, s3a://: Path would mangle the "//")
     provider = argv[4] if len(argv) >= 5 else PROVIDER_UNDER_TEST
     engine = argv[5] if len(argv) == 6 else "aggregation"
     output_dir.mkdir(parents=True, exist_ok=True)

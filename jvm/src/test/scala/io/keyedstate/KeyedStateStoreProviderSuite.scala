@@ -617,6 +617,42 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     p.close()
   }
 
+  test("on an object store (abortable streams, no atomic rename) a rewritten manifest is replaced in place, never removed first") {
+    val dir = tempDir()
+    val hadoopConf = new org.apache.hadoop.conf.Configuration()
+    hadoopConf.set("fs.objstore.impl", classOf[ObjectStoreLikeFileSystem].getName)
+    hadoopConf.setBoolean("fs.objstore.impl.disable.cache", true)
+    def provider(): KeyedStateStoreProvider = {
+      val p = new KeyedStateStoreProvider
+      p.init(StateStoreId(s"objstore://${dir.getAbsolutePath}", 0, 0), keySchema, valueSchema,
+        NoPrefixKeyStateEncoderSpec(keySchema), useColumnFamilies = false, storeConf(), hadoopConf, false, None)
+      p
+    }
+    ObjectStoreLikeFileSystem.reset()
+    val first = provider()
+    commitWith(first, 0)(_.put(key("a"), value(1)))
+    first.close()
+    // A second attempt at version 1 (a retried or speculative task) writes 1.manifest again.
+    val second = provider()
+    commitWith(second, 0)(_.put(key("a"), value(2)))
+    second.close()
+    assert(ObjectStoreLikeFileSystem.manifestRenamesOrDeletes.isEmpty, ObjectStoreLikeFileSystem.manifestRenamesOrDeletes)
+    assert(ObjectStoreLikeFileSystem.manifestWrites.get() == 2)
+    // A third attempt whose manifest write fails is aborted: the committed manifest stays.
+    ObjectStoreLikeFileSystem.failManifestWrites = true
+    val third = provider()
+    val s = third.getStore(0)
+    s.put(key("a"), value(3))
+    val (condition, _) = sparkFailure(s.commit())
+    assert(condition == "CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT", condition)
+    third.close()
+    ObjectStoreLikeFileSystem.failManifestWrites = false
+    val reader = provider()
+    val r = reader.getReadStore(1)
+    assert(contents(r) == Map(("a", 0) -> 2L))
+    r.release(); reader.close()
+  }
+
   test("loadEmpty starts a version from nothing") {
     val root = tempDir()
     val p = newProvider(root)
@@ -667,6 +703,75 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
 class RenameReturnsFalseFileSystem extends org.apache.hadoop.fs.RawLocalFileSystem {
   override def getUri: java.net.URI = java.net.URI.create("renamefails:///")
   override def rename(src: org.apache.hadoop.fs.Path, dst: org.apache.hadoop.fs.Path): Boolean = false
+}
+
+/**
+ * A local file system that behaves like an object store for the files the provider replaces
+ * (manifests and snapshot descriptors): it reports abortable output streams, a written file
+ * appears whole when its stream closes and not at all when the stream is aborted. It records
+ * every rename or delete of such a file (an object store's rename deletes the target first).
+ */
+class ObjectStoreLikeFileSystem extends org.apache.hadoop.fs.RawLocalFileSystem {
+  import org.apache.hadoop.fs.{CommonPathCapabilities, FSDataOutputStream, Path}
+
+  override def getUri: java.net.URI = java.net.URI.create("objstore:///")
+
+  override def hasPathCapability(path: Path, capability: String): Boolean =
+    capability == CommonPathCapabilities.ABORTABLE_STREAM || super.hasPathCapability(path, capability)
+
+  private def replaced(path: Path): Boolean =
+    path.getName.endsWith(".manifest") || path.getName.endsWith(".snapshot")
+
+  override def rename(src: Path, dst: Path): Boolean = {
+    if (replaced(dst)) ObjectStoreLikeFileSystem.manifestRenamesOrDeletes.add(s"rename $src $dst")
+    super.rename(src, dst)
+  }
+
+  override def delete(path: Path, recursive: Boolean): Boolean = {
+    if (replaced(path)) ObjectStoreLikeFileSystem.manifestRenamesOrDeletes.add(s"delete $path")
+    super.delete(path, recursive)
+  }
+
+  override def create(path: Path, overwrite: Boolean, bufferSize: Int, replication: Short,
+      blockSize: Long, progress: org.apache.hadoop.util.Progressable): FSDataOutputStream =
+    if (!replaced(path)) super.create(path, overwrite, bufferSize, replication, blockSize, progress)
+    else {
+      ObjectStoreLikeFileSystem.manifestWrites.incrementAndGet()
+      val target = pathToFile(path).toPath
+      new FSDataOutputStream(new ObjectStoreLikeFileSystem.PublishOnClose(target), null)
+    }
+}
+
+object ObjectStoreLikeFileSystem {
+  val manifestRenamesOrDeletes = new java.util.concurrent.ConcurrentLinkedQueue[String]()
+  val manifestWrites = new java.util.concurrent.atomic.AtomicInteger()
+  @volatile var failManifestWrites = false
+
+  def reset(): Unit = { manifestRenamesOrDeletes.clear(); manifestWrites.set(0); failManifestWrites = false }
+
+  /** Buffers the object; `close` publishes it whole (an atomic move), `abort` drops it. */
+  final class PublishOnClose(target: java.nio.file.Path)
+      extends java.io.ByteArrayOutputStream with org.apache.hadoop.fs.Abortable {
+    private var done = false
+    override def write(b: Array[Byte], off: Int, len: Int): Unit = {
+      if (failManifestWrites) throw new java.io.IOException(s"injected: the upload of $target failed")
+      super.write(b, off, len)
+    }
+    override def close(): Unit = if (!done) {
+      done = true
+      val tmp = java.nio.file.Files.createTempFile(target.getParent, ".upload", ".tmp")
+      java.nio.file.Files.write(tmp, toByteArray)
+      java.nio.file.Files.move(tmp, target, java.nio.file.StandardCopyOption.ATOMIC_MOVE,
+        java.nio.file.StandardCopyOption.REPLACE_EXISTING)
+    }
+    override def abort(): org.apache.hadoop.fs.Abortable.AbortableResult = {
+      done = true
+      new org.apache.hadoop.fs.Abortable.AbortableResult {
+        override def alreadyClosed(): Boolean = false
+        override def anyCleanupException(): java.io.IOException = null
+      }
+    }
+  }
 }
 
 object KeyedStateMetricsNames {

@@ -7,7 +7,7 @@ import java.util.zip.CRC32C
 import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{FileStatus, FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
+import org.apache.hadoop.fs.{CommonPathCapabilities, FileStatus, FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 
@@ -40,6 +40,13 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
   // system, a wrapper) has its own rename, and its writes must go through it.
   private val isLocal = fs.getClass == classOf[RawLocalFileSystem]
   private lazy val fileManager = CheckpointFileManager.create(root, hadoopConf)
+  // Object stores (s3a) have no atomic rename: replacing a manifest by a rename deletes the old
+  // one first, and an attempt stopped between that delete and the copy leaves the version with
+  // no manifest at all. Where output streams can be aborted, a written object replaces the old
+  // one whole when the stream closes and an aborted stream publishes nothing: write in place.
+  private lazy val writesInPlace: Boolean =
+    try fs.hasPathCapability(root, CommonPathCapabilities.ABORTABLE_STREAM)
+    catch { case NonFatal(_) => false }
 
   def manifestPath(version: Long, checkpointId: Option[String]): Path =
     new Path(root, manifestName(version, checkpointId))
@@ -65,7 +72,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
   def writeSnapshotDescriptor(d: SnapshotDescriptor): Unit = {
     val path = new Path(root, s"${d.version}_${d.checkpointId}$SnapshotSuffix")
     val bytes = VersionManifest.toJson(d).getBytes(UTF_8)
-    if (isLocal) writeLocalAtomically(path, bytes, d.version) else writeAtomically(path, bytes, d.version)
+    writeManifestFile(path, bytes, d.version)
   }
 
   def readSnapshotDescriptor(ref: ManifestRef): SnapshotDescriptor = {
@@ -126,8 +133,14 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
   def writeManifest(m: VersionManifest, checkpointIdsEnabled: Boolean): Unit = {
     val path = manifestPath(m.version, if (checkpointIdsEnabled) Some(m.checkpointId) else None)
     val bytes = VersionManifest.toJson(m).getBytes(UTF_8)
-    if (isLocal) writeLocalAtomically(path, bytes, m.version) else writeAtomically(path, bytes, m.version)
+    writeManifestFile(path, bytes, m.version)
   }
+
+  /** A manifest or descriptor appears whole or not at all, and replaces an earlier one whole. */
+  private def writeManifestFile(path: Path, bytes: Array[Byte], version: Long): Unit =
+    if (isLocal) writeLocalAtomically(path, bytes, version)
+    else if (writesInPlace) writeInPlace(path, bytes, version)
+    else writeAtomically(path, bytes, version)
 
   /** A temporary file renamed over the target: POSIX rename is atomic and replaces. */
   private def writeLocalAtomically(path: Path, bytes: Array[Byte], version: Long): Unit = {
@@ -141,6 +154,19 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
     } catch {
       case NonFatal(e) =>
         delete(tmp)
+        throw new CheckpointFileException(s"Cannot write state manifest $path for version $version", e)
+    }
+  }
+
+  /** On an object store with abortable streams: the object is published by `close` only. */
+  private def writeInPlace(path: Path, bytes: Array[Byte], version: Long): Unit = {
+    val out = fs.create(path, true)
+    try {
+      out.write(bytes)
+      out.close()
+    } catch {
+      case NonFatal(e) =>
+        try out.abort() catch { case NonFatal(abortFailure) => e.addSuppressed(abortFailure) }
         throw new CheckpointFileException(s"Cannot write state manifest $path for version $version", e)
     }
   }
