@@ -286,7 +286,13 @@ def test_rescale_then_continue(
                 query.stop()
 
     phases = split(AGG_FILES, 3)
-    run(checkpoint, phases[0]["events"])
+    partitions = "spark.sql.shuffle.partitions"
+    previous = spark.conf.get(partitions)
+    spark.conf.set(partitions, "2")  # the source's count (a new checkpoint pins the session's)
+    try:
+        run(checkpoint, phases[0]["events"])
+    finally:
+        spark.conf.set(partitions, previous)
     result = keyedstate.rescale(spark, checkpoint, 3, rescaled)
     assert (result.from_partitions, result.to_partitions) == (2, 3), result
     assert result.batch_id == 2 and result.keys > 0, result

@@ -61,6 +61,7 @@ Batches = dict[int, Rows]
 State = dict[tuple[int, str], Rows]  # (operator id, store name) -> rows
 
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
 TESTS_DIR = Path(__file__).resolve().parent
 DRIVER = TESTS_DIR / "drivers" / "rescale_driver.py"
 DRIVER_TIMEOUT_S = 180.0
@@ -807,7 +808,9 @@ def test_refuses_while_query_runs_in_this_application(
     agg = agg_lines.fresh[f"running-{session}"]
     agg.next_phase()
     runner = spark if session == "same-session" else spark.newSession()
-    runner.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_UNDER_TEST)
+    # The shared session's settings are put back after: later tests start their own checkpoints.
+    previous = {key: runner.conf.get(key) for key in (PROVIDER_KEY, SHUFFLE_PARTITIONS)}
+    runner.conf.set(PROVIDER_KEY, PROVIDER_UNDER_TEST)
     runner.conf.set(SHUFFLE_PARTITIONS, str(AGG_N))
     frames = {n: s.read_stream(runner) for n, s in agg.inputs.items()}
     collector = BatchCollector()
@@ -841,6 +844,8 @@ def test_refuses_while_query_runs_in_this_application(
             assert "not committed" not in message, message
     finally:
         query.stop()
+        for key, value in previous.items():
+            runner.conf.set(key, value)
 
 
 def test_refuses_while_query_runs_elsewhere(

@@ -185,7 +185,9 @@ class PostgresServer:
                 f"listen_addresses={self.host}",
                 "-c",
                 f"unix_socket_directories={self.data_dir}",
-                # A killed server is a killed process, not a lost machine: no fsync needed.
+                # A killed server is a killed process, not a lost machine: no fsync needed. The
+                # sinks' commits are synchronous (SET LOCAL): a kill must not lose them, and
+                # this default proves they do not depend on the server's.
                 "-c",
                 "fsync=off",
                 "-c",

@@ -19,9 +19,11 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from keyedstate.sinks.two_phase_commit import (
     QUERY_ID_PROPERTY,
@@ -33,7 +35,7 @@ from keyedstate.sinks.two_phase_commit import (
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, KafkaError, Producer
-    from pyspark.sql import DataFrame, Row
+    from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
 __all__ = ["KafkaSink", "KafkaSinkError", "KafkaTransaction", "kafka"]
@@ -92,11 +94,16 @@ class KafkaTransaction:
 class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
     """Exactly-once Kafka output of a streaming query, used as ``foreachBatch(sink)``.
 
+    Partition scope reads each partition as Arrow batches (``partition_input``): a record costs
+    a client call, not a Row object.
+
     The DataFrame has Spark's Kafka sink's columns: ``value`` (string or binary), optionally
     ``key`` (string or binary), ``partition`` (int) and ``headers``
     (array<struct<key:string,value:binary>>); any other column is an error. Make one with
     ``keyedstate.sinks.kafka(...)``.
     """
+
+    partition_input = "arrow"
 
     def __init__(
         self,
@@ -120,16 +127,16 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
             )
         if sink_id is not None and (not isinstance(sink_id, str) or not sink_id.strip()):
             raise KafkaSinkError(f"sink_id must be a non-empty string or None, got {sink_id!r}")
-        for name, value in (("timeout_s", timeout_s), ("transaction_timeout_s",
-                                                          transaction_timeout_s)):
+        for name, value in (
+            ("timeout_s", timeout_s),
+            ("transaction_timeout_s", transaction_timeout_s),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise KafkaSinkError(f"{name} must be a positive number of seconds, got {value!r}")
         try:
             self.scope = TransactionScope(scope)
         except ValueError:
-            raise KafkaSinkError(
-                f"scope must be 'partition' or 'batch', got {scope!r}"
-            ) from None
+            raise KafkaSinkError(f"scope must be 'partition' or 'batch', got {scope!r}") from None
         reserved = sorted(set(config or {}) & {"bootstrap.servers", "transactional.id", "group.id"})
         if reserved:
             raise KafkaSinkError(f"config must not set {reserved}: the sink sets them")
@@ -180,8 +187,10 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
                     "and that this host can connect to them"
                 ) from None
             found = metadata.topics.get(self.topic)
-            if found is not None and found.error is not None and (
-                found.error.code() != ck.KafkaError.UNKNOWN_TOPIC_OR_PART
+            if (
+                found is not None
+                and found.error is not None
+                and (found.error.code() != ck.KafkaError.UNKNOWN_TOPIC_OR_PART)
             ):
                 raise KafkaSinkError(
                     f"cannot use Kafka topic {self.topic!r} on {self.bootstrap_servers}: "
@@ -226,8 +235,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         try:
             # Fences any older producer with this id and ends its transaction: an open one is
             # aborted, one already committing completes first (so the mark below is current).
-            self._call(transaction, "init_transactions", producer.init_transactions,
-                       self.timeout_s)
+            self._call(transaction, "init_transactions", producer.init_transactions, self.timeout_s)
             if self._committed_batch(transaction.consumer, context) >= context.batch_id:
                 raise BatchAlreadyCommitted(str(context))
             self._call(transaction, "begin_transaction", producer.begin_transaction)
@@ -236,17 +244,16 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
             raise
         return transaction
 
-    def invoke(self, transaction: KafkaTransaction, rows: Iterable[Row]) -> None:
+    def invoke(self, transaction: KafkaTransaction, rows: Iterable[Any]) -> None:
         producer = transaction.producer
-        for row in rows:
-            fields = row.asDict()
-            kwargs: dict[str, Any] = {"value": _bytes(fields["value"])}
-            if "key" in fields:
-                kwargs["key"] = _bytes(fields["key"])
-            if fields.get("partition") is not None:
-                kwargs["partition"] = fields["partition"]
-            if fields.get("headers"):
-                kwargs["headers"] = [(h["key"], _bytes(h["value"])) for h in fields["headers"]]
+        for value, key, partition, headers in _records(rows):
+            kwargs: dict[str, Any] = {"value": _bytes(value)}
+            if key is not None:
+                kwargs["key"] = _bytes(key)
+            if partition is not None:
+                kwargs["partition"] = partition
+            if headers:
+                kwargs["headers"] = [(h["key"], _bytes(h["value"])) for h in headers]
             deadline = time.monotonic() + self.timeout_s
             while True:
                 try:
@@ -288,8 +295,9 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
             },
             sort_keys=True,
         )
-        offsets = [ck.TopicPartition(self.topic, MARKER_PARTITION,
-                                     transaction.context.batch_id, mark)]
+        offsets = [
+            ck.TopicPartition(self.topic, MARKER_PARTITION, transaction.context.batch_id, mark)
+        ]
         self._call(
             transaction,
             "send_offsets_to_transaction",
@@ -309,16 +317,22 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
             except _client_module().KafkaException as error:
                 if attempt == 2 or not error.args[0].retriable():
                     raise self._error(transaction, "commit_transaction", error) from None
-                LOG.warning("%s: commit_transaction: %s; retrying", transaction.context,
-                            _describe(error))
-        LOG.info("%s: committed %d record(s) to %s", transaction.context, transaction.records,
-                 self.topic)
+                LOG.warning(
+                    "%s: commit_transaction: %s; retrying", transaction.context, _describe(error)
+                )
+        LOG.info(
+            "%s: committed %d record(s) to %s", transaction.context, transaction.records, self.topic
+        )
         self._close(transaction)
 
     def abort(self, transaction: KafkaTransaction) -> None:
         try:
-            self._call(transaction, "abort_transaction", transaction.producer.abort_transaction,
-                       self.timeout_s)
+            self._call(
+                transaction,
+                "abort_transaction",
+                transaction.producer.abort_transaction,
+                self.timeout_s,
+            )
         finally:
             self._close(transaction)
 
@@ -368,8 +382,9 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         self._check_mark_owner(mark.metadata, mark.offset, context)
         return int(mark.offset)
 
-    def _check_mark_owner(self, metadata: str | None, batch: int, context: TransactionContext
-                          ) -> None:
+    def _check_mark_owner(
+        self, metadata: str | None, batch: int, context: TransactionContext
+    ) -> None:
         """Spark only ever replays its last batch, so a mark past it, or one of another query at
         it, means the checkpoint was reset or restored, or another query writes with this
         sink_id: skipping would silently drop batches this query never wrote, so refuse."""
@@ -388,15 +403,15 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
                 "checkpoint that wrote the later batch"
             )
 
-    def _call(self, transaction: KafkaTransaction, what: str, method: Callable[..., Any],
-              *args: Any) -> Any:  # noqa: ANN401 - whatever the client returns
+    def _call(
+        self, transaction: KafkaTransaction, what: str, method: Callable[..., Any], *args: Any
+    ) -> Any:  # noqa: ANN401 - whatever the client returns
         try:
             return method(*args)
         except _client_module().KafkaException as error:
             raise self._error(transaction, what, error) from None
 
-    def _error(self, transaction: KafkaTransaction, what: str, error: Exception
-               ) -> KafkaSinkError:
+    def _error(self, transaction: KafkaTransaction, what: str, error: Exception) -> KafkaSinkError:
         ck = _client_module()
         kafka_error = error.args[0] if error.args else None
         fenced = isinstance(kafka_error, ck.KafkaError) and kafka_error.code() in (
@@ -451,6 +466,25 @@ def check_schema(schema: StructType) -> list[str]:
             "df.selectExpr('CAST(id AS STRING) AS key', 'to_json(struct(*)) AS value')"
         )
     return [name for name in COLUMN_TYPES if name in types]
+
+
+def _records(rows: Iterable[Any]) -> Iterator[tuple[Any, Any, Any, Any]]:
+    """(value, key, partition, headers) of each record, from Arrow batches (partition scope) or
+    pyspark Rows (batch scope)."""
+    for item in rows:
+        if isinstance(item, pa.RecordBatch):
+            columns = item.to_pydict()
+            none = [None] * item.num_rows
+            yield from zip(
+                columns["value"],
+                columns.get("key", none),
+                columns.get("partition", none),
+                columns.get("headers", none),
+                strict=True,
+            )
+        else:
+            fields = item.asDict()
+            yield fields["value"], fields.get("key"), fields.get("partition"), fields.get("headers")
 
 
 def _bytes(value: object) -> bytes | str | None:

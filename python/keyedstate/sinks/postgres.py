@@ -396,6 +396,10 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         connection = self._connect()
         transaction = PostgresTransaction(context, connection)
         with self._errors(context, "beginning the transaction"):
+            # Spark records the batch as done once this commit returns: the commit must be
+            # durable when it does, whatever the server's default (synchronous_commit=off
+            # acknowledges commits a crash can still lose).
+            connection.execute("SET LOCAL synchronous_commit TO on")
             # Claiming the batch first holds its progress row's lock: a concurrent attempt at
             # the same batch waits, then finds it committed.
             claimed = connection.execute(
