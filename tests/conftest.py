@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -99,3 +100,14 @@ def s3_endpoint() -> Iterator[object]:
     endpoint.start()
     yield endpoint
     endpoint.close()
+
+
+@pytest.fixture
+def drivers() -> Iterator[list[Any]]:
+    """Driver processes a test starts (tests/test_kill_restart.py's ``Driver``); any still
+    alive at the end has its process group killed."""
+    started: list[Any] = []
+    yield started
+    for driver in started:
+        if driver.alive():
+            driver.kill_group()

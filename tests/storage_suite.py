@@ -307,15 +307,6 @@ def test_rescale_then_continue(
 # (d) SIGKILLs of the whole driver
 
 
-@pytest.fixture
-def drivers() -> Iterator[list[Driver]]:
-    started: list[Driver] = []
-    yield started
-    for driver in started:
-        if driver.alive():
-            driver.kill_group()
-
-
 @pytest.mark.skipif(
     not FULL, reason="the kill test on remote storage runs with KEYEDSTATE_STORAGE_FULL=1"
 )

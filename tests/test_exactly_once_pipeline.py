@@ -21,15 +21,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-from streaming_harness import committed_batches, kill_process_group, planned_batches
+from streaming_harness import committed_batches, planned_batches
+from test_kill_restart import Driver
 
 DRIVER = Path(__file__).resolve().parent / "drivers" / "pipeline_driver.py"
 KILLS = int(os.environ.get("PIPELINE_KILLS", "6"))
@@ -39,39 +37,6 @@ KEYS = 12
 MAX_OFFSETS = 6  # per micro-batch, over 2 partitions: about 60 batches
 WAIT_TIMEOUT_S = 180.0
 POLL_S = 0.02
-
-
-class Driver:
-    """One run of the pipeline driver in its own process group."""
-
-    def __init__(self, config: Path, log: Path) -> None:
-        self.log = log
-        self._log_file = log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(DRIVER), str(config)],
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        kill_process_group(self.proc)
-        self._log_file.close()
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        finally:
-            self._log_file.close()
-
-    def tail(self, n: int = 60) -> str:
-        if not self._log_file.closed:
-            self._log_file.flush()
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
 
 def wait_for(driver: Driver, condition: Callable[[], bool], what: str) -> None:
@@ -84,15 +49,6 @@ def wait_for(driver: Driver, condition: Callable[[], bool], what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}:\n{driver.tail()}")
         time.sleep(POLL_S)
-
-
-@pytest.fixture
-def drivers() -> Iterator[list[Driver]]:
-    started: list[Driver] = []
-    yield started
-    for driver in started:
-        if driver.alive():
-            driver.kill()
 
 
 def expected_rows(records: list[tuple[int, str, int]]) -> list[tuple[str, int, int, int]]:
@@ -174,7 +130,7 @@ def test_kills_and_outages_are_exactly_once_end_to_end(
 
     # The reference: one uninterrupted run.
     clean_config = config("clean")
-    clean = Driver(clean_config, tmp_path / "driver-clean.log")
+    clean = Driver([str(clean_config)], tmp_path / "driver-clean.log", script=DRIVER)
     drivers.append(clean)
     rc = clean.wait(timeout=WAIT_TIMEOUT_S * 2)
     assert rc == 0, f"uninterrupted driver failed (rc={rc}):\n{clean.tail()}"
@@ -253,7 +209,7 @@ def test_kills_and_outages_are_exactly_once_end_to_end(
     log: list[str] = []
     t0 = time.monotonic()
     for attempt, phase in enumerate(phases):
-        driver = Driver(killed_config, tmp_path / f"driver-{attempt}.log")
+        driver = Driver([str(killed_config)], tmp_path / f"driver-{attempt}.log", script=DRIVER)
         drivers.append(driver)
         fault = outages.get(attempt)
         if fault is not None:
@@ -263,7 +219,7 @@ def test_kills_and_outages_are_exactly_once_end_to_end(
         phase(driver)
         alive = driver.alive()
         before = commits()
-        driver.kill()
+        driver.kill_group()
         log.append(
             f"{time.monotonic() - t0:6.1f}s attempt {attempt}: killed {phase.__name__} "
             f"after {before} commits (alive={alive})"
@@ -271,7 +227,7 @@ def test_kills_and_outages_are_exactly_once_end_to_end(
         print(log[-1])
         assert alive, f"driver had exited when killed:\n{driver.tail()}"
 
-    final = Driver(killed_config, tmp_path / "driver-final.log")
+    final = Driver([str(killed_config)], tmp_path / "driver-final.log", script=DRIVER)
     drivers.append(final)
     rc = final.wait(timeout=WAIT_TIMEOUT_S * 2)
     assert rc == 0, f"restarted driver failed (rc={rc}):\n{final.tail()}"

@@ -23,7 +23,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,11 +126,17 @@ def final_per_key(batches: dict[int, list[dict[str, Any]]]) -> dict[str, dict[st
 class Driver:
     """One run of the driver script in its own session (process group)."""
 
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        script: Path = DRIVER,
+    ) -> None:
         self.log = log
         self._log_file = log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, str(DRIVER), *args],
+            [sys.executable, str(script), *args],
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -152,7 +158,8 @@ class Driver:
             self._log_file.close()
 
     def tail(self, n: int = 40) -> str:
-        self._log_file.flush()
+        if not self._log_file.closed:
+            self._log_file.flush()
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
 
@@ -168,15 +175,6 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}:\n{driver.tail()}")
         time.sleep(POLL_S)
-
-
-@pytest.fixture
-def drivers() -> Iterator[list[Driver]]:
-    started: list[Driver] = []
-    yield started
-    for driver in started:
-        if driver.alive():
-            driver.kill_group()
 
 
 @pytest.mark.parametrize("engine", ["aggregation", "python-api"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 from storage_suite import (  # noqa: F401 - the tests this module runs
-    drivers,
     remote,
     test_kill_and_restart_is_exactly_once,
     test_operator_same_output_as_reference,
