@@ -276,7 +276,7 @@ def test_user_sink_id_and_a_reset_checkpoint_is_refused(
 
 
 def test_unreachable_server_names_host_and_port() -> None:
-    from servers.postgres_server import free_port
+    from servers.ports import free_port
 
     port = free_port()
     with pytest.raises(PostgresSinkError, match=rf"server 127\.0\.0\.1:{port} is unreachable"):

@@ -25,6 +25,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from servers.ports import java_executable
+
 REPO = Path(__file__).resolve().parents[2]
 JARS_DIR = REPO / "build" / "storage" / "hdfs-minicluster"
 LAUNCHER = REPO / "dev" / "storage" / "MiniHdfs.java"
@@ -54,24 +56,13 @@ def cluster_jars_dir() -> Path:
     return directory
 
 
-def java_executable() -> str:
-    home = os.environ.get("JAVA_HOME")
-    candidate = Path(home) / "bin" / "java" if home else None
-    if candidate is not None and candidate.is_file():
-        return str(candidate)
-    found = shutil.which("java")
-    if found is None:
-        raise RuntimeError("no `java` on PATH (nor JAVA_HOME): the HDFS minicluster needs Java 17")
-    return found
-
-
 class HdfsCluster:
     """One MiniDFSCluster in its own temporary directory; ``close()`` stops it and removes the
     directory."""
 
     def __init__(self, datanodes: int = 3, heap: str = "512m") -> None:
         self.jars_dir = cluster_jars_dir()
-        self.java = java_executable()
+        self.java = java_executable("the HDFS minicluster")
         self.datanodes = datanodes
         self.heap = heap
         self.root = Path(tempfile.mkdtemp(prefix="keyedstate-hdfs-"))

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from servers.ports import free_port, java_executable
+
 REPO = Path(__file__).resolve().parents[2]
 JARS_DIR = REPO / "build" / "connectors" / "kafka-broker"
 START_TIMEOUT_S = 60.0
@@ -83,30 +85,13 @@ def broker_jars_dir() -> Path:
     return directory
 
 
-def java_executable() -> str:
-    home = os.environ.get("JAVA_HOME")
-    candidate = Path(home) / "bin" / "java" if home else None
-    if candidate is not None and candidate.is_file():
-        return str(candidate)
-    found = shutil.which("java")
-    if found is None:
-        raise RuntimeError("no `java` on PATH (nor JAVA_HOME): the Kafka broker needs Java 17")
-    return found
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class KafkaBroker:
     """One single-node KRaft Kafka broker in its own temporary directory; ``close()`` stops it
     and removes the directory."""
 
     def __init__(self, heap: str = "384m") -> None:
         self.jars_dir = broker_jars_dir()
-        self.java = java_executable()
+        self.java = java_executable("the Kafka broker")
         self.heap = heap
         self.host = "127.0.0.1"
         self.port = free_port()

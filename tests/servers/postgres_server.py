@@ -18,12 +18,13 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from servers.ports import free_port
 
 SERVICE_USER = "keyedstate-pg"  # the system user the server runs as when the tests run as root
 START_TIMEOUT_S = 60.0
@@ -45,12 +46,6 @@ def postgres_bin_dir() -> Path:
         "no PostgreSQL server binaries: install the test extra (pip install -e '.[test]', which "
         "brings pgserver) or set KEYEDSTATE_POSTGRES_BIN to a directory with initdb and postgres"
     )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _service_account() -> pwd.struct_passwd | None:

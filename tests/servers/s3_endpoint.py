@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import atexit
 import queue
-import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
+
+from servers.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 S3A_JARS = REPO / "build" / "storage" / "s3a"
@@ -39,12 +40,6 @@ def s3a_jars() -> list[Path]:
             "Central as listed in dev/storage/s3a/pom.xml)"
         )
     return jars
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class S3Endpoint:

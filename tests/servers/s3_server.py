@@ -13,11 +13,11 @@ read from stdin: ``down``, ``up``; end of stdin stops the process)
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 import threading
 
 from moto.server import ThreadedMotoServer
+from ports import free_port
 
 CHUNK = 1 << 16
 
@@ -71,12 +71,6 @@ class Switch:
             pass
         finally:
             writer.close()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,26 @@
+"""What the test servers share: a free port on 127.0.0.1 and the Java to run the JVM ones."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def java_executable(server: str) -> str:
+    """``$JAVA_HOME/bin/java``, else ``java`` on the PATH; ``server`` names who needs it."""
+    home = os.environ.get("JAVA_HOME")
+    candidate = Path(home) / "bin" / "java" if home else None
+    if candidate is not None and candidate.is_file():
+        return str(candidate)
+    found = shutil.which("java")
+    if found is None:
+        raise RuntimeError(f"no `java` on PATH (nor JAVA_HOME): {server} needs Java 17")
+    return found
