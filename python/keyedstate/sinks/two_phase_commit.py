@@ -22,7 +22,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:  # pyspark is only needed once a batch is written
     import pyarrow as pa
@@ -170,34 +170,29 @@ class TwoPhaseCommitSink(ABC, Generic[TXN]):
                 self.drain(df)
             return
         sink = self
-        if self.partition_input == "arrow":
 
-            def write_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-                import pyarrow
-                from pyspark import TaskContext
-
-                task = TaskContext.get()
-                assert task is not None, "write_batches runs in a Spark task"
-                context = TransactionContext(sink_id, batch_id, task.partitionId())
-                if sink.write(context, batches) is WriteOutcome.SKIPPED:
-                    for _ in batches:  # the partition's plan must still run to its end
-                        pass
-                yield pyarrow.RecordBatch.from_pydict({"partition": [context.partition_id]})
-
-            df.mapInArrow(write_batches, "partition long").collect()
-            return
-
-        def write_partition(rows: Iterator[Row]) -> None:
+        def write_partition(items: Iterator[Any]) -> int:
+            """One partition's transaction; its id. ``items``: Rows or Arrow batches."""
             from pyspark import TaskContext
 
             task = TaskContext.get()
             assert task is not None, "write_partition runs in a Spark task"
             context = TransactionContext(sink_id, batch_id, task.partitionId())
-            if sink.write(context, rows) is WriteOutcome.SKIPPED:
-                for _ in rows:  # the partition's plan must still run to its end (see drain)
+            if sink.write(context, items) is WriteOutcome.SKIPPED:
+                for _ in items:  # the partition's plan must still run to its end (see drain)
                     pass
+            return task.partitionId()
 
-        df.foreachPartition(write_partition)
+        if self.partition_input == "arrow":
+
+            def write_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                import pyarrow
+
+                yield pyarrow.RecordBatch.from_pydict({"partition": [write_partition(batches)]})
+
+            df.mapInArrow(write_batches, "partition long").collect()
+        else:
+            df.foreachPartition(write_partition)
 
     def write(self, context: TransactionContext, rows: Iterable[Row]) -> WriteOutcome:
         """Run one transaction for ``context``: skip, or begin/invoke/pre_commit/commit."""
