@@ -113,9 +113,7 @@ class OutputRows:
             self._sides.append((prefix, tuple(names), suffix))
             offset += len(names)
         self._fields = output_schema.fields
-        self._labels = [
-            _side_label(f.name, sides) for f in output_schema.fields
-        ]
+        self._labels = [_side_label(f.name, sides) for f in output_schema.fields]
         self._allowed = [_allowed(f.dataType) for f in output_schema.fields]
         self._encoders = [column_encoder(f.dataType, time_zone) for f in output_schema.fields]
         self._schema = to_arrow_schema(exchange, timezone=time_zone)

@@ -246,22 +246,15 @@ class _ListStateImpl(_Handle, ListState):
         check = self._check
         if check is None or not new:
             return new
-        checked = 0
-        stored = self._b.cur.get(self._name) if self._immutable else None
-        if stored:
-            # The stored elements the new list starts with (the same objects, in order, maybe
-            # after dropping some from the front) were checked when they were stored.
-            first = new[0]
-            for start, element in enumerate(stored):
-                if element is first:
-                    kept = stored[start:]
-                    if len(kept) <= len(new) and all(map(operator.is_, new, kept)):
-                        checked = len(kept)
-                    break
-            if checked == len(new):
-                return new
+        # The stored elements the new list starts with (the same objects, in order, maybe after
+        # dropping some from the front: get(), append, trim, update()) were checked when they
+        # were stored; only the rest is checked.
+        checked = _stored_prefix(self._b.cur.get(self._name), new) if self._immutable else 0
+        if checked == len(new):
+            return new
         rest = new[checked:] if checked else new
-        if check.exact_all is not None and check.exact_all(rest):
+        exact_all = check.exact_all
+        if exact_all is not None and exact_all(rest):
             return new
         return new[:checked] + [self._element(v) for v in rest]
 
@@ -308,6 +301,24 @@ class _ListStateImpl(_Handle, ListState):
 
     def clear(self) -> None:
         self.update([])
+
+
+def _stored_prefix(stored: list[Any] | None, new: list[Any]) -> int:
+    """How many leading elements of ``new`` are the trailing elements of ``stored``, the same
+    objects (0 if none or not in that shape). ``index`` finds the candidate in C (equality
+    short-cuts on identity); identity then decides."""
+    if not stored:
+        return 0
+    try:
+        start = stored.index(new[0])
+    except Exception:  # noqa: BLE001 - not found, or an element whose == refuses (numpy arrays)
+        return 0
+    kept = len(stored) - start
+    if kept > len(new):
+        return 0
+    if start:
+        return kept if all(map(operator.is_, new, stored[start:])) else 0
+    return kept if all(map(operator.is_, new, stored)) else 0
 
 
 class _MapStateImpl(_Handle, MapState):

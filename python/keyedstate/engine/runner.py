@@ -9,8 +9,11 @@ same Arrow stream; the apply node routes them into the store and commits it.
 
 from __future__ import annotations
 
+import functools
+import gc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import pyarrow as pa
@@ -92,11 +95,19 @@ class KeyedRunner:
         self.plan = plan
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # The objects alive when the task starts (modules, Spark's and pyarrow's, the plan) are
+        # left out of cyclic garbage collection while it runs: the task allocates millions of
+        # small containers, and every full collection rescanned that whole heap (a fifth of the
+        # Python time of a large batch). What the task itself allocates is collected as usual.
+        gc.freeze()
         task = _Task(self.plan)
         try:
             yield from task.run(batches)
         finally:
-            task.close()
+            try:
+                task.close()
+            finally:
+                gc.unfreeze()
 
 
 class _Task:
@@ -118,15 +129,22 @@ class _Task:
         self.ctx = ContextImpl(self.state, self.timers, self._side if plan.side_tags else None)
         names = tuple(plan.input_schema.names)
         self.element_class = element_class(names)
+        self.make_element = functools.partial(tuple.__new__, self.element_class)
         self.input_decoders = [
             column_decoder(f.dataType, plan.time_zone) for f in plan.input_schema.fields
         ]
-        self.key_positions = [names.index(c) for c in plan.key_columns]
+        key_positions = [names.index(c) for c in plan.key_columns]
+        # The key columns of a row, as a tuple (tuple.__getitem__: elements index by name too).
+        self.key_of = lambda row: tuple(map(tuple.__getitem__, repeat(row), key_positions))
         self.event_time = (
             None if plan.event_time_column is None else names.index(plan.event_time_column)
         )
         self.codecs = {s.index: state_codec(_value_type(s), plan.time_zone) for s in plan.states}
         self.keyed = [s for s in plan.states if s.kind != "operator_list"]
+        self.keyed_columns = [
+            (s.name, s.index, self.codecs[s.index].decode, s.kind in ("list", "map"))
+            for s in self.keyed
+        ]
         self.map_codecs = {
             s.index: (
                 state_codec(s.descriptor.key_type_info, plan.time_zone).encode,  # type: ignore[attr-defined]
@@ -152,6 +170,7 @@ class _Task:
         self.has_key = False
         self.pre_fired = True
         self.due: list[tuple[bool, int]] = []
+        self.state_row = 0  # the next key or operator-state row's index in the state columns
 
     def _side(self, tag: Any, value: Any) -> None:  # noqa: ANN401
         index = self.plan.side_tags.get(getattr(tag, "tag_id", tag))
@@ -218,17 +237,26 @@ class _Task:
                 values = [None if v is None else decode(v) for v in values]
             columns.append(values)
         # Every row as an element (key rows too: their key columns are read from it).
-        make = self.element_class._make
+        # tuple.__new__ makes each named tuple in C (its _make is a Python call per row).
+        make = self.make_element
         rows = list(map(make, zip(*columns, strict=True))) if width else [make(())] * len(kinds)
         times = batch.column(time_at).to_pylist()
         event_ms = None
         if self.event_time is not None and IN_ELEMENT in kinds:
             micros = pc.cast(batch.column(offset + self.event_time), pa.int64())
             event_ms = [None if v is None else v // 1000 for v in micros.to_pylist()]
+        # Stored state comes on key and operator-state rows only: just their cells become Python
+        # values, in row order (``_control`` takes them one by one).
         state_columns: dict[int, list[Any]] = {}
+        self.state_row = 0
         if has_keys or IN_OPERATOR_STATE in kinds:
+            kind_column = batch.column(0)
+            carriers = pc.indices_nonzero(
+                pc.or_(pc.equal(kind_column, IN_KEY), pc.equal(kind_column, IN_OPERATOR_STATE))
+            )
             for s in plan.states:
-                state_columns[s.index] = batch.column(state_position[s.index]).to_pylist()
+                column = batch.column(state_position[s.index])
+                state_columns[s.index] = column.take(carriers).to_pylist()
 
         element_fn = self.element_fn
         kind = plan.kind
@@ -292,21 +320,17 @@ class _Task:
         the operator state."""
         if k == IN_KEY:
             self._end_key()
-            row = rows[i]
-            key = (
-                row[self.key_positions[0]]
-                if len(self.key_positions) == 1
-                else tuple(row[p] for p in self.key_positions)
-            )
+            j = self.state_row
+            self.state_row = j + 1
+            key_row = self.key_of(rows[i])
             values: dict[str, Any] = {}
-            for s in self.keyed:
-                stored = state_columns[s.index][i]
+            for name, column, decode, nested in self.keyed_columns:
+                stored = state_columns[column][j]
                 # An absent list or map comes as empty (see KeyedStateLookupExec.emit).
-                if stored is not None and (stored or s.kind not in ("list", "map")):
-                    decode = self.codecs[s.index].decode
-                    values[s.name] = stored if decode is None else decode(stored)
-            self.state.load(key, values)
-            self.current_key_row = tuple(row[p] for p in self.key_positions)
+                if stored is not None and (stored or not nested):
+                    values[name] = stored if decode is None else decode(stored)
+            self.state.load(key_row[0] if len(key_row) == 1 else key_row, values)
+            self.current_key_row = key_row
             self.has_key = True
             self.pre_fired = False
             self.due = []
@@ -324,8 +348,10 @@ class _Task:
             state.partition = _partition_id()
             state.num_partitions = batch.column(partitions_at)[i].as_py()
         elif k == IN_OPERATOR_STATE:
+            j = self.state_row
+            self.state_row = j + 1
             for s in self.op_states:
-                stored = state_columns[s.index][i]
+                stored = state_columns[s.index][j]
                 if stored:
                     decode = self.codecs[s.index].decode
                     self.state.op_state[s.name] = stored if decode is None else decode(stored)
