@@ -24,6 +24,9 @@ from keyedstate.state.types import StateTypeError
 
 __all__ = ["OutputRows", "output_tuple"]
 
+# Row kinds going back to the JVM (io.keyedstate.process.Exchange; timer rows are the runner's).
+OUTPUT, KEY_CHANGES, OPERATOR_STATES = range(3)
+
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _FLOATING = (T.FloatType, T.DoubleType)
 
@@ -122,19 +125,25 @@ class OutputRows:
         self._key_encoders = [
             column_encoder(exchange[i].dataType, time_zone) for i in self._key_columns
         ]
-        self._var = names.index("__ks_var")
         self._time = names.index("__ks_time")
-        self._state = {int(n[6:]): i for i, n in enumerate(names) if re.fullmatch(r"__ks_s\d+", n)}
-        self._map_key = {
-            int(n[7:]): i for i, n in enumerate(names) if re.fullmatch(r"__ks_mk\d+", n)
-        }
+        # A change row's cells after its key: per state variable its op, its data and (maps)
+        # the removed map keys, in the exchange's column order (Exchange.outSchema).
+        self._change_columns = [
+            i for i, n in enumerate(names) if re.fullmatch(r"__ks_(op|s|rm)\d+", n)
+        ]
         self._outputs: list[tuple] = []
-        self._changes: list[tuple] = []  # (kind, key, var, map key, value)
+        self._changes: list[list[Any]] = []  # key columns, then the change cells
+        self._operator_states: list[Any] | None = None  # change cells, no key
         self._timers: list[tuple] = []  # (kind, key, timestamp)
 
     @property
     def size(self) -> int:
         return len(self._outputs) + len(self._changes) + len(self._timers)
+
+    @property
+    def change_width(self) -> int:
+        """How many cells a change row has after its key."""
+        return len(self._change_columns)
 
     def output(self, value: Any) -> None:  # noqa: ANN401
         if type(value) is tuple and len(value) == self._width:  # noqa: E721 - the fast path
@@ -151,8 +160,13 @@ class OutputRows:
         for value in values:
             self.output(value)
 
-    def mutation(self, kind: int, key: tuple | None, var: int, map_key: Any, value: Any) -> None:  # noqa: ANN401
-        self._changes.append((kind, key, var, map_key, value))
+    def change(self, row: list[Any]) -> None:
+        """One key's state changes: its key columns, then ``change_width`` cells."""
+        self._changes.append(row)
+
+    def operator_states(self, cells: list[Any]) -> None:
+        """The partition's operator list states: ``change_width`` cells."""
+        self._operator_states = cells
 
     def timer(self, kind: int, key: tuple, timestamp: int) -> None:
         self._timers.append((kind, key, timestamp))
@@ -193,18 +207,17 @@ class OutputRows:
             )
         return pa.RecordBatch.from_arrays(arrays, schema=self._schema)
 
-    def _keys(self, keys: list[tuple], filled: dict[int, pa.Array]) -> None:
-        for j, position in enumerate(self._key_columns):
-            encode = self._key_encoders[j]
-            values = [k[j] for k in keys]
+    def _key_arrays(self, columns: Sequence[Sequence[Any]], filled: dict[int, pa.Array]) -> None:
+        for position, encode, values in zip(
+            self._key_columns, self._key_encoders, columns, strict=True
+        ):
             if encode is not None:
                 values = [None if v is None else encode(v) for v in values]
             filled[position] = self._column(position, values)
 
     def flush(self) -> list[pa.RecordBatch]:
-        """The collected rows as record batches: one of outputs, one per state variable changed,
-        one of timer changes (each dense in its own columns; the apply node reads them in order
-        per state variable, which is all the order it needs)."""
+        """The collected rows as record batches: one of outputs, one of key changes (a row per
+        key), the operator states, one of timer changes; each dense in its own columns."""
         outputs, changes, timers = self._outputs, self._changes, self._timers
         self._outputs, self._changes, self._timers = [], [], []
         batches = []
@@ -216,24 +229,26 @@ class OutputRows:
                 if encode is not None:
                     values = tuple(None if v is None else encode(v) for v in values)
                 filled[1 + j] = self._column(1 + j, values)
-            kinds = pa.array(np.zeros(len(outputs), dtype=np.int8))
+            kinds = pa.array(np.full(len(outputs), OUTPUT, dtype=np.int8))
             batches.append(self._batch(len(outputs), kinds, filled))
-        by_var: dict[int, list[tuple]] = {}
-        for change in changes:
-            by_var.setdefault(change[2], []).append(change)
-        for var, rows in by_var.items():
+        if changes:
+            columns = list(zip(*changes, strict=True))
+            width = len(self._key_columns)
             filled = {}
-            if rows[0][1] is not None:  # operator state has no key
-                self._keys([r[1] for r in rows], filled)
-            filled[self._var] = pa.array(np.full(len(rows), var, dtype=np.int32))
-            filled[self._state[var]] = self._column(self._state[var], [r[4] for r in rows])
-            if var in self._map_key:
-                filled[self._map_key[var]] = self._column(self._map_key[var], [r[3] for r in rows])
-            kinds = pa.array([r[0] for r in rows], type=pa.int8())
-            batches.append(self._batch(len(rows), kinds, filled))
+            self._key_arrays(columns[:width], filled)
+            for position, values in zip(self._change_columns, columns[width:], strict=True):
+                filled[position] = self._column(position, values)
+            kinds = pa.array(np.full(len(changes), KEY_CHANGES, dtype=np.int8))
+            batches.append(self._batch(len(changes), kinds, filled))
+        if self._operator_states is not None:
+            cells, self._operator_states = self._operator_states, None
+            filled = {
+                p: self._column(p, [v]) for p, v in zip(self._change_columns, cells, strict=True)
+            }
+            batches.append(self._batch(1, pa.array([OPERATOR_STATES], type=pa.int8()), filled))
         if timers:
             filled = {}
-            self._keys([t[1] for t in timers], filled)
+            self._key_arrays(list(zip(*(t[1] for t in timers), strict=True)), filled)
             filled[self._time] = pa.array([t[2] for t in timers], type=pa.int64())
             kinds = pa.array([t[0] for t in timers], type=pa.int8())
             batches.append(self._batch(len(timers), kinds, filled))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -33,8 +34,9 @@ __all__ = ["KeyedRunner", "RunnerPlan", "StatePlan"]
 
 # Row kinds (io.keyedstate.process.Exchange).
 IN_BATCH, IN_KEY, IN_EVENT_TIMER, IN_PROC_TIMER, IN_ELEMENT, IN_OPERATOR_STATE = range(6)
-OUTPUT, PUT, APPEND, REMOVE_ENTRY, CLEAR = range(5)
 REGISTER_EVENT, REGISTER_PROC, DELETE_EVENT, DELETE_PROC = range(5, 9)
+# What a key's change row does to one state variable (its __ks_op<i> cell; None: unchanged).
+PUT, APPEND, CLEAR = 1, 2, 3
 
 OUTPUT_BATCH_ROWS = 8192
 
@@ -154,6 +156,11 @@ class _Task:
             if s.kind == "map"
         }
         self.op_states = [s for s in plan.states if s.kind == "operator_list"]
+        # Where each state variable's cells start in a change row (after the key columns): its
+        # op, then its data, then (maps) the removed map keys (Exchange.outSchema's order).
+        cells = [n for n in plan.out_exchange.names if re.fullmatch(r"__ks_(op|s|rm)\d+", n)]
+        self.change_at = {s.index: cells.index(f"__ks_op{s.index}") for s in plan.states}
+        self.no_changes = (None,) * len(cells)
         self.checkpointed = isinstance(self.function, CheckpointedFunction)
         self.opened = False
         self.closed = False
@@ -206,13 +213,16 @@ class _Task:
             self._end_key()
             if self.checkpointed:
                 self.function.snapshot_state(self.runtime)
+            cells: list[Any] = [None] * out.change_width
             for s in self.op_states:
                 values = self.state.op_state.get(s.name)
                 if values is not None:
                     encode = self.codecs[s.index].encode
-                    out.mutation(
-                        PUT, None, s.index, None, values if encode is None else encode(values)
-                    )
+                    at = self.change_at[s.index]
+                    cells[at] = PUT
+                    cells[at + 1] = values if encode is None else encode(values)
+            if any(c is not None for c in cells):
+                out.operator_states(cells)
         if out.size:
             yield from out.flush()
 
@@ -411,44 +421,57 @@ class _Task:
             self._fire_new()
         key = self.current_key_row
         out = self.out
-        for s in self.keyed:
-            name = s.name
-            if name not in state.dirty:
-                continue
-            encode = self.codecs[s.index].encode
-            current = state.cur.get(name)
-            if s.kind == "list":
-                if name in state.replaced:
-                    if current:
-                        out.mutation(PUT, key, s.index, None, _encode_all(current, encode))
+        dirty = state.dirty
+        if dirty:
+            # One row for all the key's changes: its key, then per state variable an op and data.
+            row: list[Any] = [*key, *self.no_changes]
+            base = len(key)
+            for s in self.keyed:
+                name = s.name
+                if name not in dirty:
+                    continue
+                at = base + self.change_at[s.index]
+                encode = self.codecs[s.index].encode
+                current = state.cur.get(name)
+                if s.kind == "list":
+                    if name in state.replaced:
+                        if current:
+                            row[at] = PUT
+                            row[at + 1] = _encode_all(current, encode)
+                        else:
+                            row[at] = CLEAR
                     else:
-                        out.mutation(CLEAR, key, s.index, None, None)
-                else:
-                    appended = state.appended.get(name)
-                    if appended:
-                        out.mutation(APPEND, key, s.index, None, _encode_all(appended, encode))
-            elif s.kind == "map":
-                if name in state.map_cleared:
-                    out.mutation(CLEAR, key, s.index, None, None)
-                    changed = current.keys() if current else ()
-                else:
-                    changed = state.map_changes.get(name, ())
-                key_codec, value_codec = self.map_codecs[s.index]
-                for map_key in changed:
-                    encoded_key = map_key if key_codec is None else key_codec(map_key)
-                    if current is not None and map_key in current:
-                        value = current[map_key]
-                        if value is not None and value_codec is not None:
-                            value = value_codec(value)
-                        out.mutation(PUT, key, s.index, encoded_key, value)
+                        appended = state.appended.get(name)
+                        if appended:
+                            row[at] = APPEND
+                            row[at + 1] = _encode_all(appended, encode)
+                elif s.kind == "map":
+                    key_codec, value_codec = self.map_codecs[s.index]
+                    if name in state.map_cleared:
+                        row[at] = CLEAR
+                        changed = current.keys() if current else ()
                     else:
-                        out.mutation(REMOVE_ENTRY, key, s.index, encoded_key, None)
-            elif current is None:
-                out.mutation(CLEAR, key, s.index, None, None)
-            else:
-                out.mutation(
-                    PUT, key, s.index, None, current if encode is None else encode(current)
-                )
+                        row[at] = PUT
+                        changed = state.map_changes.get(name, ())
+                    puts = []
+                    removed = []
+                    for map_key in changed:
+                        encoded_key = map_key if key_codec is None else key_codec(map_key)
+                        if current is not None and map_key in current:
+                            value = current[map_key]
+                            if value is not None and value_codec is not None:
+                                value = value_codec(value)
+                            puts.append((encoded_key, value))
+                        else:
+                            removed.append(encoded_key)
+                    row[at + 1] = puts
+                    row[at + 2] = removed
+                elif current is None:
+                    row[at] = CLEAR
+                else:
+                    row[at] = PUT
+                    row[at + 1] = current if encode is None else encode(current)
+            out.change(row)
         for (event, timestamp), registered in state.timers.items():
             kind = (
                 (REGISTER_EVENT if event else REGISTER_PROC)

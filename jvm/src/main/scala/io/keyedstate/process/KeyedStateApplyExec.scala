@@ -140,7 +140,7 @@ final case class KeyedStateApplyExec(
   }
 }
 
-/** Applies one partition's state mutations to its store (row layout: [[Exchange.outSchema]]). */
+/** Applies one partition's state changes to its store (row layout: [[Exchange.outSchema]]). */
 private final class MutationWriter(
     spec: ProcessSpec,
     layout: StateLayout,
@@ -157,8 +157,7 @@ private final class MutationWriter(
 
   private val keyOffset = 1 + numOutput
   private val numKeys = layout.numKeyColumns
-  private val varOrdinal = keyOffset + numKeys
-  private val timeOrdinal = varOrdinal + 1
+  private val timeOrdinal = columns(Exchange.TimeColumn)
   private val keyProjection = UnsafeProjection.create(
     (0 until numKeys).map(i => BoundReference(keyOffset + i, outTypes(keyOffset + i), nullable = true)))
   private val timerKeyProjection = UnsafeProjection.create(
@@ -167,72 +166,107 @@ private final class MutationWriter(
   private val timerValue = UnsafeProjection.create(Array[DataType](BooleanType))(InternalRow(true)).copy()
   private val partitionKey = UnsafeProjection.create(Array[DataType](IntegerType))(InternalRow(partition)).copy()
 
-  // Per state variable: where its columns are, and projections to its stored rows.
+  // Per state variable: where its cells are, and projections to its stored rows.
   private final class VarWriter(val v: StateVar, i: Int) {
     val cf: String = v.columnFamily
-    val valueOrdinal: Int = columns(Exchange.stateColumn(i))
-    // The column holds the value, the map value, or (operator list) the whole array.
-    private val columnType: DataType =
+    val opOrdinal: Int = columns(Exchange.opColumn(i))
+    val dataOrdinal: Int = columns(Exchange.stateColumn(i))
+    private val removedOrdinal: Int = columns.getOrElse(Exchange.removedColumn(i), -1)
+    // The data cell holds the value, the list, or (operator list) the whole array.
+    private val dataType: DataType =
       if (v.kind == StateKind.OperatorList) ArrayType(v.valueType, containsNull = false) else v.valueType
-    val value: UnsafeProjection = UnsafeProjection.create(Seq(BoundReference(valueOrdinal, columnType, nullable = true)))
-    val element: UnsafeProjection = UnsafeProjection.create(Seq(BoundReference(0, v.valueType, nullable = true)))
-    val mapKey: UnsafeProjection =
+    private val value = UnsafeProjection.create(Seq(BoundReference(dataOrdinal, dataType, nullable = true)))
+    private val element = UnsafeProjection.create(Seq(BoundReference(0, v.valueType, nullable = true)))
+    private val one = new GenericInternalRow(1)
+    // A map entry's key: the key's columns and the map key.
+    private val entryKey: UnsafeProjection =
       if (v.kind != StateKind.Map) null
       else UnsafeProjection.create(
-        (0 until numKeys).map(k => BoundReference(keyOffset + k, outTypes(keyOffset + k), nullable = true)) :+
-          BoundReference(columns(Exchange.mapKeyColumn(i)), v.mapKeyType.get, nullable = true))
+        (0 until numKeys).map(k => BoundReference(k, layout.keySchema(k).dataType, nullable = true)) :+
+          BoundReference(numKeys, v.mapKeyType.get, nullable = true))
+    private val mapKeyRow = new GenericInternalRow(1)
+    private val joined = new JoinedRow()
 
-    def elements(row: InternalRow): Array[UnsafeRow] = {
-      val array = row.getArray(valueOrdinal)
-      Array.tabulate(array.numElements())(j => element(InternalRow(array.get(j, v.valueType))).copy())
+    private def elementRow(x: Any): UnsafeRow = { one.update(0, x); element(one) }
+    private def entry(key: UnsafeRow, mapKey: Any): UnsafeRow = {
+      mapKeyRow.update(0, mapKey)
+      entryKey(joined(key, mapKeyRow))
     }
-  }
-  private val vars: IndexedSeq[VarWriter] = spec.states.zipWithIndex.map { case (v, i) => new VarWriter(v, i) }.toIndexedSeq
 
-  def apply(row: InternalRow): Unit = {
-    val kind = row.getByte(0)
-    kind match {
-      case Exchange.RegisterEventTimer => store.put(timerKeyProjection(row), timerValue, layout.eventTimers.name); updated += 1
-      case Exchange.RegisterProcTimer => store.put(timerKeyProjection(row), timerValue, layout.procTimers.name); updated += 1
-      case Exchange.DeleteEventTimer => store.remove(timerKeyProjection(row), layout.eventTimers.name); removed += 1
-      case Exchange.DeleteProcTimer => store.remove(timerKeyProjection(row), layout.procTimers.name); removed += 1
-      case _ => stateMutation(kind, row)
+    private def elements(row: InternalRow): Array[UnsafeRow] = {
+      val array = row.getArray(dataOrdinal)
+      Array.tabulate(array.numElements())(j => elementRow(array.get(j, v.valueType)).copy())
     }
-  }
 
-  private def stateMutation(kind: Byte, row: InternalRow): Unit = {
-    val w = vars(row.getInt(varOrdinal))
-    val v = w.v
-    // Map entries are keyed by their own projection: the plain key only where it is used.
-    def key: UnsafeRow = if (v.kind == StateKind.OperatorList) partitionKey else keyProjection(row)
-    (v.kind, kind) match {
-      case (StateKind.Value, Exchange.Put) => store.put(key, w.value(row), w.cf); updated += 1
+    def apply(op: Byte, key: UnsafeRow, row: InternalRow): Unit = (v.kind, op) match {
+      case (StateKind.Value, Exchange.Put) => store.put(key, value(row), cf); updated += 1
       case (StateKind.List, Exchange.Put) =>
-        val values = w.elements(row)
-        if (values.isEmpty) store.remove(key, w.cf) else store.putList(key, values, w.cf)
+        val values = elements(row)
+        if (values.isEmpty) store.remove(key, cf) else store.putList(key, values, cf)
         updated += 1
       case (StateKind.List, Exchange.Append) =>
-        val values = w.elements(row)
-        if (values.nonEmpty) store.mergeList(key, values, w.cf)
+        val values = elements(row)
+        if (values.nonEmpty) store.mergeList(key, values, cf)
         updated += 1
-      case (StateKind.Map, Exchange.Put) => store.put(w.mapKey(row), w.value(row), w.cf); updated += 1
-      case (StateKind.Map, Exchange.RemoveEntry) => store.remove(w.mapKey(row), w.cf); removed += 1
-      case (StateKind.Map, Exchange.Clear) =>
-        val it = store.prefixScan(key, w.cf)
-        val entries = try it.map(_.key.copy()).toArray finally it.close()
-        entries.foreach(store.remove(_, w.cf))
-        removed += entries.length
+      case (StateKind.Map, Exchange.Put | Exchange.Clear) =>
+        if (op == Exchange.Clear) {
+          val it = store.prefixScan(key, cf)
+          val entries = try it.map(_.key.copy()).toArray finally it.close()
+          entries.foreach(store.remove(_, cf))
+          removed += entries.length
+        } else if (!row.isNullAt(removedOrdinal)) {
+          val gone = row.getArray(removedOrdinal)
+          var j = 0
+          while (j < gone.numElements()) {
+            store.remove(entry(key, gone.get(j, v.mapKeyType.get)), cf)
+            removed += 1
+            j += 1
+          }
+        }
+        if (!row.isNullAt(dataOrdinal)) {
+          val puts = row.getMap(dataOrdinal)
+          val (keys, values) = (puts.keyArray(), puts.valueArray())
+          var j = 0
+          while (j < puts.numElements()) {
+            store.put(entry(key, keys.get(j, v.mapKeyType.get)), elementRow(values.get(j, v.valueType)), cf)
+            updated += 1
+            j += 1
+          }
+        }
       case (StateKind.OperatorList, Exchange.Put) =>
         // The snapshot replaces every list the lookup merged (see KeyedStateLookupExec).
-        val it = store.iterator(w.cf)
+        val it = store.iterator(cf)
         val stored = try it.map(_.key.copy()).toVector finally it.close()
-        stored.foreach(store.remove(_, w.cf))
-        if (!row.isNullAt(w.valueOrdinal) && row.getArray(w.valueOrdinal).numElements() > 0) {
-          store.put(key, w.value(row), w.cf)
+        stored.foreach(store.remove(_, cf))
+        if (!row.isNullAt(dataOrdinal) && row.getArray(dataOrdinal).numElements() > 0) {
+          store.put(partitionKey, value(row), cf)
         }
         updated += 1
-      case (_, Exchange.Clear) => store.remove(key, w.cf); removed += 1
-      case (k, m) => throw new IllegalStateException(s"keyedstate: mutation $m is not defined for ${k.name} state '${v.name}'")
+      case (StateKind.Value | StateKind.List, Exchange.Clear) => store.remove(key, cf); removed += 1
+      case (k, m) => throw new IllegalStateException(s"keyedstate: change $m is not defined for ${k.name} state '${v.name}'")
+    }
+  }
+  private val vars: Array[VarWriter] = spec.states.zipWithIndex.map { case (v, i) => new VarWriter(v, i) }.toArray
+  private val keyedVars = vars.filter(_.v.kind != StateKind.OperatorList)
+  private val operatorVars = vars.filter(_.v.kind == StateKind.OperatorList)
+
+  def apply(row: InternalRow): Unit = row.getByte(0) match {
+    case Exchange.KeyChanges => changes(keyedVars, keyProjection(row), row)
+    case Exchange.OperatorStates => changes(operatorVars, partitionKey, row)
+    case Exchange.RegisterEventTimer => store.put(timerKeyProjection(row), timerValue, layout.eventTimers.name); updated += 1
+    case Exchange.RegisterProcTimer => store.put(timerKeyProjection(row), timerValue, layout.procTimers.name); updated += 1
+    case Exchange.DeleteEventTimer => store.remove(timerKeyProjection(row), layout.eventTimers.name); removed += 1
+    case Exchange.DeleteProcTimer => store.remove(timerKeyProjection(row), layout.procTimers.name); removed += 1
+    case other => throw new IllegalStateException(s"keyedstate: unknown row kind $other from the Python function")
+  }
+
+  // The key projection's row is reused by the next row only: each variable's writes use it now.
+  private def changes(writers: Array[VarWriter], key: UnsafeRow, row: InternalRow): Unit = {
+    var i = 0
+    while (i < writers.length) {
+      val w = writers(i)
+      if (!row.isNullAt(w.opOrdinal)) w.apply(row.getByte(w.opOrdinal), key, row)
+      i += 1
     }
   }
 

@@ -106,22 +106,25 @@ object Exchange {
 
   // Kinds of rows coming back.
   val Output: Byte = 0
-  val Put: Byte = 1            // value: set; list: replace; map: put (__ks_mk, value); operator list: replace
-  val Append: Byte = 2         // list: append the array
-  val RemoveEntry: Byte = 3    // map: remove __ks_mk
-  val Clear: Byte = 4          // any state variable of the key
+  val KeyChanges: Byte = 1     // one row per key whose state changed: its key, per state variable an op and data
+  val OperatorStates: Byte = 2 // the partition's operator list states (no key)
   val RegisterEventTimer: Byte = 5
   val RegisterProcTimer: Byte = 6
   val DeleteEventTimer: Byte = 7
   val DeleteProcTimer: Byte = 8
 
+  // What a change row does to one state variable (its __ks_op<i>; null: unchanged).
+  val Put: Byte = 1    // value: set; list: replace (empty: remove); map: remove __ks_rm<i>, put __ks_s<i>; operator list: replace
+  val Append: Byte = 2 // list: append __ks_s<i>
+  val Clear: Byte = 3  // value, list: remove; map: remove every entry, then put __ks_s<i>
+
   val KindColumn = "__ks_kind"
   val TimeColumn = "__ks_time"
   val WatermarkColumn = "__ks_wm"
   val PartitionsColumn = "__ks_parts"
-  val VarColumn = "__ks_var"
   def stateColumn(i: Int): String = s"__ks_s$i"
-  def mapKeyColumn(i: Int): String = s"__ks_mk$i"
+  def opColumn(i: Int): String = s"__ks_op$i"
+  def removedColumn(i: Int): String = s"__ks_rm$i"
   def keyColumn(i: Int): String = s"__ks_k$i"
 
   private def nullable(s: StructType): Seq[StructField] = s.fields.toSeq.map(_.copy(nullable = true))
@@ -143,20 +146,26 @@ object Exchange {
       StructField(PartitionsColumn, IntegerType)) ++ nullable(input) ++ states)
   }
 
-  /** What Python writes: kind, the output's columns, the key, then mutation columns. */
+  /**
+   * What Python writes: kind, the output's columns, the key, the timer's time, then per state
+   * variable its op and its data: the value, the list (whole or appended), the map entries to
+   * put and (maps) the map keys to remove.
+   */
   def outSchema(spec: ProcessSpec, input: StructType): StructType = {
     val keys = spec.keyColumns.zipWithIndex.map { case (c, i) => StructField(keyColumn(i), input(c).dataType) }
     val states = spec.states.zipWithIndex.flatMap { case (v, i) =>
-      v.kind match {
+      val data = v.kind match {
         case StateKind.Value => Seq(StructField(stateColumn(i), v.valueType))
         case StateKind.List | StateKind.OperatorList =>
           Seq(StructField(stateColumn(i), ArrayType(v.valueType, containsNull = false)))
-        case StateKind.Map =>
-          Seq(StructField(mapKeyColumn(i), v.mapKeyType.get), StructField(stateColumn(i), v.valueType))
+        case StateKind.Map => Seq(
+          StructField(stateColumn(i), MapType(v.mapKeyType.get, v.valueType, valueContainsNull = true)),
+          StructField(removedColumn(i), ArrayType(v.mapKeyType.get, containsNull = false)))
       }
+      StructField(opColumn(i), ByteType) +: data
     }
     StructType(Seq(StructField(KindColumn, ByteType, nullable = false)) ++ nullable(spec.outputSchema) ++
-      keys ++ Seq(StructField(VarColumn, IntegerType), StructField(TimeColumn, LongType)) ++ states)
+      keys ++ Seq(StructField(TimeColumn, LongType)) ++ states)
   }
 }
 
