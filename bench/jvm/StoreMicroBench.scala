@@ -17,9 +17,11 @@ import io.keyedstate.checkpoint.LocalFiles
 /**
  * The provider's point reads and writes in one JVM, without Spark's operators around them:
  * batch 1 reads every key (all missing) and writes it, batch 2 reads every key (all found) and
- * rewrites it, each with exact key counting on and off (`trackNumKeys`).
+ * rewrites it, each with exact key counting on and off (`trackNumKeys`). Then its parts, before
+ * and after side by side in the same JVM: point reads ([[PointReadBench]]) and the key count's
+ * memo ([[KeyMemoBench]]).
  *
- *   ./dev/sbt "Test/runMain io.keyedstate.bench.StoreMicroBench [keys] [rounds]" < /dev/null
+ *   ./dev/sbt "Test/runMain io.keyedstate.bench.StoreMicroBench [keys] [rounds] [all|store|parts]" < /dev/null
  */
 object StoreMicroBench {
   private val keySchema = StructType(Seq(StructField("k", StringType), StructField("n", IntegerType)))
@@ -28,18 +30,33 @@ object StoreMicroBench {
   def main(args: Array[String]): Unit = {
     val n = args.headOption.map(_.toInt).getOrElse(200000)
     val rounds = args.lift(1).map(_.toInt).getOrElse(5)
+    val what = args.lift(2).getOrElse("all")
     println(s"keys=$n rounds=$rounds (best round reported) loadavg=${loadAvg()}")
+    if (what != "parts") store(n, rounds)
+    if (what != "store") parts(n, rounds)
+    println(s"loadavg=${loadAvg()}")
+  }
+
+  private def parts(n: Int, rounds: Int): Unit = {
+    val rows = PointReadBench.run(n, rounds) ++ KeyMemoBench.run(n, rounds)
+    println()
+    println(f"${"ns per operation"}%-32s ${"before"}%8s ${"after"}%8s ${"after/before"}%13s")
+    rows.foreach { case (name, before, after) =>
+      println(f"$name%-32s $before%8d $after%8d ${after.toDouble / before}%13.2f")
+    }
+  }
+
+  private def store(n: Int, rounds: Int): Unit = {
     val keyProj = UnsafeProjection.create(keySchema)
     val valueProj = UnsafeProjection.create(valueSchema)
     // Rows built once: the loop measures the store, not the projections.
     val keys = Array.tabulate(n)(i => keyProj(InternalRow(UTF8String.fromString(s"user-$i"), i)).copy())
     val values = Array.tabulate(n)(i => valueProj(InternalRow(i.toLong)).copy())
 
+    // Rounds alternate the settings, so load from elsewhere on the machine falls on both.
+    val runs = (1 to rounds).flatMap(_ => Seq(true, false).map(track => track -> batches(keys, values, track)))
     val results = Seq(true, false).map { track =>
-      val best = (1 to rounds).map(_ => batches(keys, values, track)).reduce { (a, b) =>
-        (a._1 min b._1, a._2 min b._2)
-      }
-      track -> best
+      track -> runs.collect { case (`track`, t) => t }.reduce((a, b) => (a._1 min b._1, a._2 min b._2))
     }
     println()
     println(f"${"trackNumKeys"}%-14s ${"batch 1: get miss + put"}%26s ${"batch 2: get hit + put"}%26s")
@@ -48,7 +65,6 @@ object StoreMicroBench {
     }
     val (on, off) = (results.head._2, results(1)._2)
     println(f"${"counting cost"}%-14s ${on._1.toDouble / off._1}%24.2fx ${on._2.toDouble / off._2}%24.2fx")
-    println(s"loadavg=${loadAvg()}")
   }
 
   /** Nanoseconds of the reads and writes of batch 1 and of batch 2 (commits not included). */
