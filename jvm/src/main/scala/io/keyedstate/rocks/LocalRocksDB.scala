@@ -255,6 +255,8 @@ object LocalRocksDB {
    * not cached, or a value larger than the buffer (which then grows), is read again with `get`.
    * The direct-buffer variant, with buffers reused per thread, costs a found key about what `get`
    * does; the one returning the value in a `Holder` allocates three Java arrays per read.
+   * `keyMayExist` reads no file, so the errors `get` would raise (I/O, corruption) come from the
+   * `get` it falls back to.
    */
   private[keyedstate] def get(db: RocksDB, cf: ColumnFamilyHandle, key: Array[Byte]): Array[Byte] = {
     val buffers = readBuffers.get()
