@@ -25,6 +25,8 @@ lazy val root = (project in file("."))
     Compile / resourceDirectory := baseDirectory.value / "jvm" / "src" / "main" / "resources",
     Test / scalaSource := baseDirectory.value / "jvm" / "src" / "test" / "scala",
     Test / resourceDirectory := baseDirectory.value / "jvm" / "src" / "test" / "resources",
+    // JVM microbenchmarks (bench/jvm) build with the tests: `Test/runMain io.keyedstate.bench.<Name>`.
+    Test / unmanagedSourceDirectories += baseDirectory.value / "bench" / "jvm",
     // Spark, Hadoop and rocksdbjni are "provided": they come from the Spark installation.
     Compile / unmanagedJars := (sparkJarsDir.value ** "*.jar").classpath,
     libraryDependencies += "org.scalatest" %% "scalatest" % "3.2.19" % Test,

@@ -121,13 +121,14 @@ final class KeyedStateStore private[keyedstate] (
       cf: String,
       prefix: Array[Byte]): ClosableIterator[(Array[Byte], Array[Byte])] =
     new ClosableIterator[(Array[Byte], Array[Byte])] {
+      private val epoch = state.scanEpoch
       private val seen = mutable.ArrayBuffer.empty[Array[Byte]]
       private var settled = false // told the memo, or too many entries to tell it
       def hasNext: Boolean = {
         val more = raw.hasNext
         if (!more && !settled) {
           settled = true
-          state.rememberScanned(cf, prefix, seen)
+          state.rememberScanned(cf, prefix, seen, epoch)
         }
         more
       }

@@ -20,7 +20,7 @@ import io.keyedstate.ttl.{TtlCleanup, TtlCleanupTarget, TtlState}
  * With changelog checkpointing every write is also recorded in the version's changelog.
  */
 private[keyedstate] object StoreInstance {
-  /** At most this many keys' existence is remembered per version (about 100 bytes each). */
+  /** At most this many keys' existence is remembered per version (about 40 bytes each and the key). */
   val MaxKnownKeys = 1000000
 }
 
@@ -59,65 +59,37 @@ private[keyedstate] final class StoreInstance(
   /** Writes happened since the version was loaded or committed. */
   var dirty: Boolean = false
 
-  // Whether keys exist, as learnt from reads and writes since the last commit: operators read a
-  // key before they write it, so exact key counting needs no second lookup. Bounded in size.
-  private val knownKeys = mutable.Map[String, java.util.HashMap[java.nio.ByteBuffer, java.lang.Boolean]]()
-  private var knownKeyCount = 0
-
-  private def remember(cf: String, key: Array[Byte], exists: Boolean): Unit =
-    if (conf.trackNumKeys && knownKeyCount < StoreInstance.MaxKnownKeys) {
-      // A copy: encoders may hand out the buffer of a row the caller reuses.
-      val stable = java.nio.ByteBuffer.wrap(key.clone())
-      if (knownKeys.getOrElseUpdate(cf, new java.util.HashMap()).put(stable, exists) == null) {
-        knownKeyCount += 1
-      }
-    }
-
-  // Prefixes scanned to their end since the last commit, per column family, with their lengths:
-  // a key under one of them that `knownKeys` does not hold does not exist. A keyed function
-  // reads a key's map by prefix scan and then puts new entries: no point read per new entry.
-  private final class ScannedPrefixes {
-    val prefixes = new java.util.HashSet[java.nio.ByteBuffer]()
-    val lengths = mutable.SortedSet[Int]()
-  }
-  private val scannedPrefixes = mutable.Map[String, ScannedPrefixes]()
+  // Whether keys exist, as learnt since the last commit: exact key counting without a second
+  // lookup per write (see KeyMemo).
+  private val memo = new KeyMemo(StoreInstance.MaxKnownKeys)
 
   /** Whether writes keep exact key counts (and so whether scans are worth remembering). */
   def tracksNumKeys: Boolean = conf.trackNumKeys
 
-  /** A prefix scan reached its end: every key under `prefix` is now in `knownKeys`. */
-  def rememberScanned(cf: String, prefix: Array[Byte], keys: Iterable[Array[Byte]]): Unit =
-    if (conf.trackNumKeys && knownKeyCount + keys.size < StoreInstance.MaxKnownKeys) {
-      keys.foreach(remember(cf, _, exists = true))
-      val scanned = scannedPrefixes.getOrElseUpdate(cf, new ScannedPrefixes)
-      if (scanned.prefixes.add(java.nio.ByteBuffer.wrap(prefix.clone()))) knownKeyCount += 1
-      scanned.lengths += prefix.length
-    }
+  /** Taken when a prefix scan starts, handed back to [[rememberScanned]] when it ends. */
+  def scanEpoch: Long = memo.epoch
 
-  private def underScannedPrefix(cf: String, key: Array[Byte]): Boolean =
-    scannedPrefixes.get(cf).exists { scanned =>
-      scanned.lengths.exists(n => n < key.length && scanned.prefixes.contains(java.nio.ByteBuffer.wrap(key, 0, n)))
-    }
+  /** A prefix scan that started at `epoch` reached its end: `keys` are all the keys under `prefix`. */
+  def rememberScanned(cf: String, prefix: Array[Byte], keys: Iterable[Array[Byte]], epoch: Long): Unit =
+    if (conf.trackNumKeys) memo.learnScanned(cf, prefix, keys, epoch)
 
-  private def exists(cf: String, key: Array[Byte]): Boolean =
-    knownKeys.get(cf).flatMap(m => Option(m.get(java.nio.ByteBuffer.wrap(key)))) match {
-      case Some(known) => known.booleanValue()
-      case None => !underScannedPrefix(cf, key) && db.get(cf, key) != null
+  /** Whether `key` existed before a write that makes it exist or not (`existsNow`). */
+  private def existed(cf: String, key: Array[Byte], existsNow: Boolean): Boolean =
+    memo.existedBefore(cf, key, existsNow) match {
+      case KeyMemo.Present => true
+      case KeyMemo.Absent => false
+      case _ => db.get(cf, key) != null
     }
 
   /** A point read (that also teaches the key count whether the key exists). */
   def read(cf: String, key: Array[Byte]): Array[Byte] = {
     val value = db.get(cf, key)
-    remember(cf, key, value != null)
+    if (conf.trackNumKeys) memo.learn(cf, key, value != null)
     value
   }
 
   /** Called at commit: the memo serves one version's writes. */
-  def forgetKnownKeys(): Unit = {
-    knownKeys.clear()
-    scannedPrefixes.clear()
-    knownKeyCount = 0
-  }
+  def forgetKnownKeys(): Unit = memo.clear()
 
   private var changelog: Option[Changelog.Writer] = None
   private def log: Option[Changelog.Writer] = {
@@ -175,7 +147,7 @@ private[keyedstate] final class StoreInstance(
     }
     codecs.remove(name)
     keyCounts.remove(name)
-    knownKeys.remove(name)
+    memo.forget(name)
     val existed = db.dropColumnFamily(name)
     if (existed) {
       log.foreach(_.dropColumnFamily(name))
@@ -185,8 +157,7 @@ private[keyedstate] final class StoreInstance(
   }
 
   override def write(cf: String, key: Array[Byte], value: Array[Byte], merge: Boolean): Unit = {
-    if (conf.trackNumKeys && !exists(cf, key)) adjust(cf, 1)
-    remember(cf, key, exists = true)
+    if (conf.trackNumKeys && !existed(cf, key, existsNow = true)) adjust(cf, 1)
     if (merge) {
       db.merge(cf, key, value)
       log.foreach(_.merge(cf, key, value))
@@ -198,8 +169,7 @@ private[keyedstate] final class StoreInstance(
   }
 
   override def delete(cf: String, key: Array[Byte]): Unit = {
-    if (conf.trackNumKeys && exists(cf, key)) adjust(cf, -1)
-    remember(cf, key, exists = false)
+    if (conf.trackNumKeys && existed(cf, key, existsNow = false)) adjust(cf, -1)
     db.delete(cf, key)
     log.foreach(_.delete(cf, key))
     dirty = true
@@ -211,8 +181,7 @@ private[keyedstate] final class StoreInstance(
       try adjust(cf, -it.size) finally it.close()
     }
     db.deleteRange(cf, begin, end)
-    knownKeys.remove(cf) // a range is not worth tracking key by key
-    scannedPrefixes.remove(cf)
+    memo.forget(cf) // a range is not worth tracking key by key
     log.foreach(_.deleteRange(cf, begin, end))
     dirty = true
   }

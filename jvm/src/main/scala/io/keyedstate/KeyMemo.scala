@@ -1,0 +1,111 @@
+package io.keyedstate
+
+import scala.collection.mutable
+
+/**
+ * Whether keys exist, per column family, as learnt from reads, writes and complete prefix scans
+ * since the last commit: operators read a key (or scan its prefix) before they write it, so exact
+ * key counting needs no second lookup. Bounded to `maxEntries` keys and prefixes in all; a key the
+ * memo cannot answer for is looked up in RocksDB by the caller.
+ */
+private[keyedstate] final class KeyMemo(maxEntries: Int) {
+  import KeyMemo._
+
+  private final class ColumnFamilyMemo {
+    val keys = new ByteKeyTable // Present or Absent
+    // Prefixes scanned to their end, and their distinct lengths (few: one per prefix encoder).
+    // A key under one of them that `keys` does not hold does not exist.
+    val scanned = new ByteKeyTable
+    var scannedLengths = Array.emptyIntArray
+  }
+
+  private val families = mutable.HashMap[String, ColumnFamilyMemo]()
+  private var entries = 0
+  private var lostTrack = 0L
+
+  /**
+   * Changes whenever the memo may have lost track of a key that exists (forgotten, or written
+   * while the memo was full): a prefix scan that started before cannot vouch for its prefix.
+   */
+  def epoch: Long = lostTrack
+
+  private def family(cf: String): ColumnFamilyMemo = families.getOrElseUpdate(cf, new ColumnFamilyMemo)
+  private def hasRoom(n: Int): Boolean = entries + n <= maxEntries
+
+  /** A read found whether `key` exists. */
+  def learn(cf: String, key: Array[Byte], exists: Boolean): Unit = record(family(cf), key, exists, hasRoom(1))
+
+  /**
+   * A write makes `key` exist or not (`existsNow`): records that and answers whether the key
+   * existed before, [[KeyMemo.Unknown]] if the memo does not know (then RocksDB does: the caller
+   * reads it before writing).
+   */
+  def existedBefore(cf: String, key: Array[Byte], existsNow: Boolean): Byte = {
+    val memo = family(cf)
+    val room = hasRoom(1)
+    val before = record(memo, key, existsNow, room)
+    if (before != Unknown) before
+    else {
+      val answer = if (underScanned(memo, key)) Absent else Unknown
+      // A key under a scanned prefix that comes to exist unrecorded (the memo is full) would
+      // later pass for absent: the scans stop answering.
+      if (existsNow && !room) {
+        lostTrack += 1
+        entries -= memo.scanned.size
+        memo.scanned.clear()
+        memo.scannedLengths = Array.emptyIntArray
+      }
+      answer
+    }
+  }
+
+  /**
+   * A prefix scan that started at `startEpoch` reached its end having seen `keys`: every key
+   * under `prefix` is now known. The scan read a snapshot: what writes since recorded is newer.
+   */
+  def learnScanned(cf: String, prefix: Array[Byte], keys: Iterable[Array[Byte]], startEpoch: Long): Unit =
+    if (startEpoch == lostTrack && hasRoom(keys.size + 1)) {
+      val memo = family(cf)
+      keys.foreach { key =>
+        if (memo.keys.put(key, Present, mayInsert = true, overwrite = false) == Unknown) entries += 1
+      }
+      if (memo.scanned.put(prefix, Scanned, mayInsert = true) == Unknown) entries += 1
+      if (!memo.scannedLengths.contains(prefix.length)) memo.scannedLengths :+= prefix.length
+    }
+
+  /** Forgets one column family (dropped, or changed by a range delete). */
+  def forget(cf: String): Unit = {
+    lostTrack += 1
+    families.remove(cf).foreach(memo => entries -= memo.keys.size + memo.scanned.size)
+  }
+
+  def clear(): Unit = {
+    lostTrack += 1
+    families.clear()
+    entries = 0
+  }
+
+  /** Sets what is known of `key` (inserting it if `room`); returns what was known before. */
+  private def record(memo: ColumnFamilyMemo, key: Array[Byte], exists: Boolean, room: Boolean): Byte = {
+    val before = memo.keys.put(key, if (exists) Present else Absent, mayInsert = room)
+    if (before == Unknown && room) entries += 1
+    before
+  }
+
+  private def underScanned(memo: ColumnFamilyMemo, key: Array[Byte]): Boolean = {
+    val lengths = memo.scannedLengths
+    var i = 0
+    while (i < lengths.length) {
+      if (lengths(i) < key.length && memo.scanned.get(key, lengths(i)) == Scanned) return true
+      i += 1
+    }
+    false
+  }
+}
+
+private[keyedstate] object KeyMemo {
+  final val Unknown: Byte = ByteKeyTable.Missing
+  final val Absent: Byte = 1
+  final val Present: Byte = 2
+  private final val Scanned: Byte = 1
+}
