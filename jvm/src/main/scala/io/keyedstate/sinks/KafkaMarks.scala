@@ -1,11 +1,10 @@
 package io.keyedstate.sinks
 
-import java.time.Duration
 import java.util.concurrent.{ExecutionException, TimeUnit, TimeoutException => JavaTimeout}
 
 import scala.util.Try
 
-import org.apache.kafka.clients.admin.{Admin, ListConsumerGroupOffsetsOptions}
+import org.apache.kafka.clients.admin.ListConsumerGroupOffsetsOptions
 import org.apache.kafka.clients.consumer.OffsetAndMetadata
 import org.apache.kafka.common.{KafkaException, TopicPartition}
 import org.json4s._
@@ -17,8 +16,7 @@ import org.json4s.jackson.JsonMethods
  * broker refuses offsets for partitions that do not exist). The offset is the batch id, its
  * metadata who wrote it. The group has no members and nobody consumes with it.
  */
-final class KafkaMarks(settings: KafkaSinkSettings) extends AutoCloseable {
-  private var client: Admin = _ // made on first use, so a skipped close costs nothing
+final class KafkaMarks(settings: KafkaSinkSettings) {
   private val partition = new TopicPartition(settings.topic, KafkaMarks.Partition)
 
   /**
@@ -30,7 +28,7 @@ final class KafkaMarks(settings: KafkaSinkSettings) extends AutoCloseable {
   def committedBatch(context: TransactionContext, stable: Boolean): Long = {
     val group = settings.transactionalId(context)
     val mark = try {
-      admin.listConsumerGroupOffsets(group, new ListConsumerGroupOffsetsOptions().requireStable(stable))
+      KafkaAdmins.of(settings).listConsumerGroupOffsets(group, new ListConsumerGroupOffsetsOptions().requireStable(stable))
         .partitionsToOffsetAndMetadata().get(settings.timeoutMs.toLong, TimeUnit.MILLISECONDS)
         .get(partition)
     } catch {
@@ -64,13 +62,6 @@ final class KafkaMarks(settings: KafkaSinkSettings) extends AutoCloseable {
           "another query uses this sink_id: give this query its own sink_id, or restart it " +
           "from the checkpoint that wrote the later batch")
     }
-  }
-
-  override def close(): Unit = if (client != null) client.close(Duration.ZERO)
-
-  private def admin: Admin = {
-    if (client == null) client = Admin.create(settings.adminConfig)
-    client
   }
 }
 

@@ -41,6 +41,10 @@ final case class KafkaSinkSettings(
     val linger = clientConfig.get(ProducerConfig.LINGER_MS_CONFIG).map(_.toLong).getOrElse(0L)
     val request = math.min(timeoutMs.toLong, 30000L)
     val defaults = Map(
+      // Right after a commit the coordinator answers the same id's next transactional request
+      // CONCURRENT_TRANSACTIONS until its markers are written (milliseconds); the client's
+      // default 100 ms backoff would cost each transaction about that much.
+      ProducerConfig.RETRY_BACKOFF_MS_CONFIG -> "10",
       ProducerConfig.REQUEST_TIMEOUT_MS_CONFIG -> request.toString,
       ProducerConfig.DELIVERY_TIMEOUT_MS_CONFIG -> math.max(timeoutMs.toLong, linger + request).toString)
     properties(defaults ++ clientConfig ++ Map(

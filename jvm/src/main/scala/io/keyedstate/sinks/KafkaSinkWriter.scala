@@ -44,16 +44,12 @@ object KafkaSinkWriter {
 
   /** The last batch id committed for (sink, partition `partitionId`, or the batch with -1). */
   def committedBatch(settings: KafkaSinkSettings, batchId: Long, partitionId: Int): Long = {
-    val marks = new KafkaMarks(settings)
-    try marks.committedBatch(context(settings, batchId, partitionId), stable = false)
-    finally marks.close()
+    new KafkaMarks(settings).committedBatch(context(settings, batchId, partitionId), stable = false)
   }
 
   /** A transaction begun on the driver, for Python's step-by-step `begin_transaction`. */
   def begin(settings: KafkaSinkSettings, batchId: Long, partitionId: Int): KafkaTransaction = {
-    val marks = new KafkaMarks(settings)
-    try KafkaTransaction.begin(settings, context(settings, batchId, partitionId), marks)
-    finally marks.close()
+    KafkaTransaction.begin(settings, context(settings, batchId, partitionId), new KafkaMarks(settings))
   }
 
   def checkTopic(settings: KafkaSinkSettings): Unit = KafkaTopics.check(settings)

@@ -49,7 +49,7 @@ object KafkaTwoPhaseCommit {
       case _: BatchAlreadyCommittedException =>
         Log.info(s"$context: committed by another attempt meanwhile, skipped")
         Skipped
-    } finally marks.close()
+    }
   }
 
   private def abortQuietly(transaction: KafkaTransaction, cause: Throwable): Unit =
