@@ -14,8 +14,12 @@ from pathlib import Path
 
 import pytest
 from keyedstate import sinks
-from keyedstate.sinks.kafka import KafkaSink, KafkaSinkError
-from keyedstate.sinks.two_phase_commit import TransactionContext, WriteOutcome
+from keyedstate.sinks.kafka import KafkaSink, KafkaSinkError, jvm_error
+from keyedstate.sinks.two_phase_commit import (
+    BatchAlreadyCommitted,
+    TransactionContext,
+    WriteOutcome,
+)
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -274,6 +278,51 @@ def test_a_dataframe_that_is_not_a_kafka_record_is_refused_naming_columns(
     df = spark.createDataFrame([], columns)
     with pytest.raises(KafkaSinkError, match=message):
         sink(df, 0)
+
+
+def test_malformed_records_are_caught_before_any_write(
+    spark: SparkSession, kafka_broker: KafkaBroker
+) -> None:
+    topic = new_topic(kafka_broker, partitions=1)
+    sink = sinks.kafka(topic, kafka_broker.bootstrap_servers, sink_id=topic)
+    with pytest.raises(KafkaSinkError, match=r"column 'partition' is bigint, must be int"):
+        sink(spark.createDataFrame([("v", 0)], "value string, partition long"), 0)
+    # Caught on the driver, from the schema: no transaction began, so no mark either.
+    assert not sink.is_committed(ctx(topic, 0))
+    # A value only the rows show (a header without a key) fails its partition's transaction,
+    # naming the column; nothing of the partition becomes visible.
+    headers = "value string, headers array<struct<key:string,value:binary>>"
+    rows = [("ok", []), ("bad", [(None, bytearray(b"x"))])]
+    with pytest.raises(KafkaSinkError, match=r"^sink .* partition 0: .*column 'headers' holds a"):
+        sink(spark.createDataFrame(rows, headers).coalesce(1), 0)
+    assert kafka_broker.read(topic, "read_committed") == []
+    assert not sink.is_committed(ctx(topic, 0))
+
+
+def test_jvm_failures_map_to_one_line_errors_in_one_place(spark: SparkSession) -> None:
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    own = jvm.io.keyedstate.sinks.KafkaSinkException("sink s batch 1 partition 0: it broke", None)
+    task_failure = jvm.org.apache.spark.SparkException(
+        "Job aborted due to stage failure: ...\n\tat executor stack", own
+    )
+    error, complete = jvm_error("writing batch 1", task_failure)
+    assert isinstance(error, KafkaSinkError) and complete
+    assert str(error) == "sink s batch 1 partition 0: it broke"
+
+    context = jvm.io.keyedstate.sinks.TransactionContext("s", 2, jvm.scala.Option.empty())
+    signal = jvm.io.keyedstate.sinks.BatchAlreadyCommittedException(context)
+    error, complete = jvm_error("beginning", signal)
+    assert isinstance(error, BatchAlreadyCommitted) and str(error) == "sink s batch 2"
+
+    missing = jvm.java.lang.NoClassDefFoundError("org/apache/kafka/clients/producer/Producer")
+    error, _ = jvm_error("writing batch 3", jvm.java.lang.RuntimeException("wrapper", missing))
+    assert str(error).startswith("writing batch 3: the Kafka sink needs kafka-clients")
+    assert "keyedstate.configure(builder, kafka=True)" in str(error)
+
+    other = jvm.java.lang.IllegalStateException("the plan failed\nwith detail")
+    error, complete = jvm_error("writing batch 4", jvm.org.apache.spark.SparkException("x", other))
+    assert isinstance(error, KafkaSinkError) and not complete
+    assert str(error) == "writing batch 4 failed: IllegalStateException: the plan failed"
 
 
 @pytest.mark.parametrize(

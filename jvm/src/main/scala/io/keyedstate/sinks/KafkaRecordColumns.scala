@@ -8,6 +8,9 @@ import org.apache.kafka.common.header.internals.RecordHeader
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.types.{StringType, StructType}
 
+/** A row that cannot be a Kafka record; the transaction's template says which transaction. */
+final class InvalidKafkaRecord(message: String) extends RuntimeException(message)
+
 /**
  * Where a DataFrame's Kafka columns are, checked before any write, and how one of its rows
  * becomes a record: Spark's own Kafka sink's columns, its `topic` column aside (one topic per
@@ -43,7 +46,7 @@ final case class KafkaRecordColumns private (
       for (i <- 0 until array.numElements() if !array.isNullAt(i)) {
         val header = array.getStruct(i, 2)
         if (header.isNullAt(0)) {
-          throw new KafkaSinkException(
+          throw new InvalidKafkaRecord(
             s"column 'headers' holds a header with a null key (value " +
               s"${Option(header.getBinary(1)).map(new String(_, UTF_8)).getOrElse("null")}): " +
               "a Kafka header needs a key")

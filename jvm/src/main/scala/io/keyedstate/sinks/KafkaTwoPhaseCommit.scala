@@ -28,7 +28,11 @@ object KafkaTwoPhaseCommit {
       } else {
         val transaction = KafkaTransaction.begin(settings, context, marks)
         try {
-          records.foreach(transaction.send)
+          try records.foreach(transaction.send)
+          catch {
+            case bad: InvalidKafkaRecord =>
+              throw new KafkaSinkException(s"$context: ${bad.getMessage}", bad)
+          }
           transaction.preCommit()
         } catch {
           case error: Throwable =>
