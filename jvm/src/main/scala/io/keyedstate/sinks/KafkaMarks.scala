@@ -28,7 +28,8 @@ final class KafkaMarks(settings: KafkaSinkSettings) {
   def committedBatch(context: TransactionContext, stable: Boolean): Long = {
     val group = settings.transactionalId(context)
     val mark = try {
-      KafkaAdmins.of(settings).listConsumerGroupOffsets(group, new ListConsumerGroupOffsetsOptions().requireStable(stable))
+      val options = new ListConsumerGroupOffsetsOptions().requireStable(stable)
+      KafkaAdmins.of(settings).listConsumerGroupOffsets(group, options)
         .partitionsToOffsetAndMetadata().get(settings.timeoutMs.toLong, TimeUnit.MILLISECONDS)
         .get(partition)
     } catch {

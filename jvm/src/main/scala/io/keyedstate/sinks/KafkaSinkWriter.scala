@@ -23,7 +23,8 @@ object KafkaSinkWriter {
       val context = TransactionContext(settings.sinkId, batchId, None)
       val outcome = SQLExecution.withNewExecutionId(execution, Some(s"keyedstate Kafka sink $context")) {
         // Lazy: the batch's jobs run only if the transaction reads the rows.
-        KafkaTwoPhaseCommit.write(settings, context, execution.executedPlan.executeToIterator().map(columns.record))
+        val records = execution.executedPlan.executeToIterator().map(columns.record)
+        KafkaTwoPhaseCommit.write(settings, context, records)
       }
       // Spark commits a stateful query's state only when the batch's plan ran on every
       // partition: a skipped batch still runs it, without output.

@@ -19,7 +19,10 @@ object KafkaTopics {
         .get(settings.timeoutMs.toLong, TimeUnit.MILLISECONDS)
     } catch {
       case error @ (_: ExecutionException | _: JavaTimeout | _: KafkaException) =>
-        val cause = Option(error.getCause).filter(_ => error.isInstanceOf[ExecutionException]).getOrElse(error)
+        val cause = error match {
+          case wrapper: ExecutionException if wrapper.getCause != null => wrapper.getCause
+          case other => other
+        }
         cause match {
           case _: UnknownTopicOrPartitionException =>
             throw new KafkaSinkException(
