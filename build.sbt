@@ -30,6 +30,10 @@ lazy val root = (project in file("."))
     // Spark, Hadoop and rocksdbjni are "provided": they come from the Spark installation.
     Compile / unmanagedJars := (sparkJarsDir.value ** "*.jar").classpath,
     libraryDependencies += "org.scalatest" %% "scalatest" % "3.2.19" % Test,
+    // The Kafka sink's client (io.keyedstate.sinks): at runtime it comes with Spark's Kafka
+    // connector (keyedstate.configure(kafka=True)), so compile against that very version.
+    // Intransitive: its compression and logging jars are Spark's already.
+    libraryDependencies += ("org.apache.kafka" % "kafka-clients" % "3.9.2" % Provided).intransitive(),
     scalacOptions ++= Seq("-deprecation", "-feature", "-unchecked", "-Xlint:-unused,_", "-release", "17"),
     javacOptions ++= Seq("--release", "17"),
     // Spark needs these opens on Java 17 (the same list spark-submit passes).

@@ -21,6 +21,7 @@ committed batch, against the seconds from the first start to its first batch.
 
     python bench/sink_bench.py                                  # 5 batches x 200k rows, 3 rounds
     python bench/sink_bench.py --rows 50000 --batches 3 --rounds 2   # quick
+    python bench/sink_bench.py --only kafka --skip-recovery          # the Kafka rows alone
 """
 
 from __future__ import annotations
@@ -138,9 +139,9 @@ def exactly_once_kafka(bootstrap: str, topic: str, sink_id: str, scope: str) -> 
 
 
 def throughput(
-    args: argparse.Namespace, spark: Any, pg: PostgresServer, kafka: KafkaBroker
+    args: argparse.Namespace, spark: Any, pg: PostgresServer | None, kafka: KafkaBroker | None
 ) -> None:  # noqa: ANN401
-    params = pg.params()
+    params = pg.params() if pg is not None else {}
     frames = [
         spark.range(b * args.rows, (b + 1) * args.rows, numPartitions=PARTITIONS).select(
             F.col("id"),
@@ -167,7 +168,7 @@ def throughput(
         ),
         "postgres: plain upsert, executemany": (lambda t, r: plain_upsert(params, t), None),
     }
-    brokers = kafka.bootstrap_servers
+    brokers = kafka.bootstrap_servers if kafka is not None else ""
     kafka_writes: dict[str, tuple[Callable[[str, int], Write], str | None]] = {
         "kafka: keyedstate, txn per partition": (
             lambda t, r: exactly_once_kafka(brokers, t, f"bench-{t}-{stamp}", "partition"),
@@ -179,25 +180,30 @@ def throughput(
         ),
         "kafka: plain, Spark's Kafka writer": (lambda t, r: plain_kafka(brokers, t), None),
     }
-    competitors = {**postgres, **kafka_writes}
+    competitors = {
+        **(postgres if pg is not None else {}),
+        **(kafka_writes if kafka is not None else {}),
+    }
     rates: dict[str, list[float]] = {name: [] for name in competitors}
     expected = args.rows * args.batches
     for round_ in range(-args.warmup, args.rounds):
         for index, (name, (make, _)) in enumerate(competitors.items()):
-            if name.startswith("postgres"):
+            if pg is not None and name.startswith("postgres"):
                 target = f"bench_{index}"
                 pg.execute(f"DROP TABLE IF EXISTS {target}")
                 pg.execute(f"CREATE TABLE {target} (id bigint PRIMARY KEY, word text, n bigint)")
             else:
+                assert kafka is not None
                 target = kafka.create_topic(f"bench-{index}-{round_ + args.warmup}-{stamp}", 2)
             write = make(target, round_)
             started = time.perf_counter()
             for batch_id, df in enumerate(frames):
                 write(df, batch_id)
             elapsed = time.perf_counter() - started
-            if name.startswith("postgres"):
+            if pg is not None and name.startswith("postgres"):
                 count = pg.execute(f"SELECT count(*) FROM {target}")[0][0]
             else:
+                assert kafka is not None
                 count = len(kafka.read(target, "read_committed", timeout_s=120))
             assert count == expected, f"{name} wrote {count} rows, not {expected}"
             if round_ >= 0:
@@ -292,25 +298,32 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="rounds run first, not counted")
     parser.add_argument("--skip-recovery", action="store_true")
+    parser.add_argument(
+        "--only", choices=("kafka", "postgres"), help="time one sink's rows (recovery needs both)"
+    )
     parser.add_argument("--recovery-records", type=int, default=400)
     args = parser.parse_args()
+    if args.only and not args.skip_recovery:
+        parser.error("--only leaves a server out, which the recovery needs: add --skip-recovery")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = session_builder("keyedstate-sink-bench").config("spark.driver.memory", "2g")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    pg = PostgresServer()
-    kafka = KafkaBroker()
-    pg.start()
-    kafka.start()
+    pg = PostgresServer() if args.only != "kafka" else None
+    kafka = KafkaBroker() if args.only != "postgres" else None
+    for server in (pg, kafka):
+        if server is not None:
+            server.start()
     try:
         throughput(args, spark, pg, kafka)
-        if not args.skip_recovery:
+        if pg is not None and kafka is not None and not args.skip_recovery:
             recovery(args, pg, kafka)
     finally:
         spark.stop()
-        kafka.close()
-        pg.close()
+        for server in (kafka, pg):
+            if server is not None:
+                server.close()
 
 
 if __name__ == "__main__":

@@ -14,8 +14,12 @@ from pathlib import Path
 
 import pytest
 from keyedstate import sinks
-from keyedstate.sinks.kafka import KafkaSink, KafkaSinkError
-from keyedstate.sinks.two_phase_commit import TransactionContext, WriteOutcome
+from keyedstate.sinks.kafka import KafkaSink, KafkaSinkError, jvm_error
+from keyedstate.sinks.two_phase_commit import (
+    BatchAlreadyCommitted,
+    TransactionContext,
+    WriteOutcome,
+)
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -231,9 +235,11 @@ def test_a_batch_before_the_last_committed_one_is_refused_not_skipped(
     topic = new_topic(kafka_broker, partitions=1)
     sink = sinks.kafka(topic, kafka_broker.bootstrap_servers, sink_id=topic)
     sink(frame(spark, records(0, 2), partitions=1), 5)
-    # Raised in the task, so it reaches the driver as Spark's PythonException, with the text.
-    with pytest.raises(Exception, match=r"KafkaSinkError: .*committed batch 5 .*skip batch 2"):
+    # Raised in the task (the JVM's), it reaches the driver inside Spark's job failure, and
+    # becomes the sink's error with the task's one line.
+    with pytest.raises(KafkaSinkError, match=r"^sink .* committed batch 5 .*skip batch 2") as error:
         sink(frame(spark, records(2, 2), partitions=1), 2)  # e.g. a checkpoint restored from a copy
+    assert "\n" not in str(error.value)
     assert committed(kafka_broker, topic) == sorted(records(0, 2))
 
 
@@ -274,6 +280,51 @@ def test_a_dataframe_that_is_not_a_kafka_record_is_refused_naming_columns(
         sink(df, 0)
 
 
+def test_malformed_records_are_caught_before_any_write(
+    spark: SparkSession, kafka_broker: KafkaBroker
+) -> None:
+    topic = new_topic(kafka_broker, partitions=1)
+    sink = sinks.kafka(topic, kafka_broker.bootstrap_servers, sink_id=topic)
+    with pytest.raises(KafkaSinkError, match=r"column 'partition' is bigint, must be int"):
+        sink(spark.createDataFrame([("v", 0)], "value string, partition long"), 0)
+    # Caught on the driver, from the schema: no transaction began, so no mark either.
+    assert not sink.is_committed(ctx(topic, 0))
+    # A value only the rows show (a header without a key) fails its partition's transaction,
+    # naming the column; nothing of the partition becomes visible.
+    headers = "value string, headers array<struct<key:string,value:binary>>"
+    rows = [("ok", []), ("bad", [(None, bytearray(b"x"))])]
+    with pytest.raises(KafkaSinkError, match=r"^sink .* partition 0: .*column 'headers' holds a"):
+        sink(spark.createDataFrame(rows, headers).coalesce(1), 0)
+    assert kafka_broker.read(topic, "read_committed") == []
+    assert not sink.is_committed(ctx(topic, 0))
+
+
+def test_jvm_failures_map_to_one_line_errors_in_one_place(spark: SparkSession) -> None:
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    own = jvm.io.keyedstate.sinks.KafkaSinkException("sink s batch 1 partition 0: it broke", None)
+    task_failure = jvm.org.apache.spark.SparkException(
+        "Job aborted due to stage failure: ...\n\tat executor stack", own
+    )
+    error, complete = jvm_error("writing batch 1", task_failure)
+    assert isinstance(error, KafkaSinkError) and complete
+    assert str(error) == "sink s batch 1 partition 0: it broke"
+
+    context = jvm.io.keyedstate.sinks.TransactionContext("s", 2, jvm.scala.Option.empty())
+    signal = jvm.io.keyedstate.sinks.BatchAlreadyCommittedException(context)
+    error, complete = jvm_error("beginning", signal)
+    assert isinstance(error, BatchAlreadyCommitted) and str(error) == "sink s batch 2"
+
+    missing = jvm.java.lang.NoClassDefFoundError("org/apache/kafka/clients/producer/Producer")
+    error, _ = jvm_error("writing batch 3", jvm.java.lang.RuntimeException("wrapper", missing))
+    assert str(error).startswith("writing batch 3: the Kafka sink needs kafka-clients")
+    assert "keyedstate.configure(builder, kafka=True)" in str(error)
+
+    other = jvm.java.lang.IllegalStateException("the plan failed\nwith detail")
+    error, complete = jvm_error("writing batch 4", jvm.org.apache.spark.SparkException("x", other))
+    assert isinstance(error, KafkaSinkError) and not complete
+    assert str(error) == "writing batch 4 failed: IllegalStateException: the plan failed"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -292,19 +343,36 @@ def test_bad_arguments_are_refused_naming_them(kwargs: dict[str, object], messag
         KafkaSink(**arguments)  # type: ignore[arg-type]
 
 
-def test_without_the_client_library_the_package_imports_and_the_sink_says_what_to_install(
-) -> None:
+def test_the_sink_needs_no_python_kafka_client() -> None:
     code = (
         "import sys\n"
         "sys.modules['confluent_kafka'] = None\n"  # as if not installed
         "import keyedstate, keyedstate.sinks\n"
-        "try:\n"
-        "    keyedstate.sinks.kafka('t', '127.0.0.1:9092')\n"
-        "except Exception as e:\n"
-        "    print(type(e).__name__, e)\n"
+        "print(type(keyedstate.sinks.kafka('t', '127.0.0.1:9092')).__name__)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "KafkaSinkError" in done.stdout and "pip install 'keyedstate[kafka]'" in done.stdout
+    assert done.stdout.strip() == "KafkaSink"
+
+
+def test_without_the_kafka_client_jar_the_sink_says_how_to_add_it(tmp_path: Path) -> None:
+    # A session of its own, built by keyedstate.configure without kafka=True.
+    code = (
+        "import keyedstate, keyedstate.sinks\n"
+        "from pyspark.sql import SparkSession\n"
+        "spark = keyedstate.configure(SparkSession.builder.master('local[1]')"
+        ".config('spark.ui.enabled', 'false')).getOrCreate()\n"
+        "df = spark.createDataFrame([('k', 'v')], 'key string, value string')\n"
+        "try:\n"
+        "    keyedstate.sinks.kafka('t', '127.0.0.1:9092', sink_id='s')(df, 0)\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+        "spark.stop()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert "KafkaSinkError" in done.stdout, done.stderr[-2000:]
+    assert "keyedstate.configure(builder, kafka=True)" in done.stdout
 
 
 def test_a_broker_outage_fails_the_attempt_in_bounded_time_and_the_retry_writes_once(

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-# Eager: the kafka module imports its client (confluent_kafka) only when a sink is made, and a
-# lazy __getattr__ would lose to the submodule once anything imported keyedstate.sinks.kafka.
+# Eager: both modules import their clients (psycopg, py4j) only when used, and a lazy
+# __getattr__ would lose to the submodule once anything imported keyedstate.sinks.kafka.
 from keyedstate.sinks.kafka import KafkaSink, KafkaSinkError, kafka
 from keyedstate.sinks.postgres import PostgresSink, PostgresSinkError, postgres
 from keyedstate.sinks.two_phase_commit import (

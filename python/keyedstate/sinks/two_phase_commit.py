@@ -22,10 +22,9 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:  # pyspark is only needed once a batch is written
-    import pyarrow as pa
     from pyspark.sql import DataFrame, Row
 
 __all__ = [
@@ -91,10 +90,6 @@ class TwoPhaseCommitSink(ABC, Generic[TXN]):
 
     #: Where transactions run; a subclass sets it (class attribute or in ``__init__``).
     scope: TransactionScope = TransactionScope.BATCH
-    #: What ``invoke`` gets in partition scope: pyspark ``Row``s, or with ``"arrow"`` the
-    #: partition's ``pyarrow.RecordBatch``es (through ``mapInArrow``: no Row object per record,
-    #: for sinks that write many small records). Batch scope always gives Rows.
-    partition_input: str = "rows"
 
     def __init__(self, sink_id: str | None = None) -> None:
         # None: the streaming query's id, read when a batch arrives.
@@ -171,28 +166,17 @@ class TwoPhaseCommitSink(ABC, Generic[TXN]):
             return
         sink = self
 
-        def write_partition(items: Iterator[Any]) -> int:
-            """One partition's transaction; its id. ``items``: Rows or Arrow batches."""
+        def write_partition(rows: Iterator[Row]) -> None:
             from pyspark import TaskContext
 
             task = TaskContext.get()
             assert task is not None, "write_partition runs in a Spark task"
             context = TransactionContext(sink_id, batch_id, task.partitionId())
-            if sink.write(context, items) is WriteOutcome.SKIPPED:
-                for _ in items:  # the partition's plan must still run to its end (see drain)
+            if sink.write(context, rows) is WriteOutcome.SKIPPED:
+                for _ in rows:  # the partition's plan must still run to its end (see drain)
                     pass
-            return task.partitionId()
 
-        if self.partition_input == "arrow":
-
-            def write_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-                import pyarrow
-
-                yield pyarrow.RecordBatch.from_pydict({"partition": [write_partition(batches)]})
-
-            df.mapInArrow(write_batches, "partition long").collect()
-        else:
-            df.foreachPartition(write_partition)
+        df.foreachPartition(write_partition)
 
     def write(self, context: TransactionContext, rows: Iterable[Row]) -> WriteOutcome:
         """Run one transaction for ``context``: skip, or begin/invoke/pre_commit/commit."""
