@@ -166,74 +166,114 @@ private final class MutationWriter(
   private val timerValue = UnsafeProjection.create(Array[DataType](BooleanType))(InternalRow(true)).copy()
   private val partitionKey = UnsafeProjection.create(Array[DataType](IntegerType))(InternalRow(partition)).copy()
 
-  // Per state variable: where its cells are, and projections to its stored rows.
-  private final class VarWriter(val v: StateVar, i: Int) {
+  // Per state variable: where its cells are, and projections to its stored rows. One small
+  // writer per kind: each is compiled on its own when it gets hot.
+  private abstract class VarWriter(val v: StateVar, i: Int) {
     val cf: String = v.columnFamily
     val opOrdinal: Int = columns(Exchange.opColumn(i))
-    val dataOrdinal: Int = columns(Exchange.stateColumn(i))
-    private val removedOrdinal: Int = columns.getOrElse(Exchange.removedColumn(i), -1)
-    // The data cell holds the value, the list, or (operator list) the whole array.
-    private val dataType: DataType =
-      if (v.kind == StateKind.OperatorList) ArrayType(v.valueType, containsNull = false) else v.valueType
-    private val value = UnsafeProjection.create(Seq(BoundReference(dataOrdinal, dataType, nullable = true)))
+    protected val dataOrdinal: Int = columns(Exchange.stateColumn(i))
     private val element = UnsafeProjection.create(Seq(BoundReference(0, v.valueType, nullable = true)))
     private val one = new GenericInternalRow(1)
-    // A map entry's key: the key's columns and the map key.
-    private val entryKey: UnsafeProjection =
-      if (v.kind != StateKind.Map) null
-      else UnsafeProjection.create(
-        (0 until numKeys).map(k => BoundReference(k, layout.keySchema(k).dataType, nullable = true)) :+
-          BoundReference(numKeys, v.mapKeyType.get, nullable = true))
-    private val mapKeyRow = new GenericInternalRow(1)
-    private val joined = new JoinedRow()
 
-    private def elementRow(x: Any): UnsafeRow = { one.update(0, x); element(one) }
-    private def entry(key: UnsafeRow, mapKey: Any): UnsafeRow = {
-      mapKeyRow.update(0, mapKey)
-      entryKey(joined(key, mapKeyRow))
+    /** A value, element or map value as the stored row. */
+    protected def elementRow(x: Any): UnsafeRow = { one.update(0, x); element(one) }
+
+    def apply(op: Byte, key: UnsafeRow, row: InternalRow): Unit
+
+    protected def undefined(op: Byte): Nothing =
+      throw new IllegalStateException(s"keyedstate: change $op is not defined for ${v.kind.name} state '${v.name}'")
+  }
+
+  private final class ValueWriter(v: StateVar, i: Int) extends VarWriter(v, i) {
+    private val value = UnsafeProjection.create(Seq(BoundReference(dataOrdinal, v.valueType, nullable = true)))
+
+    def apply(op: Byte, key: UnsafeRow, row: InternalRow): Unit = op match {
+      case Exchange.Put => store.put(key, value(row), cf); updated += 1
+      case Exchange.Clear => store.remove(key, cf); removed += 1
+      case _ => undefined(op)
     }
+  }
 
+  private final class ListWriter(v: StateVar, i: Int) extends VarWriter(v, i) {
     private def elements(row: InternalRow): Array[UnsafeRow] = {
       val array = row.getArray(dataOrdinal)
       Array.tabulate(array.numElements())(j => elementRow(array.get(j, v.valueType)).copy())
     }
 
-    def apply(op: Byte, key: UnsafeRow, row: InternalRow): Unit = (v.kind, op) match {
-      case (StateKind.Value, Exchange.Put) => store.put(key, value(row), cf); updated += 1
-      case (StateKind.List, Exchange.Put) =>
+    def apply(op: Byte, key: UnsafeRow, row: InternalRow): Unit = op match {
+      case Exchange.Put =>
         val values = elements(row)
         if (values.isEmpty) store.remove(key, cf) else store.putList(key, values, cf)
         updated += 1
-      case (StateKind.List, Exchange.Append) =>
+      case Exchange.Append =>
         val values = elements(row)
         if (values.nonEmpty) store.mergeList(key, values, cf)
         updated += 1
-      case (StateKind.Map, Exchange.Put | Exchange.Clear) =>
-        if (op == Exchange.Clear) {
-          val it = store.prefixScan(key, cf)
-          val entries = try it.map(_.key.copy()).toArray finally it.close()
-          entries.foreach(store.remove(_, cf))
-          removed += entries.length
-        } else if (!row.isNullAt(removedOrdinal)) {
-          val gone = row.getArray(removedOrdinal)
-          var j = 0
-          while (j < gone.numElements()) {
-            store.remove(entry(key, gone.get(j, v.mapKeyType.get)), cf)
-            removed += 1
-            j += 1
-          }
-        }
-        if (!row.isNullAt(dataOrdinal)) {
-          val puts = row.getMap(dataOrdinal)
-          val (keys, values) = (puts.keyArray(), puts.valueArray())
-          var j = 0
-          while (j < puts.numElements()) {
-            store.put(entry(key, keys.get(j, v.mapKeyType.get)), elementRow(values.get(j, v.valueType)), cf)
-            updated += 1
-            j += 1
-          }
-        }
-      case (StateKind.OperatorList, Exchange.Put) =>
+      case Exchange.Clear => store.remove(key, cf); removed += 1
+      case _ => undefined(op)
+    }
+  }
+
+  private final class MapWriter(v: StateVar, i: Int) extends VarWriter(v, i) {
+    private val removedOrdinal = columns(Exchange.removedColumn(i))
+    private val mapKeyType = v.mapKeyType.get
+    // A map entry's key: the key's columns and the map key.
+    private val entryKey = UnsafeProjection.create(
+      (0 until numKeys).map(k => BoundReference(k, layout.keySchema(k).dataType, nullable = true)) :+
+        BoundReference(numKeys, mapKeyType, nullable = true))
+    private val mapKeyRow = new GenericInternalRow(1)
+    private val joined = new JoinedRow()
+
+    private def entry(key: UnsafeRow, mapKey: Any): UnsafeRow = {
+      mapKeyRow.update(0, mapKey)
+      entryKey(joined(key, mapKeyRow))
+    }
+
+    def apply(op: Byte, key: UnsafeRow, row: InternalRow): Unit = {
+      op match {
+        case Exchange.Put => removeEntries(key, row)
+        case Exchange.Clear => clear(key)
+        case _ => undefined(op)
+      }
+      putEntries(key, row)
+    }
+
+    private def clear(key: UnsafeRow): Unit = {
+      val it = store.prefixScan(key, cf)
+      val entries = try it.map(_.key.copy()).toArray finally it.close()
+      entries.foreach(store.remove(_, cf))
+      removed += entries.length
+    }
+
+    private def removeEntries(key: UnsafeRow, row: InternalRow): Unit = if (!row.isNullAt(removedOrdinal)) {
+      val gone = row.getArray(removedOrdinal)
+      var j = 0
+      while (j < gone.numElements()) {
+        store.remove(entry(key, gone.get(j, mapKeyType)), cf)
+        removed += 1
+        j += 1
+      }
+    }
+
+    private def putEntries(key: UnsafeRow, row: InternalRow): Unit = if (!row.isNullAt(dataOrdinal)) {
+      val puts = row.getMap(dataOrdinal)
+      val (keys, values) = (puts.keyArray(), puts.valueArray())
+      var j = 0
+      while (j < puts.numElements()) {
+        store.put(entry(key, keys.get(j, mapKeyType)), elementRow(values.get(j, v.valueType)), cf)
+        updated += 1
+        j += 1
+      }
+    }
+  }
+
+  private final class OperatorListWriter(v: StateVar, i: Int) extends VarWriter(v, i) {
+    // The data cell holds the whole list.
+    private val value = UnsafeProjection.create(
+      Seq(BoundReference(dataOrdinal, ArrayType(v.valueType, containsNull = false), nullable = true)))
+
+    def apply(op: Byte, key: UnsafeRow, row: InternalRow): Unit = op match {
+      case Exchange.Put =>
         // The snapshot replaces every list the lookup merged (see KeyedStateLookupExec).
         val it = store.iterator(cf)
         val stored = try it.map(_.key.copy()).toVector finally it.close()
@@ -242,11 +282,18 @@ private final class MutationWriter(
           store.put(partitionKey, value(row), cf)
         }
         updated += 1
-      case (StateKind.Value | StateKind.List, Exchange.Clear) => store.remove(key, cf); removed += 1
-      case (k, m) => throw new IllegalStateException(s"keyedstate: change $m is not defined for ${k.name} state '${v.name}'")
+      case _ => undefined(op)
     }
   }
-  private val vars: Array[VarWriter] = spec.states.zipWithIndex.map { case (v, i) => new VarWriter(v, i) }.toArray
+
+  private val vars: Array[VarWriter] = spec.states.zipWithIndex.map { case (v, i) =>
+    v.kind match {
+      case StateKind.Value => new ValueWriter(v, i)
+      case StateKind.List => new ListWriter(v, i)
+      case StateKind.Map => new MapWriter(v, i)
+      case StateKind.OperatorList => new OperatorListWriter(v, i)
+    }
+  }.toArray
   private val keyedVars = vars.filter(_.v.kind != StateKind.OperatorList)
   private val operatorVars = vars.filter(_.v.kind == StateKind.OperatorList)
 
