@@ -201,6 +201,36 @@ def test_a_zombie_attempt_is_fenced_by_the_next_one(kafka_broker: KafkaBroker) -
     assert committed(kafka_broker, topic) == sorted(records(0, 3))
 
 
+def test_a_kept_producer_fenced_meanwhile_gives_way_to_a_new_one(
+    kafka_broker: KafkaBroker,
+) -> None:
+    """A producer is kept for its id's next transaction; an attempt elsewhere that took the id
+    over since (and left a transaction open) fences it: the next write finds that out before
+    sending anything, and a new producer aborts the other attempt's transaction and writes."""
+    from confluent_kafka import Producer
+
+    topic = new_topic(kafka_broker, partitions=1)
+    sink = sinks.kafka(topic, kafka_broker.bootstrap_servers, sink_id=topic)
+    assert sink.write(ctx(topic, 0), as_rows(records(0, 2))) is WriteOutcome.COMMITTED
+
+    elsewhere = Producer(
+        {
+            "bootstrap.servers": kafka_broker.bootstrap_servers,
+            "transactional.id": sink.transactional_id(ctx(topic, 1)),
+        }
+    )
+    elsewhere.init_transactions(30)
+    elsewhere.begin_transaction()
+    elsewhere.produce(topic, key=b"elsewhere", value=b"open")
+    elsewhere.flush(30)
+
+    assert sink.write(ctx(topic, 1), as_rows(records(2, 3))) is WriteOutcome.COMMITTED
+    assert sink.write(ctx(topic, 2), as_rows(records(5, 1))) is WriteOutcome.COMMITTED  # kept
+    assert sink.write(ctx(topic, 2), as_rows(records(5, 1))) is WriteOutcome.SKIPPED
+    assert committed(kafka_broker, topic) == sorted(records(0, 6))
+    assert sink.is_committed(ctx(topic, 2))
+
+
 def test_an_attempt_that_finds_the_batch_committed_meanwhile_skips_it(
     kafka_broker: KafkaBroker,
 ) -> None:

@@ -21,6 +21,8 @@ from typing import Any
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.errors import IllegalArgumentException as PySparkIllegalArgumentException
 
+from keyedstate._java import java_causes
+
 __all__ = [
     "CHECKPOINT_FAILURE_CONDITIONS",
     "NON_RETRIABLE_CONDITIONS",
@@ -146,21 +148,17 @@ def _python_chain(error: BaseException) -> Iterator[BaseException]:
 
 def _jvm_links(throwable: Any) -> Iterator[_Link]:  # noqa: ANN401 - a py4j JavaObject
     """The JVM cause chain of ``throwable``, read through py4j."""
-    depth = 0
-    while throwable is not None and depth < _MAX_CHAIN:
-        depth += 1
+    for link in java_causes(throwable):
         classes = []
-        cls = throwable.getClass()
+        cls = link.getClass()
         while cls is not None:
             classes.append(str(cls.getName()))
             cls = cls.getSuperclass()
         condition = None
-        if "org.apache.spark.SparkThrowable" in _interfaces(throwable):
-            condition = throwable.getCondition()
+        if "org.apache.spark.SparkThrowable" in _interfaces(link):
+            condition = link.getCondition()
         yield _Link(tuple(classes), str(condition) if condition else None,
-                    str(throwable.getMessage() or ""))
-        cause = throwable.getCause()
-        throwable = None if cause is None or cause.equals(throwable) else cause
+                    str(link.getMessage() or ""))
 
 
 def _interfaces(throwable: Any) -> set[str]:  # noqa: ANN401 - a py4j JavaObject

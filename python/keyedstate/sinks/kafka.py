@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from keyedstate._java import first_line, java_causes
 from keyedstate.sinks.two_phase_commit import (
     QUERY_ID_PROPERTY,
     BatchAlreadyCommitted,
@@ -266,30 +267,20 @@ def jvm_error(
     signal of it; a missing Kafka client says how to add it; anything else is ``what`` failed,
     with the innermost cause's first line (Spark's job failures embed executor stack traces in
     their messages: never shown)."""
-    chain = []
-    inner = throwable
-    while inner is not None and len(chain) < 20:
-        chain.append(inner)
-        cause = inner.getCause()
-        inner = None if cause is None or cause.equals(inner) else cause
+    chain = java_causes(throwable)
     for error in chain:
         name = str(error.getClass().getName())
         if name == _JVM_PACKAGE + "BatchAlreadyCommittedException":
-            return BatchAlreadyCommitted(_first_line(error)), True
+            return BatchAlreadyCommitted(first_line(error)), True
         if name == _JVM_PACKAGE + "KafkaSinkException":
-            return KafkaSinkError(_first_line(error)), True
+            return KafkaSinkError(first_line(error)), True
         if name in ("java.lang.NoClassDefFoundError", "java.lang.ClassNotFoundException") and (
-            "org/apache/kafka" in _first_line(error) or "org.apache.kafka" in _first_line(error)
+            "org/apache/kafka" in first_line(error) or "org.apache.kafka" in first_line(error)
         ):
-            return KafkaSinkError(f"{what}: {_CONNECTOR_HINT} ({_first_line(error)})"), True
+            return KafkaSinkError(f"{what}: {_CONNECTOR_HINT} ({first_line(error)})"), True
     innermost = chain[-1]
-    message = f"{what} failed: {innermost.getClass().getSimpleName()}: {_first_line(innermost)}"
+    message = f"{what} failed: {innermost.getClass().getSimpleName()}: {first_line(innermost)}"
     return KafkaSinkError(message), False
-
-
-def _first_line(error: Any) -> str:  # noqa: ANN401 - a py4j JavaObject (a Throwable)
-    text = str(error.getMessage() or "")
-    return " ".join(text.splitlines()[0].split()) if text.strip() else ""
 
 
 def _partition(context: TransactionContext) -> int:

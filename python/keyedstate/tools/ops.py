@@ -16,6 +16,7 @@ from py4j.java_gateway import JavaClass
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
+from keyedstate._java import first_line, java_causes
 from keyedstate._session import PROVIDER_CLASS
 
 T = TypeVar("T")
@@ -36,16 +37,9 @@ def _java_message(error: Any) -> str:  # noqa: ANN401 - a py4j JavaObject (a Thr
     """One line: keyedstate's own message (the store, the version, the file), found among the
     causes of Spark's wrappers (a failed job, a state-store error class); else the error's first
     line. Spark's job failures embed executor stack traces in their message: never shown."""
-    chain = []
-    inner = error
-    while inner is not None and len(chain) < 20:
-        chain.append(inner)
-        cause = inner.getCause()
-        inner = None if cause is None or cause.equals(inner) else cause
-    ours = [e for e in chain if e.getClass().getName().startswith("io.keyedstate.")]
+    ours = [e for e in java_causes(error) if e.getClass().getName().startswith("io.keyedstate.")]
     chosen = ours[0] if ours else error
-    text = str(chosen.getMessage() or chosen.toString())
-    return " ".join(text.splitlines()[0].split()) if text.strip() else chosen.toString()
+    return first_line(chosen) or str(chosen.toString())
 
 
 def _snake(name: str) -> str:

@@ -52,13 +52,17 @@ final class KafkaTransaction private (
   def preCommit(): Unit = {
     during("flush")(producer.flush())
     raiseDeliveryFailure()
+    during("sendOffsetsToTransaction")(sendMark())
+  }
+
+  /** The batch's mark, with the records sent so far, into the transaction (the last one sent
+   * is the one committed). */
+  private def sendMark(): Unit = {
     val mark = new OffsetAndMetadata(context.batchId,
       KafkaMarks.metadata(context, settings.queryId, sent))
-    during("sendOffsetsToTransaction") {
-      producer.sendOffsetsToTransaction(
-        Map(new TopicPartition(settings.topic, KafkaMarks.Partition) -> mark).asJava,
-        new ConsumerGroupMetadata(transactionalId))
-    }
+    producer.sendOffsetsToTransaction(
+      Map(new TopicPartition(settings.topic, KafkaMarks.Partition) -> mark).asJava,
+      new ConsumerGroupMetadata(transactionalId))
   }
 
   def commit(): Unit = {
@@ -78,7 +82,7 @@ final class KafkaTransaction private (
       }
     }
     KafkaTransaction.Log.info(s"$context: committed $sent record(s) to ${settings.topic}")
-    close()
+    KafkaProducers.putBack(settings, transactionalId, producer)
   }
 
   def abort(): Unit = try during("abortTransaction")(producer.abortTransaction()) finally close()
@@ -100,12 +104,63 @@ object KafkaTransaction {
   private val Log = LoggerFactory.getLogger(classOf[KafkaTransaction])
 
   /**
+   * A transaction for `context`: on the producer its id committed with last in this JVM when
+   * it still owns the id (see `resumed`), else on a new one (`fresh`).
+   */
+  def begin(settings: KafkaSinkSettings, context: TransactionContext,
+      marks: KafkaMarks): KafkaTransaction = {
+    val transactionalId = settings.transactionalId(context)
+    KafkaProducers.take(settings, transactionalId)
+      .flatMap(resumed(settings, context, _, marks))
+      .getOrElse(fresh(settings, context, marks))
+  }
+
+  /**
+   * A kept producer's next transaction, if the producer still owns its id. The mark goes into
+   * the transaction first: that asks the transaction coordinator, which refuses a producer an
+   * attempt elsewhere has fenced since (a newer `initTransactions` of the id), before any
+   * record is sent. A producer that owns its id has committed every transaction it began, and
+   * any older producer of the id is fenced: a read of the committed mark is then current without
+   * waiting for pending ones. Throws `BatchAlreadyCommittedException` when it finds the batch
+   * done (a replay: rare, so the producer is closed). Anything else failing to begin: the
+   * producer is closed and a new one does it all again.
+   */
+  private def resumed(settings: KafkaSinkSettings, context: TransactionContext,
+      producer: KafkaProducers.Producer, marks: KafkaMarks): Option[KafkaTransaction] = {
+    val transaction = new KafkaTransaction(settings, context, producer)
+    val owned = try {
+      producer.beginTransaction()
+      transaction.sendMark()
+      true
+    } catch {
+      case scala.util.control.NonFatal(error) =>
+        Log.info(s"$context: the kept producer cannot go on (${error.getClass.getSimpleName}); a new one")
+        transaction.close()
+        false
+    }
+    if (!owned) None
+    else {
+      val done = try marks.committedBatch(context, stable = false) >= context.batchId
+      catch {
+        case error: Throwable =>
+          transaction.close()
+          throw error
+      }
+      if (done) {
+        transaction.abort() // the empty transaction; the producer is closed
+        throw new BatchAlreadyCommittedException(context)
+      }
+      Some(transaction)
+    }
+  }
+
+  /**
    * A producer with `context`'s transactional id, in a transaction. Its `initTransactions`
    * fences any older producer with this id and ends that one's transaction: an open one is
    * aborted, one already committing completes first, so the stable read of the mark after it
    * is current. Throws `BatchAlreadyCommittedException` when that read finds the batch done.
    */
-  def begin(settings: KafkaSinkSettings, context: TransactionContext,
+  private def fresh(settings: KafkaSinkSettings, context: TransactionContext,
       marks: KafkaMarks): KafkaTransaction = {
     val transactionalId = settings.transactionalId(context)
     val producer = KafkaSinkErrors.during("creating the producer", context, transactionalId,

@@ -1,0 +1,40 @@
+package io.keyedstate.sinks
+
+import java.time.Duration
+import java.util.concurrent.ConcurrentHashMap
+
+import scala.jdk.CollectionConverters._
+
+import org.apache.kafka.clients.producer.KafkaProducer
+
+/**
+ * Transactional producers kept between batches, one per transactional id and producer
+ * configuration in this JVM, as Flink's Kafka sink recycles its producers: a producer that
+ * committed its transaction can begin the next one without a new `initTransactions` (a new
+ * producer, a coordinator lookup and a fencing round trip, most of a small batch's cost).
+ * A producer is taken out while a transaction uses it and put back only after that transaction
+ * committed; one that failed is closed. Whether a producer taken from here was fenced meanwhile
+ * (an attempt elsewhere initialised the same id) is checked before any record is sent (see
+ * `KafkaTransaction.begin`).
+ */
+object KafkaProducers {
+  type Producer = KafkaProducer[Array[Byte], Array[Byte]]
+
+  private val idle = new ConcurrentHashMap[(String, Map[String, String]), Producer]()
+
+  private def key(settings: KafkaSinkSettings, transactionalId: String) =
+    (transactionalId, settings.producerConfig(transactionalId).asScala.toMap)
+
+  /** An idle producer of this id and configuration, taken out, if there is one. */
+  def take(settings: KafkaSinkSettings, transactionalId: String): Option[Producer] =
+    Option(idle.remove(key(settings, transactionalId)))
+
+  /** Keeps a producer whose transaction committed for the next one with its id. */
+  def putBack(settings: KafkaSinkSettings, transactionalId: String, producer: Producer): Unit = {
+    val replaced = idle.put(key(settings, transactionalId), producer)
+    // Two attempts of one partition in this JVM (speculation): keep the newer producer only.
+    if (replaced != null && (replaced ne producer)) replaced.close(Duration.ZERO)
+  }
+
+  sys.addShutdownHook(idle.values().asScala.foreach(p => p.close(Duration.ZERO)))
+}
