@@ -29,12 +29,22 @@ object KafkaProducers {
   def take(settings: KafkaSinkSettings, transactionalId: String): Option[Producer] =
     Option(idle.remove(key(settings, transactionalId)))
 
-  /** Keeps a producer whose transaction committed for the next one with its id. */
+  /**
+   * Keeps a producer whose transaction committed for the next one with its id, up to
+   * `MaxIdle` producers per JVM (each holds a network thread and its buffers): beyond, it is
+   * closed and that id's next transaction makes a new one.
+   */
   def putBack(settings: KafkaSinkSettings, transactionalId: String, producer: Producer): Unit = {
-    val replaced = idle.put(key(settings, transactionalId), producer)
-    // Two attempts of one partition in this JVM (speculation): keep the newer producer only.
-    if (replaced != null && (replaced ne producer)) replaced.close(Duration.ZERO)
+    if (idle.size >= MaxIdle) producer.close(Duration.ZERO)
+    else {
+      val replaced = idle.put(key(settings, transactionalId), producer)
+      // Two attempts of one partition in this JVM (speculation): keep the newer producer only.
+      if (replaced != null && (replaced ne producer)) replaced.close(Duration.ZERO)
+    }
   }
+
+  /** Enough for a few sinks over the partitions a 2- to 16-core executor runs. */
+  val MaxIdle = 64
 
   sys.addShutdownHook(idle.values().asScala.foreach(p => p.close(Duration.ZERO)))
 }
