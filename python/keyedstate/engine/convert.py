@@ -145,6 +145,11 @@ class OutputRows:
         """How many cells a change row has after its key."""
         return len(self._change_columns)
 
+    def change_cell(self, index: int) -> int:
+        """Where state variable ``index``'s cells start in a change row (after its key): its
+        op, then its data, then (maps) the removed map keys."""
+        return self._change_columns.index(self._schema.get_field_index(f"__ks_op{index}"))
+
     def output(self, value: Any) -> None:  # noqa: ANN401
         if type(value) is tuple and len(value) == self._width:  # noqa: E721 - the fast path
             row = value

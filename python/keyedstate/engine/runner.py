@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -128,6 +127,8 @@ class _Task:
             plan.main_width,
             plan.side_columns,
         )
+        self.change_at = {s.index: self.out.change_cell(s.index) for s in plan.states}
+        self.no_changes = (None,) * self.out.change_width
         self.ctx = ContextImpl(self.state, self.timers, self._side if plan.side_tags else None)
         names = tuple(plan.input_schema.names)
         self.element_class = element_class(names)
@@ -156,11 +157,6 @@ class _Task:
             if s.kind == "map"
         }
         self.op_states = [s for s in plan.states if s.kind == "operator_list"]
-        # Where each state variable's cells start in a change row (after the key columns): its
-        # op, then its data, then (maps) the removed map keys (Exchange.outSchema's order).
-        cells = [n for n in plan.out_exchange.names if re.fullmatch(r"__ks_(op|s|rm)\d+", n)]
-        self.change_at = {s.index: cells.index(f"__ks_op{s.index}") for s in plan.states}
-        self.no_changes = (None,) * len(cells)
         self.checkpointed = isinstance(self.function, CheckpointedFunction)
         self.opened = False
         self.closed = False

@@ -166,26 +166,18 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
     def is_committed(self, context: TransactionContext) -> bool:
         # Only marks already committed: a zombie's pending one would make a stable read wait for
         # its transaction. begin_transaction checks again, stably, once the zombie is fenced.
-        writer = _jvm_sinks().KafkaSinkWriter
-        batch = _call(
-            f"{context}: reading the committed-batch mark",
-            writer.committedBatch,
-            self._settings(context.sink_id),
-            context.batch_id,
-            _partition(context),
-        )
+        batch = self._step(context, "reading the committed-batch mark", "committedBatch")
         return int(batch) >= context.batch_id
 
     def begin_transaction(self, context: TransactionContext) -> KafkaTransaction:
-        writer = _jvm_sinks().KafkaSinkWriter
-        handle = _call(
-            f"{context}: beginning a transaction",
-            writer.begin,
-            self._settings(context.sink_id),
-            context.batch_id,
-            _partition(context),
-        )
+        handle = self._step(context, "beginning a transaction", "begin")
         return KafkaTransaction(context, self.transactional_id(context), handle)
+
+    def _step(self, context: TransactionContext, what: str, method: str) -> Any:  # noqa: ANN401
+        """A KafkaSinkWriter step for ``context``'s (sink, batch, partition), errors mapped."""
+        writer = _jvm_sinks().KafkaSinkWriter
+        args = (self._settings(context.sink_id), context.batch_id, _partition(context))
+        return _call(f"{context}: {what}", getattr(writer, method), *args)
 
     def invoke(self, transaction: KafkaTransaction, rows: Iterable[Row]) -> None:
         for row in rows:
