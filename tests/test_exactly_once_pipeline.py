@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from streaming_harness import committed_batches, planned_batches
 from test_kill_restart import Driver
 
@@ -80,6 +81,7 @@ def topic_rows(kafka: Any, topic: str) -> list[tuple[str, int, int, int]]:  # no
     return sorted(rows)
 
 
+@pytest.mark.timeout(600 + 90 * KILLS)
 def test_kills_and_outages_are_exactly_once_end_to_end(
     kafka_broker: Any,  # noqa: ANN401
     postgres_server: Any,  # noqa: ANN401

@@ -178,6 +178,7 @@ def wait_for(
 
 
 @pytest.mark.parametrize("engine", ["aggregation", "python-api"])
+@pytest.mark.timeout(min(KILL_BUDGET_S, 150 * KILLS) + 600)  # the kills, then the last run
 def test_kill_and_restart_is_exactly_once(
     engine: str, tmp_path: Path, drivers: list[Driver]
 ) -> None:

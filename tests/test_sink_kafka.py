@@ -154,6 +154,7 @@ def test_binary_values_partitions_and_headers_are_written_as_given(
 # -- transactions, attempt by attempt ---------------------------------------------------------
 
 
+@pytest.mark.usefixtures("spark")  # the sink writes in the session's JVM
 def test_an_aborted_attempt_is_invisible_and_its_retry_writes_once(
     kafka_broker: KafkaBroker,
 ) -> None:
@@ -182,6 +183,7 @@ def test_an_aborted_attempt_is_invisible_and_its_retry_writes_once(
     assert committed(kafka_broker, topic) == sorted(records(0, 5))
 
 
+@pytest.mark.usefixtures("spark")  # the sink writes in the session's JVM
 def test_a_zombie_attempt_is_fenced_by_the_next_one(kafka_broker: KafkaBroker) -> None:
     topic = new_topic(kafka_broker, partitions=1)
     sink = sinks.kafka(topic, kafka_broker.bootstrap_servers, sink_id=topic)
@@ -201,6 +203,7 @@ def test_a_zombie_attempt_is_fenced_by_the_next_one(kafka_broker: KafkaBroker) -
     assert committed(kafka_broker, topic) == sorted(records(0, 3))
 
 
+@pytest.mark.usefixtures("spark")  # the sink writes in the session's JVM
 def test_a_kept_producer_fenced_meanwhile_gives_way_to_a_new_one(
     kafka_broker: KafkaBroker,
 ) -> None:
@@ -231,6 +234,7 @@ def test_a_kept_producer_fenced_meanwhile_gives_way_to_a_new_one(
     assert sink.is_committed(ctx(topic, 2))
 
 
+@pytest.mark.usefixtures("spark")  # the sink writes in the session's JVM
 def test_an_attempt_that_finds_the_batch_committed_meanwhile_skips_it(
     kafka_broker: KafkaBroker,
 ) -> None:
@@ -405,11 +409,17 @@ def test_without_the_kafka_client_jar_the_sink_says_how_to_add_it(tmp_path: Path
     assert "keyedstate.configure(builder, kafka=True)" in done.stdout
 
 
+@pytest.mark.usefixtures("spark")  # the sink writes in the session's JVM
 def test_a_broker_outage_fails_the_attempt_in_bounded_time_and_the_retry_writes_once(
     kafka_broker: KafkaBroker,
 ) -> None:
     topic = new_topic(kafka_broker, partitions=1)
-    sink = sinks.kafka(topic, kafka_broker.bootstrap_servers, sink_id=topic, timeout_s=3)
+    # linger.ms holds the records in the client until the flush: the broker dies with all of
+    # them unacknowledged, where the client's own flush would wait forever.
+    sink = sinks.kafka(
+        topic, kafka_broker.bootstrap_servers, sink_id=topic, timeout_s=3,
+        config={"linger.ms": 5000},
+    )
     context = ctx(topic, 0)
     attempt = sink.begin_transaction(context)
     sink.invoke(attempt, as_rows(records(0, 4)))

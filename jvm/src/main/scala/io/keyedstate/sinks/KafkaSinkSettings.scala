@@ -35,18 +35,25 @@ final case class KafkaSinkSettings(
 
   def timeoutText: String = KafkaSinkSettings.seconds(timeoutMs)
 
+  private def linger: Long =
+    clientConfig.get(ProducerConfig.LINGER_MS_CONFIG).map(_.toLong).getOrElse(0L)
+  private def requestTimeoutMs: Long = clientConfig.get(ProducerConfig.REQUEST_TIMEOUT_MS_CONFIG)
+    .map(_.toLong).getOrElse(math.min(timeoutMs.toLong, 30000L))
+
+  /** How long a record may take to be acknowledged: a bounded delivery timeout makes a failed
+   * record's callback come within about `timeout` when the brokers are gone, instead of the
+   * client's 2 minutes. */
+  def deliveryTimeoutMs: Long = clientConfig.get(ProducerConfig.DELIVERY_TIMEOUT_MS_CONFIG)
+    .map(_.toLong).getOrElse(math.max(timeoutMs.toLong, linger + requestTimeoutMs))
+
   def producerConfig(transactionalId: String): Properties = {
-    // A bounded delivery timeout makes flush() (which has no timeout of its own) fail within
-    // about `timeout` when the brokers are gone, instead of the client's 2 minutes.
-    val linger = clientConfig.get(ProducerConfig.LINGER_MS_CONFIG).map(_.toLong).getOrElse(0L)
-    val request = math.min(timeoutMs.toLong, 30000L)
     val defaults = Map(
       // Right after a commit the coordinator answers the same id's next transactional request
       // CONCURRENT_TRANSACTIONS until its markers are written (milliseconds); the client's
       // default 100 ms backoff would cost each transaction about that much.
       ProducerConfig.RETRY_BACKOFF_MS_CONFIG -> "10",
-      ProducerConfig.REQUEST_TIMEOUT_MS_CONFIG -> request.toString,
-      ProducerConfig.DELIVERY_TIMEOUT_MS_CONFIG -> math.max(timeoutMs.toLong, linger + request).toString)
+      ProducerConfig.REQUEST_TIMEOUT_MS_CONFIG -> requestTimeoutMs.toString,
+      ProducerConfig.DELIVERY_TIMEOUT_MS_CONFIG -> deliveryTimeoutMs.toString)
     properties(defaults ++ clientConfig ++ Map(
       ProducerConfig.BOOTSTRAP_SERVERS_CONFIG -> bootstrapServers,
       ProducerConfig.TRANSACTIONAL_ID_CONFIG -> transactionalId,

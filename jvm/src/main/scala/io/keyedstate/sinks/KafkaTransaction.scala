@@ -1,6 +1,7 @@
 package io.keyedstate.sinks
 
 import java.time.Duration
+import java.util.concurrent.{ExecutionException, ExecutorService, Executors, TimeUnit}
 import java.util.concurrent.atomic.AtomicReference
 
 import scala.jdk.CollectionConverters._
@@ -50,9 +51,34 @@ final class KafkaTransaction private (
 
   /** Flush, then put the mark in the transaction: after this only the commit is left. */
   def preCommit(): Unit = {
-    during("flush")(producer.flush())
+    flush()
     raiseDeliveryFailure()
     during("sendOffsetsToTransaction")(sendMark())
+  }
+
+  /**
+   * `producer.flush()` with a bound. The client's flush waits for every record without one, and
+   * a transactional producer whose brokers went away with records unacknowledged never expires
+   * them (its sender waits on the transaction coordinator and skips the expiry), so a broker
+   * outage would hang the task. The flush runs on `Flusher`; past the delivery timeout (and
+   * `timeout`) this closes the producer, which fails the pending records and ends the flush.
+   */
+  private def flush(): Unit = {
+    val flushing: Runnable = () => producer.flush()
+    val flushed = KafkaTransaction.Flusher.submit(flushing)
+    val boundMs = math.max(settings.deliveryTimeoutMs, settings.timeoutMs.toLong) +
+      KafkaTransaction.FlushSlackMs
+    try flushed.get(boundMs, TimeUnit.MILLISECONDS)
+    catch {
+      case _: java.util.concurrent.TimeoutException =>
+        close()
+        throw new KafkaSinkException(
+          s"$context: record(s) not acknowledged by ${settings.bootstrapServers} within " +
+            s"${KafkaSinkSettings.seconds(boundMs)}s (topic '${settings.topic}', " +
+            s"transactional.id '$transactionalId'): the brokers or the transaction coordinator " +
+            "are unreachable; the transaction is abandoned")
+      case error: ExecutionException => during("flush")(throw error.getCause)
+    }
   }
 
   /** The batch's mark, with the records sent so far, into the transaction (the last one sent
@@ -102,6 +128,16 @@ final class KafkaTransaction private (
 
 object KafkaTransaction {
   private val Log = LoggerFactory.getLogger(classOf[KafkaTransaction])
+
+  /** Past the delivery timeout, time for the client to report the records it failed. */
+  private val FlushSlackMs = 2000L
+
+  /** Runs the flushes that tasks wait on with a bound (daemon threads, made as needed). */
+  private val Flusher: ExecutorService = Executors.newCachedThreadPool { (task: Runnable) =>
+    val thread = new Thread(task, "keyedstate-kafka-flush")
+    thread.setDaemon(true)
+    thread
+  }
 
   /**
    * A transaction for `context`: on the producer its id committed with last in this JVM when
