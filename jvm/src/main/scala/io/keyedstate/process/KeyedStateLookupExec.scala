@@ -65,7 +65,10 @@ final case class KeyedStateLookupExec(
     val watermark = KeyedProcessOperators.inputWatermark(session, batch)
     val layout = new StateLayout(spec, inputSchema)
     val storeConf = new StateStoreConf(conf, StoreOptions.extraOptions(spec, info.operatorId, conf))
-    val hadoopConf = new SerializableConfiguration(KeyedProcessSqlBridge.hadoopConf(session))
+    // Broadcast, as Spark's StateStoreRDD does: in a task's closure every task would carry and
+    // deserialize the whole Hadoop configuration (hundreds of entries).
+    val hadoopConf = session.sparkContext.broadcast(
+      new SerializableConfiguration(KeyedProcessSqlBridge.hadoopConf(session)))
     val exchange = Exchange.inSchema(spec, inputSchema)
     val specCopy = spec
     val inputTypes = inputSchema.fields.map(_.dataType)
@@ -73,7 +76,7 @@ final case class KeyedStateLookupExec(
     val keyOrdinals = specCopy.keyColumns.map(c => inputSchema.fieldIndex(c))
 
     child.execute().mapPartitionsWithIndex { (partition, rows) =>
-      val store = StoreAccess.open(info, partition, layout, storeConf, hadoopConf.value)
+      val store = StoreAccess.open(info, partition, layout, storeConf, hadoopConf.value.value)
       val task = TaskContext.get()
       StoreHandoff.put(task.taskAttemptId(), info.operatorId, store)
       task.addTaskCompletionListener[Unit] { _ =>
