@@ -5,7 +5,7 @@ import java.net.URI
 import java.util.concurrent.atomic.AtomicLong
 
 import scala.collection.mutable
-import scala.util.Try
+import scala.util.{Failure, Success, Try}
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FSDataInputStream, FSDataOutputStream, FileStatus, Path, RawLocalFileSystem}
@@ -80,6 +80,18 @@ class FailureInjectionSuite extends AnyFunSuite with ProviderFixture {
    */
   private def atEveryCall(changelog: Boolean)(prepare: KeyedStateStoreProvider => Unit)(
       step: KeyedStateStoreProvider => Unit)(verify: (File, KeyedStateStoreProvider, String, Boolean) => Unit): Seq[String] = {
+    // A run without faults counts the step's calls: every one of them must be tried below.
+    val points = {
+      val p = provider(tempDir(), changelog, tempDir())
+      try {
+        prepare(p)
+        p.awaitSnapshotUpload()
+        FaultyFileSystem.countOnly()
+        step(p)
+        p.awaitSnapshotUpload()
+        FaultyFileSystem.disarm()
+      } finally { FaultyFileSystem.disarm(); p.close() }
+    }
     val failedCalls = mutable.ArrayBuffer.empty[String]
     var n = 1
     var everyCallTried = false
@@ -101,11 +113,11 @@ class FailureInjectionSuite extends AnyFunSuite with ProviderFixture {
       } finally { FaultyFileSystem.disarm(); p.close() }
       n += 1
     }
+    assert(failedCalls.size == points, s"${failedCalls.size} points tried, the step makes $points calls")
     failedCalls.toSeq
   }
 
-  private def summary(calls: Seq[String]): String =
-    s"${calls.size} injection points: " + calls.groupBy(_.takeWhile(_ != ' ')).map { case (k, v) => s"$k ${v.size}" }.mkString(", ")
+  private def summary(calls: Seq[String]): String = FaultyFileSystem.summary(calls)
 
   for (changelog <- Seq(false, true)) {
     test(s"a fault at any file-system call of a commit: the version is whole or absent, the retry commits (changelog=$changelog)") {
@@ -132,6 +144,52 @@ class FailureInjectionSuite extends AnyFunSuite with ProviderFixture {
       assert(calls.nonEmpty)
       info(summary(calls))
     }
+
+    for (warm <- Seq(false, true)) {
+      val cache = if (warm) "the executor's local cache" else "a new executor"
+      test(s"a fault at any file-system call of a load: a clear error or exactly the version, never other state ($cache, changelog=$changelog)") {
+        val root = tempDir()
+        val writerLocal = tempDir()
+        val w = provider(root, changelog, writerLocal)
+        try { (1L to 5L).foreach(v => write(w, v)); w.awaitSnapshotUpload() } finally w.close()
+        def reader(): KeyedStateStoreProvider = provider(root, changelog, if (warm) writerLocal else tempDir())
+        /** Loads version 5 for writing (as a task does: the lease too) and reads it whole. */
+        def load(p: KeyedStateStoreProvider): Map[(String, Int), Long] = {
+          val s = p.getStore(5)
+          try contents(s) finally s.abort()
+        }
+        val points = {
+          val p = reader()
+          try { FaultyFileSystem.countOnly(); load(p); FaultyFileSystem.disarm() } finally { FaultyFileSystem.disarm(); p.close() }
+        }
+        val tried = (1 to points.toInt).map { n =>
+          val p = reader()
+          try {
+            FaultyFileSystem.armAt(n)
+            val outcome = Try(load(p))
+            val call = FaultyFileSystem.failedCall.getOrElse(fail(s"call $n of $points was not made"))
+            FaultyFileSystem.disarm()
+            outcome match {
+              case Success(state) => assert(state == expected(5), s"fault at $call: a load returned other state")
+              case Failure(e) =>
+                val condition = e match {
+                  case se: org.apache.spark.SparkThrowable => se.getCondition
+                  case other => fail(s"fault at $call: not a Spark error", other)
+                }
+                assert(condition.startsWith("CANNOT_LOAD_STATE_STORE."), s"fault at $call: $condition")
+                val chain = Iterator.iterate[Throwable](e)(_.getCause).takeWhile(_ != null).map(_.getMessage).mkString(" <- ")
+                assert(chain.contains("version 5") && chain.contains("injected fault"), s"fault at $call: $chain")
+            }
+            // The same executor loads it on the next attempt; the checkpoint is unharmed.
+            assert(load(p) == expected(5), s"retry after a fault at $call")
+            call
+          } finally { FaultyFileSystem.disarm(); p.close() }
+        }
+        checkVersions(root, changelog, 5, Set(1L, 2L, 3L, 4L, 5L), "after every load fault")
+        assert(tried.size == points && points > 0)
+        info(summary(tried))
+      }
+    }
   }
 }
 
@@ -142,11 +200,20 @@ object FaultyFileSystem {
   @volatile private var failed: Option[String] = None
 
   def armAt(n: Int): Unit = synchronized { calls.set(0); failed = None; failAt = n }
-  def disarm(): Unit = synchronized { failAt = 0 }
+  /** Counts calls without failing any: how many points a step has (then `disarm` returns it). */
+  def countOnly(): Unit = synchronized { calls.set(0); failed = None; failAt = Long.MaxValue }
+  /** Stops injecting; returns the number of calls made since the last `armAt` or `countOnly`. */
+  def disarm(): Long = synchronized { failAt = 0; calls.get }
   def failedCall: Option[String] = failed
+
+  /** "N injection points: create a, open b, ..." for a run's failed calls. */
+  def summary(calls: Seq[String]): String =
+    s"${calls.size} injection points: " +
+      calls.groupBy(_.takeWhile(_ != ' ')).toSeq.sortBy(_._1).map { case (k, v) => s"$k ${v.size}" }.mkString(", ")
 
   def call(what: String, path: Path): Unit = {
     if (failAt > 0 && calls.incrementAndGet() == failAt) {
+      // Only the Nth call: calls made after it (cleanup, the retry) go through.
       failed = Some(s"$what ${path.getName}")
       throw new IOException(s"injected fault: $what $path")
     }
@@ -174,3 +241,14 @@ class FaultyFileSystem extends RawLocalFileSystem {
   override def mkdirs(p: Path, permission: FsPermission): Boolean = checked("mkdirs", p)(super.mkdirs(p, permission))
   override def listStatus(p: Path): Array[FileStatus] = checked("listStatus", p)(super.listStatus(p))
 }
+
+/**
+ * [[FaultyFileSystem]] behind Hadoop's checksummed local file system, as `file://` is: `.crc`
+ * side files kept with every file written or renamed (Spark reads its logs back through them).
+ * Its calls reach the faulty one, so they are counted and failed the same way.
+ */
+class FaultyLocalFileSystem extends org.apache.hadoop.fs.LocalFileSystem(new FaultyFileSystem)
+
+/** [[FaultyLocalFileSystem]] for FileContext (`fs.AbstractFileSystem.faulty.impl`), as `LocalFs` is for `file://`. */
+class FaultyFs(uri: URI, conf: Configuration)
+    extends org.apache.hadoop.fs.DelegateToFileSystem(uri, new FaultyLocalFileSystem, conf, "faulty", false)

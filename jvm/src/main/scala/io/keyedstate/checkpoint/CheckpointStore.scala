@@ -9,7 +9,7 @@ import scala.util.control.NonFatal
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{CommonPathCapabilities, FileStatus, FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
 import org.apache.spark.internal.Logging
-import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+import org.apache.spark.sql.execution.streaming.checkpointing.{CheckpointFileManager, FileContextBasedCheckpointFileManager}
 
 import io.keyedstate.conf.CheckpointFileException
 
@@ -181,6 +181,27 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
       case NonFatal(e) =>
         out.cancel()
         throw new CheckpointFileException(s"Cannot write state manifest $path for version $version", e)
+    }
+    if (!renameReportsFailure) checkPublished(path, bytes, version)
+  }
+
+  // Spark's FileContext-based manager renames with OVERWRITE and throws on failure. Its fallback
+  // for file systems without a FileContext binding takes a rename that returned false over an
+  // existing target for success (a v1 retry's manifest would silently not replace the old one).
+  private lazy val renameReportsFailure = fileManager.isInstanceOf[FileContextBasedCheckpointFileManager]
+
+  /** The manifest now at `path` is the one just written, or the write failed. */
+  private def checkPublished(path: Path, bytes: Array[Byte], version: Long): Unit = {
+    val published =
+      try { val in = fs.open(path); try in.readAllBytes() finally in.close() }
+      catch {
+        case NonFatal(e) =>
+          throw new CheckpointFileException(s"Cannot write state manifest $path for version $version: it cannot be read back", e)
+      }
+    if (!java.util.Arrays.equals(published, bytes)) {
+      throw new CheckpointFileException(
+        s"Cannot write state manifest $path for version $version: the file system did not replace the existing " +
+          "manifest (its rename reported failure)")
     }
   }
 

@@ -63,15 +63,15 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
     parse(lines(1))
   }
 
-  /** Rewrites one pinned setting in the offset log entry of `batch`, keeping everything else. */
-  def rewritePinnedConf(batch: Long, key: String, value: String): Unit = {
-    val path = offsetPath(batch)
-    val lines = readLines(path)
+  /** The offset log entry of `batch` with one pinned setting changed, everything else kept. */
+  def withPinnedConf(batch: Long, key: String, value: String): String = {
+    val lines = readLines(offsetPath(batch))
+    if (lines.size < 2) throw new IllegalStateException(s"Offset log entry ${offsetPath(batch)} is truncated")
     val updated = parse(lines(1)).transformField {
       case ("conf", JObject(fields)) =>
         ("conf", JObject(fields.filterNot(_._1 == key) :+ (key -> JString(value))))
     }
-    writeFile(path, lines.updated(1, compact(render(updated))).mkString("\n"))
+    lines.updated(1, compact(render(updated))).mkString("\n")
   }
 
   /** Whether the commit log entry of `batch` carries state checkpoint ids (checkpoint format v2). */

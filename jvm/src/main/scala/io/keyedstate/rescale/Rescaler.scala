@@ -77,7 +77,9 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
         progress(s"undoing the interrupted in-place rescale to ${j.toPartitions} partitions (it had not published)")
         undoInPlace(src)
         false
-      case None => false
+      case None =>
+        dropUnjournaled(src)
+        false
     }
 
     val dst =
@@ -173,6 +175,11 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       // No query can have used it (the journal kept the provider off): redo it from the source.
       case Some(j) if j.source == src.root.toString =>
         progress(s"dropping the unfinished output of an interrupted rescale at ${dst.root}")
+        dst.fs.delete(dst.root, true)
+      // A rescale's directory, no journal and no offset log (publishing copies it): the output of
+      // a rescale that died writing or replacing its journal, before publishing; no query ran on it.
+      case None if dst.fs.exists(new Path(dst.root, RescaleDir)) && !dst.fs.exists(new Path(dst.root, "offsets")) =>
+        progress(s"dropping the unpublished output of an interrupted rescale at ${dst.root}")
         dst.fs.delete(dst.root, true)
       case _ if dst.fs.listStatus(dst.root).nonEmpty =>
         throw new IllegalArgumentException(
@@ -274,7 +281,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
     for (op <- src.operators; p <- src.partitions(op) if p >= j.toPartitions) {
       deleteOrFail(src.fs, new Path(src.stateRoot, s"$op/$p"))
     }
-    pinPartitions(src, j)
+    pinPartitionsInPlace(src, j)
     deleteOrFail(src.fs, new Path(src.root, RescaleDir))
   }
 
@@ -283,6 +290,20 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
     if (!fs.delete(path, true) && fs.exists(path)) {
       throw new java.io.IOException(s"The file system did not delete $path; run the rescale again")
     }
+
+  /**
+   * A rescale directory without a journal is what a rescale left that died before its journal
+   * was written, or while the journal was replaced (on most file systems a rename over an
+   * existing file deletes it first): it never published, so nothing in it is needed, and its
+   * staged files would collide with this run's.
+   */
+  private def dropUnjournaled(ckpt: QueryCheckpoint): Unit = {
+    val dir = new Path(ckpt.root, RescaleDir)
+    if (ckpt.fs.exists(dir) && RescaleJournal.read(ckpt.root, hadoopConf).isEmpty) {
+      progress(s"dropping $dir, left without a journal by an interrupted rescale")
+      deleteOrFail(ckpt.fs, dir)
+    }
+  }
 
   private def undoInPlace(src: QueryCheckpoint): Unit =
     src.fs.delete(new Path(src.root, RescaleDir), true)
@@ -298,15 +319,45 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
    * Entries after the rescaled batch exist only when a restart planned a batch that the provider
    * then refused (the journal stood): Spark re-runs it as planned, so it gets the new count too.
    */
-  private def pinPartitions(ckpt: QueryCheckpoint, j: RescaleJournal): Unit = {
-    ckpt.batches("offsets").filter(_ >= j.batchId).foreach { b =>
-      ckpt.rewritePinnedConf(b, PartitionsKey, j.toPartitions.toString)
+  private def pinPartitions(ckpt: QueryCheckpoint, j: RescaleJournal): Unit =
+    pinnedFiles(ckpt, j).foreach(relative => ckpt.writeFile(new Path(ckpt.root, relative), pinnedText(ckpt, relative, j)))
+
+  /** The files that say the partition count, relative to the checkpoint root. */
+  private def pinnedFiles(ckpt: QueryCheckpoint, j: RescaleJournal): Seq[String] =
+    ckpt.batches("offsets").filter(_ >= j.batchId).map(b => s"offsets/$b") ++
+      ckpt.operators.map(op => s"state/$op/_metadata/metadata").filter(r => ckpt.fs.exists(new Path(ckpt.root, r)))
+
+  private def pinnedText(ckpt: QueryCheckpoint, relative: String, j: RescaleJournal): String =
+    if (relative.startsWith("offsets/")) {
+      ckpt.withPinnedConf(relative.stripPrefix("offsets/").toLong, PartitionsKey, j.toPartitions.toString)
+    } else {
+      ckpt.readLines(new Path(ckpt.root, relative)).mkString("\n")
+        .replaceAll("\"numPartitions\":\\d+", s"\"numPartitions\":${j.toPartitions}")
     }
-    for (op <- ckpt.operators) {
-      val meta = new Path(ckpt.stateRoot, s"$op/_metadata/metadata")
-      if (ckpt.fs.exists(meta)) {
-        val text = ckpt.readLines(meta).mkString("\n")
-        ckpt.writeFile(meta, text.replaceAll("\"numPartitions\":\\d+", s"\"numPartitions\":${j.toPartitions}"))
+
+  /**
+   * In place, Spark's own files are overwritten, and an overwrite interrupted half-way leaves a
+   * truncated file. So their new contents are first staged whole (a marker file says when all
+   * are), and the live files are then overwritten from the staged copies: a publish interrupted
+   * at any point is redone from them, never from a half-written live file.
+   */
+  private def pinPartitionsInPlace(src: QueryCheckpoint, j: RescaleJournal): Unit = {
+    val staged = new Path(new Path(src.root, RescaleDir), "staging/pinned")
+    val complete = new Path(staged, "_complete")
+    val files = pinnedFiles(src, j)
+    if (!src.fs.exists(complete)) {
+      // No live file was overwritten yet: their contents are the source's.
+      if (!src.fs.delete(staged, true) && src.fs.exists(staged)) {
+        throw new java.io.IOException(s"The file system did not delete $staged; run the rescale again")
+      }
+      files.foreach(relative => src.writeFile(new Path(staged, relative), pinnedText(src, relative, j)))
+      src.writeFile(complete, files.mkString("\n"))
+    }
+    files.foreach { relative =>
+      val from = new Path(staged, relative)
+      val live = new Path(src.root, relative)
+      if (!org.apache.hadoop.fs.FileUtil.copy(src.fs, from, src.fs, live, false, true, hadoopConf)) {
+        throw new java.io.IOException(s"The file system did not copy $from over $live; run the rescale again")
       }
     }
   }
