@@ -175,11 +175,15 @@ def test_executor_lost_during_background_snapshot_upload(
                 checked += 1
     assert checked > 0
 
-    # The master started an executor in place of each killed one, and it ran tasks.
-    first_two = summary["executors_added"][:2]
-    replacements = [e for e in summary["executors_added"] if e not in first_two]
-    assert len(replacements) >= len(engines), summary["executors_added"]
-    assert summary["executors_removed"], summary
-    assert any(t["executor"] in replacements and t["end"] == "Success" for t in summary["tasks"])
+    # The killed executor is gone, and the batches after it ran elsewhere: every partition it
+    # had served loaded its state there, from the checkpoint (whether the master started a
+    # replacement before the query ended is the cluster's timing, not the state's concern).
+    removed = set(summary["executors_removed"])
+    assert removed, summary
+    on_removed = [t for t in summary["tasks"] if t["executor"] in removed]
+    assert on_removed, "the killed executor ran no task"
+    later = [t for t in summary["tasks"] if t["stage"] > max(t["stage"] for t in on_removed)]
+    assert later and all(t["executor"] not in removed for t in later), later
+    assert all(t["end"] == "Success" for t in later if not t["speculative"]), later
     print(f"snapshot loss: killed {summary['killed']}; {checked} listed files checked; "
           f"driver {summary['seconds']}s")
