@@ -102,6 +102,17 @@ def s3_endpoint() -> Iterator[object]:
     endpoint.close()
 
 
+@pytest.fixture(scope="session")
+def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A Spark standalone master and two one-core workers, on 127.0.0.1 and 127.0.0.2
+    (tests/servers/spark_standalone.py), started on first use and stopped after the session."""
+    from servers.spark_standalone import StandaloneCluster
+
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("standalone-cluster")).start()
+    yield cluster
+    cluster.close()
+
+
 @pytest.fixture
 def drivers() -> Iterator[list[Any]]:
     """Driver processes a test starts (tests/test_kill_restart.py's ``Driver``); any still

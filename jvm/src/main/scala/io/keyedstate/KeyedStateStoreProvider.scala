@@ -303,11 +303,10 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   /** Deletes versions older than `minBatchesToRetain` and files no retained version needs. */
   override def doCleanupMaintenance(): Unit = {
     if (leaseRefreshedMs > 0) claimLease()
-    val inFlight: String => Boolean = synchronized {
-      val current = lineage
-      if (current == null) _ => false else current.inFlight
+    val current = synchronized(lineage)
+    val stats = filesLock.synchronized {
+      cleaner.cleanup(if (current == null) _ => false else current.neededFiles)
     }
-    val stats = filesLock.synchronized(cleaner.cleanup(inFlight))
     if (stats.manifestsDeleted + stats.filesDeleted > 0) logInfo(s"Cleaned up $id: $stats")
     backgroundTtlScan()
   }

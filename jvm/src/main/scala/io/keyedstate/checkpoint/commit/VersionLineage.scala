@@ -42,6 +42,18 @@ final class VersionLineage(
   def inFlight(path: String): Boolean =
     pending.exists(p => SnapshotStrategy.belongsTo(path, p.checkpoint.snapshotId))
 
+  /**
+   * What cleanup must leave alone: the files this lineage's next manifest will list, and those
+   * of an unfinished background upload. The last manifest written normally lists the former too,
+   * but with format v1 another attempt at the same version (speculative, retried or zombie) may
+   * have replaced it while this instance lives on to commit the next version. Called under the
+   * provider's files lock, which every commit holds while it changes the lineage.
+   */
+  def neededFiles: String => Boolean = {
+    val listed = (snapshotFiles.iterator ++ changelogs.iterator.map(_.file)).map(_.path).toSet
+    path => listed(path) || inFlight(path)
+  }
+
   def commit(
       db: LocalRocksDB,
       changelog: Option[Changelog.Writer],

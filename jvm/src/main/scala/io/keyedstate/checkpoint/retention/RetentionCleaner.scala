@@ -21,8 +21,12 @@ final class RetentionCleaner(store: CheckpointStore, conf: KeyedStateConf) {
   // Manifests are immutable once written (a v1 retry replaces the file, changing its mtime).
   private val referencedByManifest = new ConcurrentHashMap[(String, Long), (Long, Set[String])]()
 
-  /** @param inFlight paths of uploads whose manifest is not written yet (never deleted) */
-  def cleanup(inFlight: String => Boolean = _ => false, nowMs: Long = System.currentTimeMillis()): CleanupStats = {
+  /**
+   * @param needed paths the loaded instance still needs although no manifest may list them:
+   *               uploads whose manifest is not written yet, and the files of its own history
+   *               when another attempt's manifest replaced its own (never deleted)
+   */
+  def cleanup(needed: String => Boolean = _ => false, nowMs: Long = System.currentTimeMillis()): CleanupStats = {
     val manifests = store.listManifests()
     if (manifests.isEmpty) return CleanupStats(0, 0, 0)
     val versions = manifests.map(_.version).distinct.sorted
@@ -39,7 +43,7 @@ final class RetentionCleaner(store: CheckpointStore, conf: KeyedStateConf) {
       liveDescriptors.iterator.flatMap(descriptorFiles)).toSet
     val orphanCutoff = nowMs - conf.orphanFileGracePeriodMs
     val deletable = (store.listDataFiles() ++ store.listTemporaryFiles()).filter { case (relative, status) =>
-      !referenced(relative) && !inFlight(relative) && status.getModificationTime <= orphanCutoff
+      !referenced(relative) && !needed(relative) && status.getModificationTime <= orphanCutoff
     }
     deletable.foreach { case (_, status) => store.delete(status.getPath) }
 
