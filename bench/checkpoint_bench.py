@@ -59,6 +59,7 @@ class Result:
     rows_per_s: float = 0.0
     commit_ms: list[float] = field(default_factory=list)
     bytes_per_batch: list[int] = field(default_factory=list)
+    bytes_by_kind: list[dict[str, int]] = field(default_factory=list)  # per batch
     restart_s: float | None = None
 
     def p(self, q: float) -> float:
@@ -79,6 +80,31 @@ def state_files(checkpoint: Path) -> dict[str, tuple[int, float]]:
 
 def written_since(before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]]) -> int:
     return sum(size for path, (size, mtime) in after.items() if before.get(path) != (size, mtime))
+
+
+def file_kind(path: str) -> str:
+    """What a state file is, for the bytes breakdown (keyedstate's and Spark's layouts)."""
+    name = Path(path).name
+    parent = Path(path).parent.name
+    if parent == "changelog" or name.endswith(".changelog"):
+        return "changelog"
+    if name.endswith(".sst"):
+        return "sst"
+    if name.endswith(".zip") or parent == "private":
+        return "rocksdb metadata"
+    if name.endswith((".manifest", ".snapshot")):
+        return "manifest/descriptor"
+    return "other"
+
+
+def written_by_kind(
+    before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]]
+) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for path, (size, mtime) in after.items():
+        if before.get(path) != (size, mtime):
+            kinds[file_kind(path)] = kinds.get(file_kind(path), 0) + size
+    return kinds
 
 
 def use_provider(spark: SparkSession, name: str) -> None:
@@ -145,6 +171,7 @@ def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches:
         progress = query.lastProgress
         after = state_files(checkpoint)
         result.bytes_per_batch.append(written_since(before, after))
+        result.bytes_by_kind.append(written_by_kind(before, after))
         before = after
         rows += progress["numInputRows"]
         seconds += progress["durationMs"]["triggerExecution"] / 1000
@@ -195,6 +222,19 @@ def report(results: list[Result], reference: str = "keyedstate") -> str:
     return "\n".join(lines)
 
 
+def breakdown(results: list[Result]) -> str:
+    """Bytes per batch by kind of file: where each provider's checkpoint bytes go."""
+    kinds = sorted({k for r in results for batch in r.bytes_by_kind for k in batch})
+    lines = ["| provider | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
+    for r in results:
+        n = max(1, len(r.bytes_by_kind))
+        cells = " | ".join(
+            f"{sum(batch.get(k, 0) for batch in r.bytes_by_kind) / n:,.0f}" for k in kinds
+        )
+        lines.append(f"| {r.provider} | {cells} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
@@ -203,10 +243,20 @@ def main() -> int:
     parser.add_argument("--restart-keys", type=int, default=10_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--providers", default=",".join(PROVIDERS))
-    parser.add_argument("--restart-providers", default="rocksdb,rocksdb-changelog,keyedstate")
+    parser.add_argument("--restart-providers", default="rocksdb,rocksdb-changelog,keyedstate",
+                        help="providers whose restart is measured; 'none' skips the restart part")
     parser.add_argument("--data", default=str(Path(tempfile.gettempdir()) / "keyedstate-bench"))
     parser.add_argument("--json", help="also write the raw figures here")
+    parser.add_argument("--keyedstate-conf", action="append", default=[], metavar="NAME=VALUE",
+                        help="a keyedstate option for the keyedstate providers (repeatable), "
+                        "e.g. changelogCompression=lz4")
     args = parser.parse_args()
+    for setting in args.keyedstate_conf:
+        name, _, value = setting.partition("=")
+        for provider, conf in PROVIDERS.items():
+            if provider.startswith("keyedstate"):
+                conf["keyedstate." + name] = value
+    ALL_KEYS[:] = sorted({k for conf in PROVIDERS.values() for k in conf})
 
     spark = keyedstate.configure(
         SparkSession.builder.master("local[2]").appName("checkpoint-bench")
@@ -225,7 +275,7 @@ def main() -> int:
             print(f"[updates] {name} ...", flush=True)
             results.append(run_updates(spark, name, data, work, args.batches))
         for name in args.restart_providers.split(","):
-            if not name:
+            if not name or name == "none":
                 continue
             print(f"[restart] {name} ...", flush=True)
             seconds = run_restart(spark, name, data, work)
@@ -236,6 +286,8 @@ def main() -> int:
     print(f"\nkeys={args.keys:,} updates/batch={args.updates:,} batches={args.batches} "
           f"restart keys={args.restart_keys:,} partitions={args.partitions}\n")
     print(report(results))
+    print("\nbytes per batch by kind of file:\n")
+    print(breakdown(results))
     if args.json:
         Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=1))
     return 0

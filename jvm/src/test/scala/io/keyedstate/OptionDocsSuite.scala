@@ -40,5 +40,6 @@ class OptionDocsSuite extends AnyFunSuite {
       assert(e.getMessage.contains(o.key) && e.getMessage.contains("not-a-value!") && e.getMessage.contains(o.allowed))
     }
     assert(KeyedStateConf.fromMap(Map.empty).compression == "lz4")
+    assert(KeyedStateConf.fromMap(Map.empty).changelogCompression == "zstd")
   }
 }
