@@ -59,6 +59,8 @@ class Result:
     rows_per_s: float = 0.0
     commit_ms: list[float] = field(default_factory=list)
     bytes_per_batch: list[int] = field(default_factory=list)
+    bytes_by_kind: list[dict[str, int]] = field(default_factory=list)  # per batch
+    settled_bytes: int = 0  # written after the last batch, while the query idled (--settle-s)
     restart_s: float | None = None
 
     def p(self, q: float) -> float:
@@ -79,6 +81,31 @@ def state_files(checkpoint: Path) -> dict[str, tuple[int, float]]:
 
 def written_since(before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]]) -> int:
     return sum(size for path, (size, mtime) in after.items() if before.get(path) != (size, mtime))
+
+
+def file_kind(path: str) -> str:
+    """What a state file is, for the bytes breakdown (keyedstate's and Spark's layouts)."""
+    name = Path(path).name
+    parent = Path(path).parent.name
+    if parent == "changelog" or name.endswith(".changelog"):
+        return "changelog"
+    if name.endswith(".sst"):
+        return "sst"
+    if name.endswith(".zip") or parent == "private":
+        return "rocksdb metadata"
+    if name.endswith((".manifest", ".snapshot")):
+        return "manifest/descriptor"
+    return "other"
+
+
+def written_by_kind(
+    before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]]
+) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for path, (size, mtime) in after.items():
+        if before.get(path) != (size, mtime):
+            kinds[file_kind(path)] = kinds.get(file_kind(path), 0) + size
+    return kinds
 
 
 def use_provider(spark: SparkSession, name: str) -> None:
@@ -131,7 +158,8 @@ def new_phase(spark: SparkSession, name: str, work: Path, phase: str) -> tuple[P
     return inputs, checkpoint
 
 
-def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches: int) -> Result:
+def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches: int,
+                settle_s: float = 0) -> Result:
     inputs, checkpoint = new_phase(spark, name, work, "updates")
     query = start(spark, inputs, checkpoint)
     feed(data, "initial", inputs)
@@ -145,10 +173,16 @@ def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches:
         progress = query.lastProgress
         after = state_files(checkpoint)
         result.bytes_per_batch.append(written_since(before, after))
+        result.bytes_by_kind.append(written_by_kind(before, after))
         before = after
         rows += progress["numInputRows"]
         seconds += progress["durationMs"]["triggerExecution"] / 1000
         result.commit_ms.append(progress["stateOperators"][0]["commitTimeMs"])
+    if settle_s > 0:
+        # Background snapshot uploads of these batches that have not landed yet (Spark's run in
+        # its maintenance thread) land now, without a batch to attribute them to.
+        time.sleep(settle_s)
+        result.settled_bytes = written_since(before, state_files(checkpoint))
     query.stop()
     result.rows_per_s = rows / seconds
     return result
@@ -195,6 +229,24 @@ def report(results: list[Result], reference: str = "keyedstate") -> str:
     return "\n".join(lines)
 
 
+def breakdown(results: list[Result]) -> str:
+    """Bytes per batch by kind of file: where each provider's checkpoint bytes go."""
+    kinds = sorted({k for r in results for batch in r.bytes_by_kind for k in batch})
+    lines = ["| provider | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
+    for r in results:
+        n = max(1, len(r.bytes_by_kind))
+        cells = " | ".join(
+            f"{sum(batch.get(k, 0) for batch in r.bytes_by_kind) / n:,.0f}" for k in kinds
+        )
+        settled = (
+            f" (+{r.settled_bytes:,} after the last batch: "
+            f"{(sum(r.bytes_per_batch) + r.settled_bytes) / n:,.0f} per batch with them)"
+            if r.settled_bytes else ""
+        )
+        lines.append(f"| {r.provider} | {cells} |{settled}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
@@ -203,10 +255,23 @@ def main() -> int:
     parser.add_argument("--restart-keys", type=int, default=10_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--providers", default=",".join(PROVIDERS))
-    parser.add_argument("--restart-providers", default="rocksdb,rocksdb-changelog,keyedstate")
+    parser.add_argument("--restart-providers", default="rocksdb,rocksdb-changelog,keyedstate",
+                        help="providers whose restart is measured; 'none' skips the restart part")
     parser.add_argument("--data", default=str(Path(tempfile.gettempdir()) / "keyedstate-bench"))
     parser.add_argument("--json", help="also write the raw figures here")
+    parser.add_argument("--settle-s", type=float, default=0,
+                        help="after the last batch, wait this long with the query running and "
+                        "report the bytes that land meanwhile (background snapshot uploads)")
+    parser.add_argument("--keyedstate-conf", action="append", default=[], metavar="NAME=VALUE",
+                        help="a keyedstate option for the keyedstate providers (repeatable), "
+                        "e.g. changelogCompression=lz4")
     args = parser.parse_args()
+    for setting in args.keyedstate_conf:
+        name, _, value = setting.partition("=")
+        for provider, conf in PROVIDERS.items():
+            if provider.startswith("keyedstate"):
+                conf["keyedstate." + name] = value
+    ALL_KEYS[:] = sorted({k for conf in PROVIDERS.values() for k in conf})
 
     spark = keyedstate.configure(
         SparkSession.builder.master("local[2]").appName("checkpoint-bench")
@@ -223,9 +288,9 @@ def main() -> int:
     try:
         for name in args.providers.split(","):
             print(f"[updates] {name} ...", flush=True)
-            results.append(run_updates(spark, name, data, work, args.batches))
+            results.append(run_updates(spark, name, data, work, args.batches, args.settle_s))
         for name in args.restart_providers.split(","):
-            if not name:
+            if not name or name == "none":
                 continue
             print(f"[restart] {name} ...", flush=True)
             seconds = run_restart(spark, name, data, work)
@@ -236,6 +301,8 @@ def main() -> int:
     print(f"\nkeys={args.keys:,} updates/batch={args.updates:,} batches={args.batches} "
           f"restart keys={args.restart_keys:,} partitions={args.partitions}\n")
     print(report(results))
+    print("\nbytes per batch by kind of file:\n")
+    print(breakdown(results))
     if args.json:
         Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=1))
     return 0

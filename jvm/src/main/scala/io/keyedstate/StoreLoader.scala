@@ -84,7 +84,8 @@ private[keyedstate] final class StoreLoader(
       history: VersionLineage): LoadedVersion = {
     val changelogs =
       if (conf.changelogCheckpointing) {
-        Some(() => new Changelog.Writer(new File(workDir, s"changelog-${UUID.randomUUID()}.log")))
+        val codec = Changelog.Codec.named(conf.changelogCompression)
+        Some(() => new Changelog.Writer(new File(workDir, s"changelog-${UUID.randomUUID()}.log"), codec))
       } else None
     val inst = new StoreInstance(db, id.storeName, conf, schema.useColumnFamilies, columnFamilies, changelogs,
       cf => conf.ttl.forColumnFamily(id.operatorId, cf), ttlCursors)

@@ -489,9 +489,12 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
   }
 
   /** Loads on a new executor (its own local directory, so nothing comes from a local cache). */
-  private def assertLoadFails(root: File, version: Long, mustMention: String*): Unit = {
-    val p = newProvider(root, storeConf(KeyedStateConf.Prefix + "changelogCheckpointing" -> "false",
-      KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath))
+  private def assertLoadFails(root: File, version: Long, mustMention: String*): Unit =
+    assertLoadFailsWith(root, version, Map.empty, mustMention: _*)
+
+  private def assertLoadFailsWith(root: File, version: Long, settings: Map[String, String], mustMention: String*): Unit = {
+    val p = newProvider(root, storeConf((Seq(KeyedStateConf.Prefix + "changelogCheckpointing" -> "false",
+      KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath) ++ settings): _*))
     val (condition, message) = sparkFailure(p.getStore(version))
     assert(condition.startsWith("CANNOT_LOAD_STATE_STORE."), condition)
     mustMention.foreach(m => assert(message.contains(m), s"'$message' should mention '$m'"))
@@ -541,6 +544,43 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     try { raf2.seek(20); val b = raf2.read(); raf2.seek(20); raf2.write(b ^ 0x5a) } finally raf2.close()
     new File(log2.getParentFile, s".${log2.getName}.crc").delete()
     assertLoadFails(other, 1, log2.getName, "version 1", "CRC32C")
+  }
+
+  private def onlyChangelog(root: File): File =
+    new File(partitionDir(root), "changelog").listFiles().filter(_.getName.endsWith(".changelog")).head
+
+  test("a damaged compressed changelog fails the load naming it and the version, even with checksums off") {
+    for (codec <- Seq("lz4", "zstd")) {
+      val root = oneVersion(storeConf(KeyedStateConf.Prefix + "changelogCompression" -> codec))
+      val log = onlyChangelog(root)
+      val raf = new RandomAccessFile(log, "rw")
+      try { val at = log.length() / 2; raf.seek(at); val b = raf.read(); raf.seek(at); raf.write(b ^ 0x5a) }
+      finally raf.close()
+      new File(log.getParentFile, s".${log.getName}.crc").delete()
+      // The size is right and the manifest's CRC32C is not checked: the codec's own check catches it.
+      assertLoadFailsWith(root, 1, Map(KeyedStateConf.Prefix + "verifyChecksumsOnLoad" -> "false"),
+        log.getName, "version 1", "damaged")
+    }
+  }
+
+  test("each changelog records its codec: stores written with one codec load and continue with another") {
+    val root = tempDir()
+    val codecs = Seq("zstd", "lz4", "none", "zstd")
+    codecs.zipWithIndex.foreach { case (codec, v) =>
+      // Each version on a new executor with another codec setting: it replays the others' changelogs.
+      val p = newProvider(root, storeConf(KeyedStateConf.Prefix + "changelogCompression" -> codec,
+        KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath))
+      commitWith(p, v) { s => (0 until 50).foreach(i => s.put(key(s"k$i", v), value(i * 10 + v))) }
+      p.close()
+    }
+    val logs = new File(partitionDir(root), "changelog").listFiles().filter(_.getName.endsWith(".changelog"))
+      .sortBy(_.getName.takeWhile(_ != '-').toLong)
+    assert(logs.map(f => java.nio.file.Files.readAllBytes(f.toPath)(5)).toSeq == Seq[Byte](2, 1, 0, 2))
+    val p = newProvider(root, storeConf(KeyedStateConf.Prefix + "changelogCompression" -> "lz4",
+      KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath))
+    val s = p.getReadStore(codecs.size.toLong)
+    try assert(contents(s) == codecs.indices.flatMap(v => (0 until 50).map(i => (s"k$i", v) -> (i * 10L + v))).toMap)
+    finally { s.release(); p.close() }
   }
 
   test("a truncated or missing manifest fails the load, naming it and the version") {

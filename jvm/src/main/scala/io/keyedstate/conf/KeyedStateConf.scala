@@ -24,6 +24,7 @@ final case class KeyedStateConf(
     orphanFileGracePeriodMs: Long,
     maxOpenFiles: Int,
     changelogCheckpointing: Boolean,
+    changelogCompression: String,
     // The `ttl.*` options (docs/ttl.md), resolved per operator and column family.
     ttl: TtlSettings,
     // From Spark's own StateStoreConf:
@@ -34,6 +35,8 @@ object KeyedStateConf {
   val Prefix = "spark.sql.streaming.stateStore.keyedstate."
 
   val Compressions: Seq[String] = Seq("none", "snappy", "lz4", "zstd")
+  /** The codecs of changelog files (`checkpoint.commit.Changelog.Codec`). */
+  val ChangelogCompressions: Seq[String] = Seq("none", "lz4", "zstd")
 
   /**
    * One option: its key, default, what is allowed and what it does. The Python keywords
@@ -88,7 +91,10 @@ object KeyedStateConf {
   private val WriteBufferSizeMB = new LongOpt("writeBufferSizeMB", 64, 1, 1L << 16,
     "Memtable size per column family (two memtables at most). Every commit flushes, so this bounds the memory of " +
       "one batch's writes rather than SST sizes.")
-  private val Compression = new ChoiceOpt("compression", "lz4", Compressions, "SST block compression.")
+  private val Compression = new ChoiceOpt("compression", "zstd", Compressions,
+    "SST block compression. SSTs are what snapshots upload, so the default favours size: zstd (RocksDB's level 3) " +
+      "makes them about 30% smaller than lz4 for a few milliseconds more per flush; reads decompress only blocks " +
+      "missing from the block cache.")
   private val TrackNumKeys = new BoolOpt("trackNumKeys", true,
     "Keep an exact key count per column family (a point read per write, except for keys the store read or found " +
       "by a prefix scan since the last commit). With `false`, `numRowsTotal` is RocksDB's estimate.")
@@ -106,9 +112,12 @@ object KeyedStateConf {
       "`minDeltasForSnapshot` versions a RocksDB checkpoint is taken and its new SST files are uploaded in the " +
       "background. `false`: every commit flushes, checkpoints and uploads the new SST files before it returns. " +
       "See docs/architecture.md.")
+  private val ChangelogCompression = new ChoiceOpt("changelogCompression", "zstd", ChangelogCompressions,
+    "How changelog files are compressed (zstd level 3, or LZ4 blocks). Each file records its codec, so a store " +
+      "written with one codec loads with any setting; the setting applies to the changelogs written from then on.")
 
   /** Every option, in the order of the docs. */
-  val options: Seq[Opt[_]] = Seq(ChangelogCheckpointing, LocalDir, BlockCacheSizeMB, WriteBufferSizeMB,
+  val options: Seq[Opt[_]] = Seq(ChangelogCheckpointing, ChangelogCompression, LocalDir, BlockCacheSizeMB, WriteBufferSizeMB,
     Compression, TrackNumKeys, TransferThreads, VerifyChecksumsOnLoad, OrphanFileGracePeriodMs, MaxOpenFiles)
 
   /** The documented option names, for error messages and docs tests. */
@@ -161,6 +170,7 @@ object KeyedStateConf {
       orphanFileGracePeriodMs = get(OrphanFileGracePeriodMs),
       maxOpenFiles = get(MaxOpenFiles).toInt,
       changelogCheckpointing = get(ChangelogCheckpointing),
+      changelogCompression = get(ChangelogCompression),
       ttl = TtlSettings.parse(ttlKeys.map { case (k, v) => k.stripPrefix(Prefix) -> v }, Prefix),
       minVersionsToRetain = minVersionsToRetain,
       checkpointIdsEnabled = checkpointIdsEnabled)

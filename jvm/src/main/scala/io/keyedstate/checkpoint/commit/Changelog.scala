@@ -4,6 +4,7 @@ import java.io._
 
 import scala.collection.mutable
 
+import com.github.luben.zstd.{RecyclingBufferPool, ZstdInputStreamNoFinalizer, ZstdOutputStreamNoFinalizer}
 import net.jpountz.lz4.{LZ4BlockInputStream, LZ4BlockOutputStream}
 
 import io.keyedstate.conf.CheckpointFileException
@@ -12,13 +13,16 @@ import io.keyedstate.rocks.LocalRocksDB
 /**
  * The changes of one version, as a replayable log: what a commit uploads between snapshots.
  *
- * Format: a header (magic, format version), then records `[op][cf id][fields]` in LZ4 blocks,
- * then an end marker, so a truncated file is detected on replay. A column family is named once
- * per file (`DefineCf`) and referred to by a small id afterwards.
+ * Format 2: an uncompressed header (magic, format version, codec id), so a reader never guesses
+ * the codec; then, compressed with that codec, records `[op][cf id][fields]` and an end marker,
+ * so a truncated file is detected on replay. Ids and lengths are unsigned varints (a key or a
+ * value length is one byte for rows under 128 bytes). A column family is named once per file
+ * (`DefineCf`) and referred to by its small id afterwards. The codecs' own checks (LZ4's block
+ * checksums, ZSTD's frame checksum) come on top of the CRC32C the manifest keeps of the file.
  */
 object Changelog {
   private val Magic = 0x4b534c47 // "KSLG"
-  private val FormatVersion = 1
+  val FormatVersion = 2
 
   private val DefineCf: Byte = 0
   private val Put: Byte = 1
@@ -29,27 +33,65 @@ object Changelog {
   private val DropCf: Byte = 6
   private val End: Byte = 127
 
-  /** Records one version's writes to a local file. */
-  final class Writer(val file: File) extends AutoCloseable {
-    private val out = new DataOutputStream(
-      new LZ4BlockOutputStream(new BufferedOutputStream(new FileOutputStream(file), 1 << 16), 1 << 16))
+  /** A compression codec of the record stream; `id` is what the header records. */
+  sealed abstract class Codec(val id: Byte, val name: String) {
+    def compress(out: OutputStream): OutputStream
+    def decompress(in: InputStream): InputStream
+  }
+  object Codec {
+    case object NoCompression extends Codec(0, "none") {
+      def compress(out: OutputStream): OutputStream = out
+      def decompress(in: InputStream): InputStream = in
+    }
+    case object Lz4 extends Codec(1, "lz4") {
+      def compress(out: OutputStream): OutputStream = new LZ4BlockOutputStream(out, BlockSize)
+      def decompress(in: InputStream): InputStream = LZ4BlockInputStream.newBuilder().build(in)
+    }
+    /** Level 3, zstd's default: the changelog is written once per version and read only on a load. */
+    case object Zstd extends Codec(2, "zstd") {
+      def compress(out: OutputStream): OutputStream =
+        new ZstdOutputStreamNoFinalizer(out, RecyclingBufferPool.INSTANCE).setLevel(3).setChecksum(true)
+      def decompress(in: InputStream): InputStream =
+        new ZstdInputStreamNoFinalizer(in, RecyclingBufferPool.INSTANCE).setContinuous(false)
+    }
+    val all: Seq[Codec] = Seq(NoCompression, Lz4, Zstd)
+    def named(name: String): Codec =
+      all.find(_.name == name).getOrElse(throw new IllegalArgumentException(s"Unknown changelog codec '$name'"))
+  }
+
+  private val BlockSize = 1 << 16
+
+  /** Records one version's writes to a local file, compressed with `codec`. */
+  final class Writer(val file: File, codec: Codec = Codec.Zstd) extends AutoCloseable {
+    private val out = {
+      val raw = new BufferedOutputStream(new FileOutputStream(file), BlockSize)
+      val header = new DataOutputStream(raw)
+      header.writeInt(Magic)
+      header.writeByte(FormatVersion)
+      header.writeByte(codec.id)
+      header.flush()
+      new DataOutputStream(new BufferedOutputStream(codec.compress(raw), BlockSize))
+    }
     private val cfIds = mutable.Map[String, Int]()
     private var records = 0L
     private var closed = false
-    out.writeInt(Magic)
-    out.writeByte(FormatVersion)
 
     def numRecords: Long = records
 
+    private def varint(v: Int): Unit = {
+      var rest = v
+      while ((rest & ~0x7f) != 0) { out.writeByte((rest & 0x7f) | 0x80); rest >>>= 7 }
+      out.writeByte(rest)
+    }
     private def cf(name: String): Int = cfIds.getOrElseUpdate(name, {
       val id = cfIds.size
-      out.writeByte(DefineCf); out.writeInt(id); out.writeUTF(name)
+      out.writeByte(DefineCf); varint(id); out.writeUTF(name)
       id
     })
-    private def bytes(b: Array[Byte]): Unit = { out.writeInt(b.length); out.write(b) }
+    private def bytes(b: Array[Byte]): Unit = { varint(b.length); out.write(b) }
     private def record(op: Byte, name: String)(fields: => Unit): Unit = {
       val id = cf(name)
-      out.writeByte(op); out.writeInt(id)
+      out.writeByte(op); varint(id)
       fields
       records += 1
     }
@@ -82,22 +124,47 @@ object Changelog {
   def replay(file: File, db: LocalRocksDB, source: String, version: Long): Long = {
     def damaged(why: String, cause: Throwable = null): Nothing = throw new CheckpointFileException(
       s"State changelog $source of version $version is damaged: $why", cause)
-    val in = new DataInputStream(LZ4BlockInputStream.newBuilder()
-      .build(new BufferedInputStream(new FileInputStream(file), 1 << 16)))
+    val raw = new BufferedInputStream(new FileInputStream(file), BlockSize)
+    var in: DataInputStream = null
     try {
-      if (in.readInt() != Magic) damaged("not a keyedstate changelog")
-      val format = in.readByte()
+      val header = new DataInputStream(raw)
+      if (header.readInt() != Magic) damaged("not a keyedstate changelog")
+      val format = header.readByte()
       if (format != FormatVersion) damaged(s"format version $format, this build reads $FormatVersion")
+      val codecId = header.readByte()
+      val codec = Codec.all.find(_.id == codecId).getOrElse(
+        damaged(s"unknown compression codec id $codecId (known: ${Codec.all.map(c => s"${c.id} ${c.name}").mkString(", ")})"))
+      in = new DataInputStream(new BufferedInputStream(codec.decompress(raw), BlockSize))
       val names = mutable.Map[Int, String]()
-      def bytes(): Array[Byte] = { val b = new Array[Byte](in.readInt()); in.readFully(b); b }
+      def varint(): Int = {
+        var v = 0
+        var shift = 0
+        var b = in.readByte()
+        while ((b & 0x80) != 0) {
+          if (shift > 28) damaged("malformed length")
+          v |= (b & 0x7f) << shift; shift += 7; b = in.readByte()
+        }
+        v | (b << shift)
+      }
+      def bytes(): Array[Byte] = {
+        val n = varint()
+        if (n < 0) damaged(s"negative field length $n")
+        if (n <= BlockSize) { val b = new Array[Byte](n); in.readFully(b); b }
+        else {
+          // A damaged length must not allocate gigabytes: read what is there, in chunks.
+          val b = in.readNBytes(n)
+          if (b.length < n) throw new EOFException(s"field of $n bytes, ${b.length} left")
+          b
+        }
+      }
       var records = 0L
       var op = in.readByte()
       while (op != End) {
         if (op == DefineCf) {
-          val id = in.readInt()
+          val id = varint()
           names(id) = in.readUTF()
         } else {
-          val id = in.readInt()
+          val id = varint()
           val cf = names.getOrElse(id, damaged(s"record refers to undefined column family $id"))
           op match {
             case Put => db.put(cf, bytes(), bytes())
@@ -112,10 +179,23 @@ object Changelog {
         }
         op = in.readByte()
       }
+      // Reading past the end marker makes the codec check its trailer (ZSTD's frame checksum,
+      // LZ4's end block): a damaged byte that happened to read as the end marker is still caught.
+      if (in.read() != -1) damaged("data after its end marker")
       records
     } catch {
+      case e: CheckpointFileException => throw e
       case e: EOFException => damaged("it ends before its end marker (truncated)", e)
-      case e: IOException if !e.isInstanceOf[CheckpointFileException] => damaged(e.getMessage, e)
-    } finally in.close()
+      case e: IOException => damaged(s"${e.getClass.getSimpleName}: ${e.getMessage}", e)
+      // The codecs report damaged compressed data as runtime exceptions (LZ4Exception, ...).
+      case e: RuntimeException if isCodecFailure(e) => damaged(s"${e.getClass.getSimpleName}: ${e.getMessage}", e)
+    } finally {
+      if (in != null) in.close() else raw.close()
+    }
+  }
+
+  private def isCodecFailure(e: RuntimeException): Boolean = {
+    val cls = e.getClass.getName
+    cls.startsWith("net.jpountz.") || cls.startsWith("com.github.luben.zstd.")
   }
 }
