@@ -33,6 +33,9 @@ final case class KeyedStateConf(
 object KeyedStateConf {
   val Prefix = "spark.sql.streaming.stateStore.keyedstate."
 
+  /** The folder keyedstate creates in its local directory (`<localDir>/keyedstate/jvm-<uuid>`). */
+  val LocalSubdir = "keyedstate"
+
   val Compressions: Seq[String] = Seq("none", "snappy", "lz4", "zstd")
 
   /**

@@ -3,9 +3,11 @@ package io.keyedstate.checkpoint.commit
 import java.io._
 
 import scala.collection.mutable
+import scala.util.control.NonFatal
 
 import net.jpountz.lz4.{LZ4BlockInputStream, LZ4BlockOutputStream}
 
+import io.keyedstate.checkpoint.LocalFileOutput
 import io.keyedstate.conf.CheckpointFileException
 import io.keyedstate.rocks.LocalRocksDB
 
@@ -29,10 +31,13 @@ object Changelog {
   private val DropCf: Byte = 6
   private val End: Byte = 127
 
-  /** Records one version's writes to a local file. */
+  /**
+   * Records one version's writes to a local file. A failed write of the file (a full local disk)
+   * is a `LocalDiskException` naming it, thrown by the write that met it.
+   */
   final class Writer(val file: File) extends AutoCloseable {
-    private val out = new DataOutputStream(
-      new LZ4BlockOutputStream(new BufferedOutputStream(new FileOutputStream(file), 1 << 16), 1 << 16))
+    private val out = new DataOutputStream(new LZ4BlockOutputStream(
+      new BufferedOutputStream(new LocalFileOutput(file, "the state changelog"), 1 << 16), 1 << 16))
     private val cfIds = mutable.Map[String, Int]()
     private var records = 0L
     private var closed = false
@@ -69,9 +74,16 @@ object Changelog {
       closed = true
     }
 
-    override def close(): Unit = if (!closed) {
-      closed = true
-      try out.close() finally file.delete()
+    /**
+     * Drops the log: deletes the file unless a commit took it (moved it into the local cache).
+     * Never fails: a log being discarded after a failed write cannot be flushed either.
+     */
+    override def close(): Unit = {
+      if (!closed) {
+        closed = true
+        try out.close() catch { case NonFatal(_) => () }
+      }
+      file.delete()
     }
   }
 
