@@ -7,10 +7,19 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.TimeoutException;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
 
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.hdfs.MiniDFSCluster;
+import org.apache.hadoop.hdfs.protocol.Block;
+import org.apache.hadoop.hdfs.server.blockmanagement.BlockCollection;
+import org.apache.hadoop.hdfs.server.blockmanagement.BlockInfo;
+import org.apache.hadoop.hdfs.server.blockmanagement.DatanodeStorageInfo;
 import org.apache.hadoop.hdfs.server.datanode.DataNode;
+import org.apache.hadoop.hdfs.server.datanode.DataNodeFaultInjector;
+import org.apache.hadoop.hdfs.server.namenode.FSNamesystem;
 
 /**
  * Hadoop's MiniDFSCluster as its own process, for the storage tests
@@ -21,6 +30,7 @@ import org.apache.hadoop.hdfs.server.datanode.DataNode;
  * {@code READY {"uri": ..., "http": ..., "datanodes": [...]}} on stdout, then serves commands, one
  * per stdin line, each answered by one line ({@code OK ...} or {@code ERROR ...}):
  * {@code stop-datanode N}, {@code restart-datanode N} (same ports and storage), {@code datanodes},
+ * {@code hold-writes REGEX}, {@code await-held SECONDS}, {@code release-writes} (see {@link WriteHold}),
  * {@code shutdown}. End of stdin shuts the cluster down too, so it never outlives the tests.
  */
 public final class MiniHdfs {
@@ -50,10 +60,16 @@ public final class MiniHdfs {
         .build();
     Map<Integer, MiniDFSCluster.DataNodeProperties> stopped = new HashMap<>();
     List<String> names = new ArrayList<>();
+    List<Integer> xferPorts = new ArrayList<>();
+    WriteHold hold = new WriteHold(cluster);
+    DataNodeFaultInjector.set(hold);
     Runtime.getRuntime().addShutdownHook(new Thread(cluster::shutdown));
     try {
       cluster.waitActive();
-      for (DataNode dn : cluster.getDataNodes()) names.add(dn.getDisplayName());
+      for (DataNode dn : cluster.getDataNodes()) {
+        names.add(dn.getDisplayName());
+        xferPorts.add(dn.getXferPort());
+      }
       InetSocketAddress http = cluster.getNameNode().getHttpAddress();
       // The addresses it bound (127.0.0.1), not the "localhost" of cluster.getURI().
       System.out.println("READY {\"uri\": \"hdfs://127.0.0.1:" + cluster.getNameNodePort()
@@ -87,6 +103,17 @@ public final class MiniHdfs {
             case "datanodes":
               reply("OK " + datanodesJson(cluster));
               break;
+            case "hold-writes":
+              hold.arm(Pattern.compile(line.trim().substring(cmd[0].length()).trim()));
+              reply("OK holding writes");
+              break;
+            case "await-held":
+              reply("OK " + hold.awaitHeld((long) (Double.parseDouble(cmd[1]) * 1000), xferPorts));
+              break;
+            case "release-writes":
+              hold.release();
+              reply("OK released");
+              break;
             case "shutdown":
               reply("OK shutting down");
               return;
@@ -101,6 +128,94 @@ public final class MiniHdfs {
       }
     } finally {
       cluster.shutdown();
+    }
+  }
+
+  /**
+   * Holds one upload in flight, for outage tests (a datanode killed mid-upload). Armed with a
+   * regular expression, it holds the first file being written whose path matches: in each
+   * datanode of its pipeline, the thread receiving the block stops after its first packet was
+   * forwarded downstream and written, before it is acknowledged. The writer is then mid-upload
+   * (the file under construction, its first block open in a pipeline of datanodes, the client
+   * waiting for acknowledgements), for as long as the test needs to stop a datanode. A held
+   * thread goes on at {@code release-writes}, or ends when its datanode shuts down (which
+   * interrupts it). Other files' writes pass.
+   *
+   * The block being received is in the receiving thread's name (DataXceiver names its thread
+   * "... [Receiving block BP-...:blk_ID_GS]"); the namenode (same process) maps it to the file.
+   */
+  static final class WriteHold extends DataNodeFaultInjector {
+    private static final Pattern BLOCK = Pattern.compile("blk_(-?\\d+)_");
+    private final MiniDFSCluster cluster;
+    private Pattern pattern; // the files to hold; null: hold nothing
+    private String heldPath;
+    private long heldBlock;
+
+    WriteHold(MiniDFSCluster cluster) {
+      this.cluster = cluster;
+    }
+
+    synchronized void arm(Pattern p) {
+      pattern = p;
+      heldPath = null;
+    }
+
+    synchronized void release() {
+      pattern = null;
+      notifyAll();
+    }
+
+    /** Waits until a write is held: its path and pipeline (datanode numbers, in order) as JSON. */
+    synchronized String awaitHeld(long timeoutMs, List<Integer> xferPorts) throws Exception {
+      long deadline = System.currentTimeMillis() + timeoutMs;
+      while (heldPath == null) {
+        long left = deadline - System.currentTimeMillis();
+        if (left <= 0) throw new TimeoutException("no write matching " + pattern + " in " + timeoutMs + " ms");
+        wait(left);
+      }
+      List<String> pipeline = new ArrayList<>();
+      BlockInfo info = cluster.getNamesystem().getBlockManager().getStoredBlock(new Block(heldBlock));
+      if (info != null && info.getUnderConstructionFeature() != null) {
+        for (DatanodeStorageInfo s : info.getUnderConstructionFeature().getExpectedStorageLocations()) {
+          pipeline.add(String.valueOf(xferPorts.indexOf(s.getDatanodeDescriptor().getXferPort())));
+        }
+      }
+      return "{\"path\": \"" + heldPath + "\", \"block\": " + heldBlock + ", \"pipeline\": ["
+          + String.join(", ", pipeline) + "]}";
+    }
+
+    private String pathOf(long blockId) {
+      FSNamesystem ns = cluster.getNamesystem();
+      BlockInfo info = ns.getBlockManager().getStoredBlock(new Block(blockId));
+      if (info == null) return null;
+      BlockCollection file = ns.getBlockCollection(info.getBlockCollectionId());
+      return file == null ? null : file.getName();
+    }
+
+    @Override
+    public void delayWriteToDisk() {
+      synchronized (this) {
+        if (pattern == null) return;
+      }
+      Matcher m = BLOCK.matcher(Thread.currentThread().getName());
+      if (!m.find()) return;
+      long block = Long.parseLong(m.group(1));
+      String path = pathOf(block);
+      synchronized (this) {
+        if (pattern == null || path == null || !pattern.matcher(path).find()) return;
+        if (heldPath == null) {
+          heldPath = path;
+          heldBlock = block;
+          notifyAll();
+        } else if (heldBlock != block) {
+          return;
+        }
+        try {
+          while (pattern != null) wait(100);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt(); // its datanode is shutting down
+        }
+      }
     }
   }
 

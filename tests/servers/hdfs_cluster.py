@@ -6,8 +6,9 @@ The jars come from Maven Central through ``make storage`` (dev/storage/hdfs-mini
 copied to build/storage/hdfs-minicluster/). The cluster's log goes to ``cluster.log`` in its
 directory. Spark needs nothing extra: pyspark's Hadoop client (3.5.0, the cluster's version)
 speaks ``hdfs://``. ``stop_datanode(n)``/``restart_datanode(n)`` take one datanode down and
-back (same ports and blocks) for outage tests; listings go through WebHDFS on the namenode's
-HTTP port.
+back (same ports and blocks) for outage tests, and ``hold_writes(regex)``/``await_held_write()``/
+``release_writes()`` hold the upload of one file in flight so that a datanode can be stopped
+mid-upload deterministically; listings go through WebHDFS on the namenode's HTTP port.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class HdfsCluster:
         self.process: subprocess.Popen[str] | None = None
         self.namenode_uri = ""  # hdfs://127.0.0.1:<port>, once started
         self.http_address = ""
+        self.datanode_addresses: list[str] = []  # "<host>:<data transfer port>", by number
         self._lines: queue.Queue[str] = queue.Queue()
         atexit.register(self.close)
 
@@ -110,6 +112,7 @@ class HdfsCluster:
         ready = json.loads(self._expect("READY", START_TIMEOUT_S).split(" ", 1)[1])
         self.namenode_uri = ready["uri"]
         self.http_address = ready["http"]
+        self.datanode_addresses = list(ready["datanodes"])
 
     def _read_stdout(self) -> None:
         assert self.process is not None and self.process.stdout is not None
@@ -128,12 +131,12 @@ class HdfsCluster:
             raise RuntimeError(f"the HDFS minicluster answered {line!r}, expected {prefix}:\n{err}")
         return line
 
-    def _command(self, command: str) -> str:
+    def _command(self, command: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
         if self.process is None or self.process.stdin is None:
             raise RuntimeError("the HDFS minicluster is not running")
         self.process.stdin.write(command + "\n")
         self.process.stdin.flush()
-        return self._expect("OK", COMMAND_TIMEOUT_S)
+        return self._expect("OK", timeout)
 
     def stop_datanode(self, n: int) -> None:
         """Shut datanode ``n`` (0-based, numbering of the start) down."""
@@ -142,6 +145,23 @@ class HdfsCluster:
     def restart_datanode(self, n: int) -> None:
         """Bring stopped datanode ``n`` back with its ports and blocks."""
         self._command(f"restart-datanode {n}")
+
+    def hold_writes(self, path_regex: str) -> None:
+        """Hold the next upload of a file whose path (``/a/b``, no scheme) matches ``path_regex``:
+        each datanode of its pipeline stops after the first packet, unacknowledged, until
+        ``release_writes()`` (or its own shutdown). Other files pass. See dev/storage/MiniHdfs.java
+        (``WriteHold``)."""
+        self._command(f"hold-writes {path_regex}")
+
+    def await_held_write(self, timeout_s: float = 60.0) -> dict[str, object]:
+        """Wait until a write is held; returns its ``path``, ``block`` and ``pipeline`` (datanode
+        numbers, the client's first)."""
+        answer = self._command(f"await-held {timeout_s}", timeout=timeout_s + COMMAND_TIMEOUT_S)
+        return dict(json.loads(answer.split(" ", 1)[1]))
+
+    def release_writes(self) -> None:
+        """Let held writes go on, and hold nothing more."""
+        self._command("release-writes")
 
     def live_datanodes(self) -> list[str]:
         return list(json.loads(self._command("datanodes").split(" ", 1)[1]))
@@ -159,6 +179,17 @@ class HdfsCluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- inspection ------------------------------------------------------------------------------
+
+    def block_locations(self, path: str) -> list[list[str]]:
+        """For each block of the file at ``path`` (``/a/b``), the datanodes holding a replica
+        (``host:port``, the data transfer port), through WebHDFS."""
+        url = (
+            f"http://{self.http_address}/webhdfs/v1{urllib.parse.quote(path)}"
+            "?op=GETFILEBLOCKLOCATIONS"
+        )
+        with urllib.request.urlopen(url, timeout=30) as response:
+            blocks = json.load(response)["BlockLocations"]["BlockLocation"]
+        return [list(block["names"]) for block in blocks]
 
     def list_names(self, uri: str) -> list[str]:
         """Names of the entries directly under ``uri`` (an ``hdfs://`` directory; [] if it does

@@ -5,7 +5,8 @@ Spark reaches it through Hadoop's s3a connector (jars from ``make storage``, add
 SparkSession by ``streaming_harness.session_builder``), path-style, over plain HTTP, with
 ``hadoop_settings()``. ``stop()`` takes the endpoint down (connections refused and reset) and
 ``restart()`` brings it back on the same port with every object intact, for outage tests;
-``close()`` ends the process.
+``stop_on_request(regex)`` takes it down when a request line matches (mid-batch, at a chosen
+upload) and ``await_stopped()`` waits for that; ``close()`` ends the process.
 """
 
 from __future__ import annotations
@@ -113,12 +114,12 @@ class S3Endpoint:
             raise RuntimeError(f"the S3 endpoint answered {line!r}, expected {prefix}")
         return line
 
-    def _command(self, command: str) -> None:
+    def _command(self, command: str, timeout: float = 30.0) -> str:
         if self.process is None or self.process.stdin is None:
             raise RuntimeError("the S3 endpoint is not running")
         self.process.stdin.write(command + "\n")
         self.process.stdin.flush()
-        self._expect("OK", 30)
+        return self._expect("OK", timeout)
 
     def stop(self) -> None:
         """Take the endpoint down: new connections are refused, open ones reset."""
@@ -127,6 +128,17 @@ class S3Endpoint:
     def restart(self) -> None:
         """Bring a stopped endpoint back, same port, same objects."""
         self._command("up")
+
+    def stop_on_request(self, request_regex: str) -> None:
+        """Take the endpoint down as a client sends a request whose request line (``PUT
+        /<bucket>/<key> HTTP/1.1``) matches ``request_regex``: that request never reaches the
+        server, its connection and every other one are reset, new ones refused."""
+        self._command(f"down-on {request_regex}")
+
+    def await_stopped(self, timeout_s: float = 60.0) -> str:
+        """Wait until ``stop_on_request`` fired; returns the request line that stopped it."""
+        answer = self._command(f"await-down {timeout_s}", timeout=timeout_s + 30)
+        return answer.split("down at ", 1)[1]
 
     def close(self) -> None:
         if self.process is None:

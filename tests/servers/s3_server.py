@@ -4,15 +4,19 @@ server, reached through a switch that can take the endpoint down and bring it ba
 moto keeps its objects in memory, so restarting moto would lose every checkpoint. An outage is
 therefore played at the network: ``down`` closes the public port and resets every open
 connection (clients see connection refused/reset, as with a stopped server), ``up`` listens on
-the same port again, with the data intact.
+the same port again, with the data intact. ``down-on REGEX`` takes the endpoint down at a chosen
+moment: when a client sends a request whose request line matches (e.g. the PUT of one upload),
+before moto sees it; ``await-down SECONDS`` answers once that happened, with the request line.
 
 usage: python s3_server.py PORT     (prints ``READY <port>``, then one ``OK ...`` per command
-read from stdin: ``down``, ``up``; end of stdin stops the process)
+read from stdin: ``down``, ``up``, ``down-on REGEX``, ``await-down SECONDS``; end of stdin stops
+the process)
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import threading
 
@@ -20,6 +24,10 @@ from moto.server import ThreadedMotoServer
 from ports import free_port
 
 CHUNK = 1 << 16
+# A request line seen by the switch (the tail of the previous chunk is kept, so a request line
+# split across two reads still matches).
+REQUEST_LINE = re.compile(rb"([A-Z]+ /[^ \r\n]* HTTP/1\.[01])\r\n")
+TAIL = 4096
 
 
 class Switch:
@@ -31,6 +39,9 @@ class Switch:
         self.loop = asyncio.new_event_loop()
         self.server: asyncio.Server | None = None
         self.writers: set[asyncio.StreamWriter] = set()
+        self.trigger: re.Pattern[bytes] | None = None  # down-on: the request that cuts
+        self.cut = threading.Event()
+        self.cut_request = ""
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
 
     def run(self, coro: object) -> None:
@@ -58,13 +69,40 @@ class Switch:
             writer.transport.abort()
             return
         self.writers.update((writer, up_writer))
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        await asyncio.gather(
+            self._pipe(reader, up_writer, watch=True), self._pipe(up_reader, writer, watch=False)
+        )
         self.writers.difference_update((writer, up_writer))
 
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def arm(self, pattern: str) -> None:
+        self.cut.clear()
+        self.cut_request = ""
+        self.trigger = re.compile(pattern.encode())
+
+    def _triggered(self, tail: bytes, data: bytes) -> bool:
+        """Whether ``data`` (after ``tail``, already forwarded) completes a request line that
+        matches the armed pattern (which is then disarmed)."""
+        trigger = self.trigger
+        if trigger is None:
+            return False
+        for match in REQUEST_LINE.finditer(tail + data):
+            if match.end() > len(tail) and trigger.search(match.group(1)):
+                self.trigger = None
+                self.cut_request = match.group(1).decode(errors="replace")
+                return True
+        return False
+
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, watch: bool
+    ) -> None:
+        tail = b""
         try:
             while data := await reader.read(CHUNK):
+                if watch and self._triggered(tail, data):
+                    await self.down()  # the request never reaches moto
+                    self.cut.set()
+                    return
+                tail = (tail + data)[-TAIL:]
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):
@@ -88,6 +126,14 @@ def main(argv: list[str]) -> int:
             switch.run(switch.down())
         elif command == "up":
             switch.run(switch.up())
+        elif command.startswith("down-on "):
+            switch.arm(command.split(" ", 1)[1])
+        elif command.startswith("await-down "):
+            if not switch.cut.wait(float(command.split(" ", 1)[1])):
+                print(f"ERROR no request matched in {command.split(' ', 1)[1]} s", flush=True)
+                continue
+            print(f"OK down at {switch.cut_request}", flush=True)
+            continue
         elif command:
             print(f"ERROR unknown command {command}", flush=True)
             continue

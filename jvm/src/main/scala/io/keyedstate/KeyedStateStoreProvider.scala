@@ -387,7 +387,7 @@ object KeyedStateStoreProvider {
       .orElse(sparkLocal)
       .map(_.split(",").head.trim)
       .getOrElse(System.getProperty("java.io.tmpdir"))
-    val dir = new File(new File(base, "keyedstate"), jvmDirName)
+    val dir = new File(new File(base, KeyedStateConf.LocalSubdir), jvmDirName)
     if (jvmDirsToClean.add(dir)) sys.addShutdownHook(LocalFiles.deleteRecursively(dir))
     dir
   }

@@ -56,7 +56,11 @@ private[keyedstate] final class StoreInstance(
   override def isMultiValue(cf: String): Boolean =
     codecs.get(cf).map(_.multipleValues).orElse(previousDescriptions.get(cf).map(_.multipleValues)).getOrElse(false)
 
-  /** Writes happened since the version was loaded or committed. */
+  /**
+   * Writes happened (or were attempted) since the version was loaded or committed. Set before a
+   * write touches RocksDB or the changelog: a write that fails half-way (a full local disk) leaves
+   * the instance dirty, so it is dropped and rebuilt rather than served as the loaded version.
+   */
   var dirty: Boolean = false
 
   // Whether keys exist, as learnt since the last commit: exact key counting without a second
@@ -134,10 +138,10 @@ private[keyedstate] final class StoreInstance(
       isInternal: Boolean): Unit = {
     registerCodec(name, keySchema, valueSchema, spec, multipleValues, isInternal)
     if (!db.hasColumnFamily(name)) {
+      dirty = true
       db.createColumnFamily(name)
       log.foreach(_.createColumnFamily(name))
       keyCounts(name) = 0
-      dirty = true
     }
   }
 
@@ -148,15 +152,14 @@ private[keyedstate] final class StoreInstance(
     codecs.remove(name)
     keyCounts.remove(name)
     memo.forget(name)
+    if (db.hasColumnFamily(name)) dirty = true
     val existed = db.dropColumnFamily(name)
-    if (existed) {
-      log.foreach(_.dropColumnFamily(name))
-      dirty = true
-    }
+    if (existed) log.foreach(_.dropColumnFamily(name))
     existed
   }
 
   override def write(cf: String, key: Array[Byte], value: Array[Byte], merge: Boolean): Unit = {
+    dirty = true
     if (conf.trackNumKeys && !existed(cf, key, existsNow = true)) adjust(cf, 1)
     if (merge) {
       db.merge(cf, key, value)
@@ -165,17 +168,17 @@ private[keyedstate] final class StoreInstance(
       db.put(cf, key, value)
       log.foreach(_.put(cf, key, value))
     }
-    dirty = true
   }
 
   override def delete(cf: String, key: Array[Byte]): Unit = {
+    dirty = true
     if (conf.trackNumKeys && existed(cf, key, existsNow = false)) adjust(cf, -1)
     db.delete(cf, key)
     log.foreach(_.delete(cf, key))
-    dirty = true
   }
 
   def deleteRange(cf: String, begin: Array[Byte], end: Array[Byte]): Unit = {
+    dirty = true
     if (conf.trackNumKeys) {
       val it = db.scan(cf, Some(begin), Some(end))
       try adjust(cf, -it.size) finally it.close()
@@ -183,7 +186,6 @@ private[keyedstate] final class StoreInstance(
     db.deleteRange(cf, begin, end)
     memo.forget(cf) // a range is not worth tracking key by key
     log.foreach(_.deleteRange(cf, begin, end))
-    dirty = true
   }
 
   private def adjust(cf: String, delta: Long): Unit =

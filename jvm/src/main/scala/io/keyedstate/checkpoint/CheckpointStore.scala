@@ -1,6 +1,6 @@
 package io.keyedstate.checkpoint
 
-import java.io.{File, FileInputStream, FileOutputStream, InputStream, IOException, OutputStream}
+import java.io.{File, FileInputStream, InputStream, IOException, OutputStream}
 import java.nio.charset.StandardCharsets.UTF_8
 import java.util.zip.CRC32C
 
@@ -11,7 +11,7 @@ import org.apache.hadoop.fs.{CommonPathCapabilities, FileStatus, FileSystem, Loc
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.checkpointing.{CheckpointFileManager, FileContextBasedCheckpointFileManager}
 
-import io.keyedstate.conf.CheckpointFileException
+import io.keyedstate.conf.{CheckpointFileException, LocalDiskException}
 
 /** A manifest (or snapshot descriptor) found in the store directory. */
 final case class ManifestRef(version: Long, checkpointId: Option[String], path: Path, modificationTime: Long)
@@ -154,7 +154,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
     } catch {
       case NonFatal(e) =>
         delete(tmp)
-        throw new CheckpointFileException(s"Cannot write state manifest $path for version $version", e)
+        throw new CheckpointFileException(s"Cannot write state manifest $path for version $version: ${e.getMessage}", e)
     }
   }
 
@@ -167,7 +167,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
     } catch {
       case NonFatal(e) =>
         try out.abort() catch { case NonFatal(abortFailure) => e.addSuppressed(abortFailure) }
-        throw new CheckpointFileException(s"Cannot write state manifest $path for version $version", e)
+        throw new CheckpointFileException(s"Cannot write state manifest $path for version $version: ${e.getMessage}", e)
     }
   }
 
@@ -180,7 +180,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
     } catch {
       case NonFatal(e) =>
         out.cancel()
-        throw new CheckpointFileException(s"Cannot write state manifest $path for version $version", e)
+        throw new CheckpointFileException(s"Cannot write state manifest $path for version $version: ${e.getMessage}", e)
     }
     if (!renameReportsFailure) checkPublished(path, bytes, version)
   }
@@ -215,7 +215,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
         val out = fs.create(target, false)
         try copy(in, out, crc) finally out.close()
       } catch {
-        case NonFatal(e) => throw new CheckpointFileException(s"Cannot upload $local to $target", e)
+        case NonFatal(e) => throw new CheckpointFileException(s"Cannot upload $local to $target: ${e.getMessage}", e)
       } finally in.close()
     // The bytes actually written, not the local file's length afterwards.
     ManifestFile(localName, relative, size, crc.getValue)
@@ -237,9 +237,10 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
       }
     val copied =
       try {
-        val out = new FileOutputStream(target)
+        val out = new LocalFileOutput(target, s"state file $source (needed by version $version) to")
         try copy(in, out, crc) finally out.close()
       } catch {
+        case e: LocalDiskException => throw e // the local disk's fault, not the file's
         case e: IOException => throw new CheckpointFileException(
           s"State file $source needed by version $version is corrupt or unreadable: ${e.getMessage}", e)
       } finally in.close()

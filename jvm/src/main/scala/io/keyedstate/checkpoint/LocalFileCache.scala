@@ -71,15 +71,20 @@ object LocalFileCache {
     new LocalFileCache(dir, locks.computeIfAbsent(dir.getAbsolutePath, _ => new Object))
   }
 
-  /** SST and blob files are immutable, so a hard link is safe; RocksDB's small files are copied. */
+  /**
+   * SST and blob files are immutable, so a hard link is safe; RocksDB's small files are copied.
+   * A vanished source is a `NoSuchFileException`; a failed write names the target.
+   */
   private[checkpoint] def place(source: File, target: File, entry: ManifestFile): Unit =
-    if (VersionManifest.isShared(entry.localName)) {
-      Files.deleteIfExists(target.toPath)
-      try Files.createLink(target.toPath, source.toPath)
-      catch {
-        case e: NoSuchFileException => throw e
-        case _: IOException | _: UnsupportedOperationException =>
-          Files.copy(source.toPath, target.toPath, StandardCopyOption.REPLACE_EXISTING)
-      }
-    } else Files.copy(source.toPath, target.toPath, StandardCopyOption.REPLACE_EXISTING)
+    LocalFiles.writing(s"a local copy of state file ${entry.path} to", target) {
+      if (VersionManifest.isShared(entry.localName)) {
+        Files.deleteIfExists(target.toPath)
+        try Files.createLink(target.toPath, source.toPath)
+        catch {
+          case e: NoSuchFileException => throw e
+          case _: IOException | _: UnsupportedOperationException =>
+            Files.copy(source.toPath, target.toPath, StandardCopyOption.REPLACE_EXISTING)
+        }
+      } else Files.copy(source.toPath, target.toPath, StandardCopyOption.REPLACE_EXISTING)
+    }
 }

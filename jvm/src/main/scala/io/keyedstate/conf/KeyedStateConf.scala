@@ -34,6 +34,9 @@ final case class KeyedStateConf(
 object KeyedStateConf {
   val Prefix = "spark.sql.streaming.stateStore.keyedstate."
 
+  /** The folder keyedstate creates in its local directory (`<localDir>/keyedstate/jvm-<uuid>`). */
+  val LocalSubdir = "keyedstate"
+
   val Compressions: Seq[String] = Seq("none", "snappy", "lz4", "zstd")
   /** The codecs of changelog files (`checkpoint.commit.Changelog.Codec`). */
   val ChangelogCompressions: Seq[String] = Seq("none", "lz4", "zstd")

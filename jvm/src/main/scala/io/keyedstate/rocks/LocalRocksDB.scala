@@ -10,7 +10,7 @@ import scala.jdk.CollectionConverters._
 
 import org.rocksdb._
 
-import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors, LocalDiskException}
 
 /**
  * The working RocksDB instance of one state store partition, on local disk.
@@ -38,8 +38,12 @@ final class LocalRocksDB private (
   def hasColumnFamily(name: String): Boolean = handles.contains(name)
 
   def createColumnFamily(name: String): Unit = if (!handles.contains(name)) {
-    handles(name) = db.createColumnFamily(new ColumnFamilyDescriptor(name.getBytes(UTF_8), cfOptions))
+    handles(name) = localIo(db.createColumnFamily(new ColumnFamilyDescriptor(name.getBytes(UTF_8), cfOptions)))
   }
+
+  /** RocksDB's I/O errors are the local disk's: they name the directory (see `LocalRocksDB.failure`). */
+  private def localIo[T](body: => T): T =
+    try body catch { case e: RocksDBException => throw LocalRocksDB.failure(dir, e) }
 
   /** Drops a column family; the default one cannot be dropped, so it is emptied instead. */
   def dropColumnFamily(name: String): Boolean = handles.get(name) match {
@@ -62,13 +66,18 @@ final class LocalRocksDB private (
 
   /** The value of `key`, or null. */
   def get(cf: String, key: Array[Byte]): Array[Byte] = LocalRocksDB.get(db, handle(cf), key)
+  // Writes go to the memtable; one fails on I/O when a flush it waits for failed (a full disk).
   def put(cf: String, key: Array[Byte], value: Array[Byte]): Unit =
-    db.put(handle(cf), writeOptions, key, value)
+    try db.put(handle(cf), writeOptions, key, value)
+    catch { case e: RocksDBException => throw LocalRocksDB.failure(dir, e) }
   def merge(cf: String, key: Array[Byte], value: Array[Byte]): Unit =
-    db.merge(handle(cf), writeOptions, key, value)
-  def delete(cf: String, key: Array[Byte]): Unit = db.delete(handle(cf), writeOptions, key)
+    try db.merge(handle(cf), writeOptions, key, value)
+    catch { case e: RocksDBException => throw LocalRocksDB.failure(dir, e) }
+  def delete(cf: String, key: Array[Byte]): Unit =
+    try db.delete(handle(cf), writeOptions, key)
+    catch { case e: RocksDBException => throw LocalRocksDB.failure(dir, e) }
   def deleteRange(cf: String, begin: Array[Byte], end: Array[Byte]): Unit =
-    db.deleteRange(handle(cf), writeOptions, begin, end)
+    localIo(db.deleteRange(handle(cf), writeOptions, begin, end))
 
   /**
    * Key-ordered entries with `lower <= key < upper`. The iterator closes its native resources
@@ -122,13 +131,13 @@ final class LocalRocksDB private (
   /** Flushes every column family's memtable to SST files. */
   def flush(): Unit = {
     val opts = new FlushOptions().setWaitForFlush(true)
-    try db.flush(opts, handles.values.toList.asJava) finally opts.close()
+    try localIo(db.flush(opts, handles.values.toList.asJava)) finally opts.close()
   }
 
   /** A native checkpoint (hard links of the SSTs plus copies of the small files) in `target`. */
   def checkpoint(target: File): Unit = {
     val cp = Checkpoint.create(db)
-    try cp.createCheckpoint(target.getAbsolutePath) finally cp.close()
+    try localIo(cp.createCheckpoint(target.getAbsolutePath)) finally cp.close()
   }
 
   def estimateNumKeys(cf: String): Long = db.getLongProperty(handle(cf), "rocksdb.estimate-num-keys")
@@ -142,7 +151,7 @@ final class LocalRocksDB private (
   def totalSstFilesBytes: Long =
     handles.values.iterator.map(h => db.getLongProperty(h, "rocksdb.total-sst-files-size")).sum
 
-  def compactRange(): Unit = handles.values.foreach(h => db.compactRange(h))
+  def compactRange(): Unit = handles.values.foreach(h => localIo(db.compactRange(h)))
 
   /**
    * Adds SST files written by [[SstWriter]] to a column family in one step, moving (not copying)
@@ -150,7 +159,7 @@ final class LocalRocksDB private (
    */
   def ingest(cf: String, files: Seq[File]): Unit = if (files.nonEmpty) {
     val opts = new IngestExternalFileOptions().setMoveFiles(true).setAllowGlobalSeqNo(true)
-    try db.ingestExternalFile(handle(cf), files.map(_.getAbsolutePath).asJava, opts)
+    try localIo(db.ingestExternalFile(handle(cf), files.map(_.getAbsolutePath).asJava, opts))
     finally opts.close()
   }
 
@@ -161,7 +170,7 @@ final class LocalRocksDB private (
   def compactRange(cf: String, begin: Array[Byte], end: Array[Byte]): Unit = {
     val opts = new CompactRangeOptions()
       .setBottommostLevelCompaction(CompactRangeOptions.BottommostLevelCompaction.kForceOptimized)
-    try db.compactRange(handle(cf), begin, end, opts) finally opts.close()
+    try localIo(db.compactRange(handle(cf), begin, end, opts)) finally opts.close()
   }
 
   override def close(): Unit = if (!closed) {
@@ -307,6 +316,22 @@ object LocalRocksDB {
     }
   }
 
+  /**
+   * An I/O error of the working instance is the local disk's (full, read-only, failing: RocksDB
+   * touches nothing else): a `LocalDiskException` naming the directory. A file RocksDB expected
+   * and did not find (a damaged snapshot) and every other error stay as they are.
+   */
+  private[keyedstate] def failure(dir: File, e: RocksDBException): Exception = {
+    val status = e.getStatus
+    // rocksdbjni has no sub-code for RocksDB's PathNotFound: a missing file reads ENOENT's text.
+    val missingFile = Option(e.getMessage).exists(_.contains("No such file or directory"))
+    if (status != null && status.getCode == Status.Code.IOError && !missingFile) {
+      KeyedStateErrors.localDiskWrite("the working RocksDB instance", dir, e)
+    } else e
+  }
+
+  private val ManifestPreallocationBytes = 64L * 1024
+
   /** Opens (or creates) the database in `dir` with all its column families. */
   def open(dir: File, conf: KeyedStateConf): LocalRocksDB = {
     dir.mkdirs()
@@ -316,6 +341,10 @@ object LocalRocksDB {
       .setMaxOpenFiles(conf.maxOpenFiles)
       .setAvoidFlushDuringShutdown(true)
       .setMaxManifestFileSize(8L * 1024 * 1024)
+      // RocksDB reserves (fallocate) 4 MB for each MANIFEST by default: 4 MB of local disk per
+      // state partition before any state, gone from a small disk (and a full one fails at open).
+      // keyedstate's MANIFESTs grow by a record per flush; 64 KB steps are enough.
+      .setManifestPreallocationSize(ManifestPreallocationBytes)
       .setInfoLogLevel(InfoLogLevel.WARN_LEVEL)
       .setKeepLogFileNum(2)
     val cfOptions = columnFamilyOptions(conf)
@@ -331,7 +360,10 @@ object LocalRocksDB {
       catch {
         case e: RocksDBException =>
           dbOptions.close(); cfOptions.close()
-          throw new IllegalStateException(s"Cannot open RocksDB at $dir: ${e.getMessage}", e)
+          throw failure(dir, e) match {
+            case local: LocalDiskException => local
+            case _ => new IllegalStateException(s"Cannot open RocksDB at $dir: ${e.getMessage}", e)
+          }
       }
     new LocalRocksDB(dir, db, dbOptions, cfOptions, handles.asScala.toSeq)
   }

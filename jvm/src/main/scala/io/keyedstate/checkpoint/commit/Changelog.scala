@@ -3,10 +3,12 @@ package io.keyedstate.checkpoint.commit
 import java.io._
 
 import scala.collection.mutable
+import scala.util.control.NonFatal
 
 import com.github.luben.zstd.{RecyclingBufferPool, ZstdInputStreamNoFinalizer, ZstdOutputStreamNoFinalizer}
 import net.jpountz.lz4.{LZ4BlockInputStream, LZ4BlockOutputStream}
 
+import io.keyedstate.checkpoint.LocalFileOutput
 import io.keyedstate.conf.CheckpointFileException
 import io.keyedstate.rocks.LocalRocksDB
 
@@ -61,10 +63,13 @@ object Changelog {
 
   private val BlockSize = 1 << 16
 
-  /** Records one version's writes to a local file, compressed with `codec`. */
+  /**
+   * Records one version's writes to a local file, compressed with `codec`. A failed write of the
+   * file (a full local disk) is a `LocalDiskException` naming it, thrown by the write that met it.
+   */
   final class Writer(val file: File, codec: Codec = Codec.Zstd) extends AutoCloseable {
     private val out = {
-      val raw = new BufferedOutputStream(new FileOutputStream(file), BlockSize)
+      val raw = new BufferedOutputStream(new LocalFileOutput(file, "the state changelog"), BlockSize)
       val header = new DataOutputStream(raw)
       header.writeInt(Magic)
       header.writeByte(FormatVersion)
@@ -111,9 +116,16 @@ object Changelog {
       closed = true
     }
 
-    override def close(): Unit = if (!closed) {
-      closed = true
-      try out.close() finally file.delete()
+    /**
+     * Drops the log: deletes the file unless a commit took it (moved it into the local cache).
+     * Never fails: a log being discarded after a failed write cannot be flushed either.
+     */
+    override def close(): Unit = {
+      if (!closed) {
+        closed = true
+        try out.close() catch { case NonFatal(_) => () }
+      }
+      file.delete()
     }
   }
 

@@ -66,16 +66,17 @@ final class VersionLineage(
     var stats = CommitStats()
 
     // 1. This version's changes.
-    val logged = changelog.filter(_ => conf.changelogCheckpointing).filter(_.numRecords > 0).map { w =>
-      w.finish()
-      var entry: ManifestFile = null
-      val ms = LocalFiles.timed { entry = snapshots.uploadChangelog(w.file, newVersion, commitId) }
-      cache.adopt(w.file, entry)
-      stats = stats.copy(uploadMs = ms, bytesUploaded = entry.size, filesUploaded = 1,
-        changelogRecords = w.numRecords)
-      ChangelogFile(newVersion, commitId, w.numRecords, entry)
-    }
-    changelog.foreach(_.close()) // deletes the local log unless it was adopted above
+    val logged =
+      try changelog.filter(_ => conf.changelogCheckpointing).filter(_.numRecords > 0).map { w =>
+        w.finish()
+        var entry: ManifestFile = null
+        val ms = LocalFiles.timed { entry = snapshots.uploadChangelog(w.file, newVersion, commitId) }
+        cache.adopt(w.file, entry)
+        stats = stats.copy(uploadMs = ms, bytesUploaded = entry.size, filesUploaded = 1,
+          changelogRecords = w.numRecords)
+        ChangelogFile(newVersion, commitId, w.numRecords, entry)
+      }
+      finally changelog.foreach(_.close()) // deletes the local log unless it was adopted above
 
     // 2. A background snapshot that finished becomes the base.
     stats = promoteFinishedSnapshot(stats)
