@@ -113,7 +113,9 @@ class FailureInjectionSuite extends AnyFunSuite with ProviderFixture {
       } finally { FaultyFileSystem.disarm(); p.close() }
       n += 1
     }
-    assert(failedCalls.size == points, s"${failedCalls.size} points tried, the step makes $points calls")
+    // Every call of the fault-free run was tried; an injected run may make a few more (which
+    // snapshot uploads have finished when retention lists the files is timing).
+    assert(failedCalls.size >= points, s"${failedCalls.size} points tried, the step makes $points calls")
     failedCalls.toSeq
   }
 

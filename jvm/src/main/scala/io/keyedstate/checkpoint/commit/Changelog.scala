@@ -73,8 +73,7 @@ object Changelog {
       val header = new DataOutputStream(raw)
       header.writeInt(Magic)
       header.writeByte(FormatVersion)
-      header.writeByte(codec.id)
-      header.flush()
+      header.writeByte(codec.id) // buffered with the records: a full disk fails the first block's write
       new DataOutputStream(new BufferedOutputStream(codec.compress(raw), BlockSize))
     }
     private val cfIds = mutable.Map[String, Int]()
