@@ -67,6 +67,7 @@ final class LocalRocksDB private (
   /** The value of `key`, or null. */
   def get(cf: String, key: Array[Byte]): Array[Byte] = LocalRocksDB.get(db, handle(cf), key)
   // Writes go to the memtable; one fails on I/O when a flush it waits for failed (a full disk).
+  // Per-record calls: the catch is written out rather than passed to `localIo` as a closure.
   def put(cf: String, key: Array[Byte], value: Array[Byte]): Unit =
     try db.put(handle(cf), writeOptions, key, value)
     catch { case e: RocksDBException => throw LocalRocksDB.failure(dir, e) }
