@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,11 @@ SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStor
 PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
 
 
-def session(app: str, partitions: int, memory: str = "6g") -> SparkSession:
+def session(
+    app: str, partitions: int, memory: str = "6g", conf: Mapping[str, str] | None = None
+) -> SparkSession:
+    """A local[2] session through keyedstate.configure; ``conf`` adds settings read only at
+    start (``spark.hadoop.*``; ``spark.jars`` is added to keyedstate's jar)."""
     builder = (
         SparkSession.builder.master("local[2]")
         .appName(app)
@@ -33,7 +37,12 @@ def session(app: str, partitions: int, memory: str = "6g") -> SparkSession:
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.files.openCostInBytes", str(1 << 30))  # one input file per partition
     )
-    spark = keyedstate.configure(builder).getOrCreate()
+    builder = keyedstate.configure(builder)
+    for key, value in (conf or {}).items():
+        if key == "spark.jars":
+            value = ",".join([str(builder._options["spark.jars"]), value])
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

@@ -82,6 +82,12 @@ class S3Endpoint:
             # moto's server answers "Expect: 100-continue" in a way the AWS SDK takes for a final
             # status 100 (an S3Exception on uploads): send bodies without asking first.
             "fs.s3a.connection.expect.continue": "false",
+            # That setting reaches only s3a's synchronous client. copyFromLocalFile (Spark's
+            # RocksDB provider uploads its SST and zip files with it) goes through the AWS SDK's
+            # transfer manager on the asynchronous client, which fails the same way with it
+            # ("S3Exception: Status Code: 100"): use Hadoop's generic copy instead (create() and
+            # write, s3a's block output stream on the synchronous client).
+            "fs.s3a.optimized.copy.from.local.enabled": "false",
         }
 
     # -- life cycle ------------------------------------------------------------------------------
