@@ -281,6 +281,16 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     try it.size.toLong finally it.close()
   }
 
+  /**
+   * Flushes and fully compacts the loaded instance's working RocksDB (bench/jvm: the same file
+   * layout as a raw RocksDB compacted alike). Between batches only: no store may be open.
+   */
+  private[keyedstate] def compactWorkingDb(): Unit = synchronized {
+    if (activeStore != null && activeStore.isOpen) throw new IllegalStateException(s"$activeStore is open")
+    loaded.db.flush()
+    loaded.db.compactRange()
+  }
+
   /** The working RocksDB's directory (tests look at its SST files). */
   private[keyedstate] def workingDbDir: File = dbDir
 

@@ -243,7 +243,8 @@ object LocalRocksDB {
     case "zstd" => CompressionType.ZSTD_COMPRESSION
   }
 
-  private def columnFamilyOptions(conf: KeyedStateConf): ColumnFamilyOptions = {
+  /** Every column family's options (the bench opens a raw RocksDB with them: bench/jvm). */
+  private[keyedstate] def columnFamilyOptions(conf: KeyedStateConf): ColumnFamilyOptions = {
     val table = new BlockBasedTableConfig()
       .setBlockCache(blockCache(conf.blockCacheSizeMB))
       .setFilterPolicy(new BloomFilter(10, false))
@@ -333,10 +334,9 @@ object LocalRocksDB {
 
   private val ManifestPreallocationBytes = 64L * 1024
 
-  /** Opens (or creates) the database in `dir` with all its column families. */
-  def open(dir: File, conf: KeyedStateConf): LocalRocksDB = {
-    dir.mkdirs()
-    val dbOptions = new DBOptions()
+  /** The database's options (the bench opens a raw RocksDB with them: bench/jvm). */
+  private[keyedstate] def dbOptions(conf: KeyedStateConf): DBOptions =
+    new DBOptions()
       .setCreateIfMissing(true)
       .setCreateMissingColumnFamilies(true)
       .setMaxOpenFiles(conf.maxOpenFiles)
@@ -348,6 +348,11 @@ object LocalRocksDB {
       .setManifestPreallocationSize(ManifestPreallocationBytes)
       .setInfoLogLevel(InfoLogLevel.WARN_LEVEL)
       .setKeepLogFileNum(2)
+
+  /** Opens (or creates) the database in `dir` with all its column families. */
+  def open(dir: File, conf: KeyedStateConf): LocalRocksDB = {
+    dir.mkdirs()
+    val dbOptions = this.dbOptions(conf)
     val cfOptions = columnFamilyOptions(conf)
     val existing =
       if (new File(dir, "CURRENT").exists()) {
