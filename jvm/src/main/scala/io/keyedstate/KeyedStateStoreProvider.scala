@@ -3,6 +3,7 @@ package io.keyedstate
 import java.io.File
 import java.util.UUID
 import java.util.concurrent.TimeUnit
+import java.util.concurrent.locks.ReentrantLock
 
 import scala.util.control.NonFatal
 
@@ -46,9 +47,10 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   private var loader: StoreLoader = _
   private var cleaner: RetentionCleaner = _
 
-  // The loaded version and its durable history, guarded by `this`.
-  private var loaded: StoreInstance = _
-  private var lineage: VersionLineage = _
+  // The loaded version and its durable history, changed under `this`. Volatile: maintenance
+  // reads them without waiting for a load or commit that holds `this`.
+  @volatile private var loaded: StoreInstance = _
+  @volatile private var lineage: VersionLineage = _
   @volatile private var lastCommit: Option[CommitStats] = None
   @volatile private var lastLoad: Option[LoadStats] = None
   // When this provider last claimed its store partition for the running query (StoreLease).
@@ -60,8 +62,10 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   private var activeThread: Thread = _
 
   // Commit and cleanup never overlap on one partition: cleanup must not take a commit's
-  // freshly uploaded (not yet listed) files for orphans.
-  private val filesLock = new Object
+  // freshly uploaded (not yet listed) files for orphans. Cleanup only tries the lock: Spark runs
+  // every store's cleanup on one small pool, so waiting out a long commit (a slow or hung
+  // checkpoint file system) would stall the cleanup of every other store on the executor.
+  private val filesLock = new ReentrantLock()
 
   override def init(
       stateStoreId: StateStoreId,
@@ -240,11 +244,13 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       val snapshot = lineage.snapshotPlanned(newVersion, loaded.describeColumnFamilies.map(_.numKeys).sum,
         store.forceSnapshot)
       loaded.ttlCleanup.beforeCommit(snapshot)
-      val (_, stats) = filesLock.synchronized {
-        val columnFamilies = loaded.describeColumnFamilies
-        lineage.commit(loaded.db, loaded.takeChangelog(), columnFamilies, columnFamilies.map(_.numKeys).sum,
-          newVersion, commitId, store.forceSnapshot || snapshot, loaded.ttlCleanup.cursorsForManifest)
-      }
+      filesLock.lock()
+      val (_, stats) =
+        try {
+          val columnFamilies = loaded.describeColumnFamilies
+          lineage.commit(loaded.db, loaded.takeChangelog(), columnFamilies, columnFamilies.map(_.numKeys).sum,
+            newVersion, commitId, store.forceSnapshot || snapshot, loaded.ttlCleanup.cursorsForManifest)
+        } finally filesLock.unlock()
       lastTtl = loaded.ttl.stats
       loaded.dirty = false
       loaded.forgetKnownKeys()
@@ -300,14 +306,21 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   /** Snapshots are taken by commits and uploaded right away in the background: nothing waits here. */
   override def doSnapshotMaintenance(): Unit = ()
 
-  /** Deletes versions older than `minBatchesToRetain` and files no retained version needs. */
+  /**
+   * Deletes versions older than `minBatchesToRetain` and files no retained version needs; skipped
+   * while a commit of this store runs (the next maintenance run cleans up). A failure is thrown
+   * to Spark, which unloads this store alone.
+   */
   override def doCleanupMaintenance(): Unit = {
     if (leaseRefreshedMs > 0) claimLease()
-    val current = synchronized(lineage)
-    val stats = filesLock.synchronized {
-      cleaner.cleanup(if (current == null) _ => false else current.neededFiles)
-    }
-    if (stats.manifestsDeleted + stats.filesDeleted > 0) logInfo(s"Cleaned up $id: $stats")
+    if (filesLock.tryLock()) {
+      val stats =
+        try {
+          val current = lineage
+          cleaner.cleanup(if (current == null) _ => false else current.neededFiles)
+        } finally filesLock.unlock()
+      if (stats.manifestsDeleted + stats.filesDeleted > 0) logInfo(s"Cleaned up $id: $stats")
+    } else logInfo(s"Cleanup of $id skipped: a commit is in progress; the next maintenance run cleans up")
     backgroundTtlScan()
   }
 
@@ -316,7 +329,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
    * using it; what it finds is removed by the next commit (which checks each entry again).
    */
   private[keyedstate] def backgroundTtlScan(): Int = {
-    val instance = synchronized(loaded)
+    val instance = loaded
     if (instance == null) 0
     else {
       try {
