@@ -56,6 +56,8 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   // When this provider last claimed its store partition for the running query (StoreLease).
   @volatile private var leaseRefreshedMs = 0L
   @volatile private var lastTtl: TtlStats = TtlStats()
+  // The last version whose snapshot this instance made durable (Spark's SnapshotLastUploaded).
+  @volatile private var lastSnapshotUploaded = -1L
 
   // One store at a time uses the instance.
   private var activeStore: KeyedStateStore = _
@@ -220,7 +222,8 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
    * coordinator sees the store as lagging and (forceSnapshotUploadOnLag, on by default) asks for
    * a snapshot on every commit after about 5 x minDeltasForSnapshot versions.
    */
-  private def reportSnapshotUploaded(version: Long): Unit =
+  private def reportSnapshotUploaded(version: Long): Unit = {
+    lastSnapshotUploaded = math.max(lastSnapshotUploaded, version)
     try {
       val runId = Option(hadoopConf.get(StreamExecution.RUN_ID_KEY)).map(UUID.fromString)
       runId.foreach { run =>
@@ -229,6 +232,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     } catch {
       case NonFatal(e) => logWarning(s"Could not report the snapshot of version $version of $id: ${e.getMessage}")
     }
+  }
 
   // ---- committing ----
 
@@ -254,7 +258,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       lastTtl = loaded.ttl.stats
       loaded.dirty = false
       loaded.forgetKnownKeys()
-      lastCommit = Some(stats)
+      lastCommit = Some(stats.copy(forcedSnapshot = store.forceSnapshot && stats.snapshotTaken))
       logInfo(s"Committed $id version $newVersion: $stats")
       // Spark 4.3 checks on the driver that every partition's store committed the batch
       // (spark.sql.streaming.stateStore.commitValidation.enabled); providers report it.
@@ -296,10 +300,13 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     val (keys, memory, sst) =
       if (loaded == null) (0L, 0L, 0L)
       else (loaded.numUserKeys, loaded.db.memoryUsageBytes, loaded.db.totalSstFilesBytes)
-    StateStoreMetrics(keys, memory, KeyedStateMetrics.of(lastCommit, lastLoad, sst, lastTtl))
+    StateStoreMetrics(keys, memory, KeyedStateMetrics.of(lastCommit, lastLoad, sst, lastTtl),
+      KeyedStateMetrics.instanceOf(id, lastSnapshotUploaded))
   }
 
   override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = KeyedStateMetrics.all
+
+  override def supportedInstanceMetrics: Seq[StateStoreInstanceMetric] = KeyedStateMetrics.allInstance
 
   // ---- maintenance ----
 

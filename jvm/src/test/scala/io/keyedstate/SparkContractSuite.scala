@@ -4,17 +4,23 @@ import java.io.{File, IOException}
 import java.util.UUID
 import java.util.concurrent.{CountDownLatch, TimeUnit}
 
+import scala.jdk.CollectionConverters._
+
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileStatus, FSDataOutputStream, Path, RawLocalFileSystem}
 import org.apache.hadoop.util.Progressable
-import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.{Encoders, SparkSession}
+import org.apache.spark.sql.execution.streaming.runtime.MemoryStream
 import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.functions.col
+import org.apache.spark.sql.streaming.{OutputMode, StreamingQueryProgress}
 import org.scalatest.BeforeAndAfterAll
 import org.scalatest.concurrent.Eventually._
 import org.scalatest.funsuite.AnyFunSuite
 import org.scalatest.time.SpanSugar._
 
 import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.metrics.KeyedStateMetrics
 
 /**
  * The provider under Spark's own executor-side machinery, as Spark's `StateStoreSuite` drives its
@@ -164,6 +170,91 @@ class SparkContractSuite extends AnyFunSuite with BeforeAndAfterAll with Provide
     }
     assert(StateStore.isLoaded(healthy) && StateStore.isLoaded(stuck))
     StateStore.stop()
+  }
+
+  test("a commit Spark forces to snapshot reports it, and the instance metric gives the last uploaded snapshot") {
+    val root = tempDir()
+    val p = newProvider(root, storeConf("spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "100"))
+    def metricsOf(s: StateStore): (Map[String, Long], Map[StateStoreInstanceMetric, Long]) =
+      (s.metrics.customMetrics.map { case (k, v) => k.name -> v }, s.metrics.instanceMetrics)
+    val instance = KeyedStateMetrics.SnapshotLastUploaded.withNewId(0, StateStoreId.DEFAULT_STORE_NAME)
+    assert(p.supportedInstanceMetrics.map(_.metricPrefix) == Seq("SnapshotLastUploaded"))
+
+    val s0 = p.getStore(0)
+    s0.put(key("a"), value(1))
+    s0.commit()
+    val (m1, i1) = metricsOf(s0)
+    assert(m1("keyedstateForceSnapshotCount") == 0 && i1 == Map(instance -> -1L), (m1, i1))
+    assert(i1.keys.head.name == "SnapshotLastUploaded.partition_0_default")
+
+    // What Spark does when its coordinator reports the store's snapshot uploads lagging.
+    val s1 = p.getStore(1, None, forceSnapshotOnCommit = true, loadEmpty = false)
+    s1.put(key("b"), value(2))
+    s1.commit()
+    assert(metricsOf(s1)._1("keyedstateForceSnapshotCount") == 1)
+    p.awaitSnapshotUpload()
+    assert(metricsOf(s1)._2 == Map(instance -> 2L))
+    assert(partitionDir(root).listFiles().exists(_.getName.startsWith("2_")), "no snapshot of version 2")
+
+    val s2 = p.getStore(2)
+    s2.put(key("c"), value(3))
+    s2.commit()
+    val (m3, i3) = metricsOf(s2)
+    assert(m3("keyedstateForceSnapshotCount") == 0 && i3 == Map(instance -> 2L), (m3, i3))
+    p.close()
+  }
+
+  test("a streaming query's progress carries keyedstate's metrics and each partition's last uploaded snapshot") {
+    val checkpoint = new File(tempDir(), "checkpoint").getAbsolutePath
+    val settings = Map(
+      "spark.sql.streaming.stateStore.providerClass" -> provider,
+      "spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "2",
+      "spark.sql.shuffle.partitions" -> "2")
+    settings.foreach { case (k, v) => spark.conf.set(k, v) }
+    try {
+      val input = MemoryStream[Int](Encoders.scalaInt, spark.sqlContext)
+      def run(batches: Range): Seq[StreamingQueryProgress] = {
+        val query = input.toDF().groupBy((col("value") % 10).as("key")).count()
+          .writeStream.outputMode(OutputMode.Update()).format("noop")
+          .option("checkpointLocation", checkpoint).start()
+        try {
+          batches.foreach { b => input.addData((0 until 20).map(_ + b): _*); query.processAllAvailable() }
+          query.recentProgress.toSeq.filter(_.numInputRows > 0)
+        } finally query.stop()
+      }
+      val first = run(0 until 8)
+      assert(first.size == 8, first.map(_.batchId))
+      val names = KeyedStateMetrics.all.map(_.name)
+      val snapshotMetric = (0 until 2).map(p => s"SnapshotLastUploaded.partition_${p}_default")
+      val uploaded = first.map { progress =>
+        val op = progress.stateOperators.head
+        val m = op.customMetrics.asScala.map { case (k, v) => k -> v.longValue }.toMap
+        assert(names.forall(m.contains), s"missing: ${names.filterNot(m.contains)}")
+        // Every batch updates the 10 keys: each update is one changelog record, uploaded.
+        assert(op.numRowsTotal == 10 && op.numRowsUpdated == 10, op)
+        assert(m("keyedstateCommitChangelogRecords") == op.numRowsUpdated, m)
+        assert(m("keyedstateCommitFilesUploaded") >= 1 && m("keyedstateCommitBytesUploaded") > 0, m)
+        assert(m("keyedstateForceSnapshotCount") >= 0 && m("keyedstateForceSnapshotCount") <= 2, m)
+        assert(snapshotMetric.forall(m.contains), s"no instance metrics in $m")
+        snapshotMetric.map(m)
+      }
+      // Per partition: -1 before the first snapshot, then the last version whose snapshot was
+      // made durable (every 2 versions or so: an upload still running delays the next), never
+      // going back, and a snapshot of that version is in the checkpoint.
+      snapshotMetric.indices.foreach { p =>
+        val values = uploaded.map(_(p))
+        assert(values.head == -1L, values)
+        assert(values.sliding(2).forall { case Seq(a, b) => a <= b; case _ => true }, values)
+        assert(values.last >= 2, values)
+        val descriptors = new File(checkpoint, s"state/0/$p").listFiles().map(_.getName).filter(_.endsWith(".snapshot"))
+        assert(descriptors.exists(_.startsWith(s"${values.last}_")), s"$values, descriptors: ${descriptors.toSeq}")
+      }
+      // A restart loads the state (new provider instances, files from the local cache).
+      val second = run(8 until 9)
+      val m = second.head.stateOperators.head.customMetrics.asScala.map { case (k, v) => k -> v.longValue }.toMap
+      assert(m("keyedstateLoadFilesReusedLocally") + m("keyedstateLoadBytesDownloaded") > 0, m)
+      assert(second.head.stateOperators.head.numRowsTotal == 10)
+    } finally settings.keys.foreach(spark.conf.unset)
   }
 }
 
