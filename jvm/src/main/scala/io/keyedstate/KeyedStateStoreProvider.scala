@@ -3,6 +3,7 @@ package io.keyedstate
 import java.io.File
 import java.util.UUID
 import java.util.concurrent.TimeUnit
+import java.util.concurrent.locks.ReentrantLock
 
 import scala.util.control.NonFatal
 
@@ -46,22 +47,27 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   private var loader: StoreLoader = _
   private var cleaner: RetentionCleaner = _
 
-  // The loaded version and its durable history, guarded by `this`.
-  private var loaded: StoreInstance = _
-  private var lineage: VersionLineage = _
+  // The loaded version and its durable history, changed under `this`. Volatile: maintenance
+  // reads them without waiting for a load or commit that holds `this`.
+  @volatile private var loaded: StoreInstance = _
+  @volatile private var lineage: VersionLineage = _
   @volatile private var lastCommit: Option[CommitStats] = None
   @volatile private var lastLoad: Option[LoadStats] = None
   // When this provider last claimed its store partition for the running query (StoreLease).
   @volatile private var leaseRefreshedMs = 0L
   @volatile private var lastTtl: TtlStats = TtlStats()
+  // The last version whose snapshot this instance made durable (Spark's SnapshotLastUploaded).
+  @volatile private var lastSnapshotUploaded = -1L
 
   // One store at a time uses the instance.
   private var activeStore: KeyedStateStore = _
   private var activeThread: Thread = _
 
   // Commit and cleanup never overlap on one partition: cleanup must not take a commit's
-  // freshly uploaded (not yet listed) files for orphans.
-  private val filesLock = new Object
+  // freshly uploaded (not yet listed) files for orphans. Cleanup only tries the lock: Spark runs
+  // every store's cleanup on one small pool, so waiting out a long commit (a slow or hung
+  // checkpoint file system) would stall the cleanup of every other store on the executor.
+  private val filesLock = new ReentrantLock()
 
   override def init(
       stateStoreId: StateStoreId,
@@ -216,7 +222,8 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
    * coordinator sees the store as lagging and (forceSnapshotUploadOnLag, on by default) asks for
    * a snapshot on every commit after about 5 x minDeltasForSnapshot versions.
    */
-  private def reportSnapshotUploaded(version: Long): Unit =
+  private def reportSnapshotUploaded(version: Long): Unit = {
+    lastSnapshotUploaded = math.max(lastSnapshotUploaded, version)
     try {
       val runId = Option(hadoopConf.get(StreamExecution.RUN_ID_KEY)).map(UUID.fromString)
       runId.foreach { run =>
@@ -225,6 +232,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     } catch {
       case NonFatal(e) => logWarning(s"Could not report the snapshot of version $version of $id: ${e.getMessage}")
     }
+  }
 
   // ---- committing ----
 
@@ -240,15 +248,17 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       val snapshot = lineage.snapshotPlanned(newVersion, loaded.describeColumnFamilies.map(_.numKeys).sum,
         store.forceSnapshot)
       loaded.ttlCleanup.beforeCommit(snapshot)
-      val (_, stats) = filesLock.synchronized {
-        val columnFamilies = loaded.describeColumnFamilies
-        lineage.commit(loaded.db, loaded.takeChangelog(), columnFamilies, columnFamilies.map(_.numKeys).sum,
-          newVersion, commitId, store.forceSnapshot || snapshot, loaded.ttlCleanup.cursorsForManifest)
-      }
+      filesLock.lock()
+      val (_, stats) =
+        try {
+          val columnFamilies = loaded.describeColumnFamilies
+          lineage.commit(loaded.db, loaded.takeChangelog(), columnFamilies, columnFamilies.map(_.numKeys).sum,
+            newVersion, commitId, store.forceSnapshot || snapshot, loaded.ttlCleanup.cursorsForManifest)
+        } finally filesLock.unlock()
       lastTtl = loaded.ttl.stats
       loaded.dirty = false
       loaded.forgetKnownKeys()
-      lastCommit = Some(stats)
+      lastCommit = Some(stats.copy(forcedSnapshot = store.forceSnapshot && stats.snapshotTaken))
       logInfo(s"Committed $id version $newVersion: $stats")
       // Spark 4.3 checks on the driver that every partition's store committed the batch
       // (spark.sql.streaming.stateStore.commitValidation.enabled); providers report it.
@@ -300,24 +310,34 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     val (keys, memory, sst) =
       if (loaded == null) (0L, 0L, 0L)
       else (loaded.numUserKeys, loaded.db.memoryUsageBytes, loaded.db.totalSstFilesBytes)
-    StateStoreMetrics(keys, memory, KeyedStateMetrics.of(lastCommit, lastLoad, sst, lastTtl))
+    StateStoreMetrics(keys, memory, KeyedStateMetrics.of(lastCommit, lastLoad, sst, lastTtl),
+      KeyedStateMetrics.instanceOf(id, lastSnapshotUploaded))
   }
 
   override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = KeyedStateMetrics.all
+
+  override def supportedInstanceMetrics: Seq[StateStoreInstanceMetric] = KeyedStateMetrics.allInstance
 
   // ---- maintenance ----
 
   /** Snapshots are taken by commits and uploaded right away in the background: nothing waits here. */
   override def doSnapshotMaintenance(): Unit = ()
 
-  /** Deletes versions older than `minBatchesToRetain` and files no retained version needs. */
+  /**
+   * Deletes versions older than `minBatchesToRetain` and files no retained version needs; skipped
+   * while a commit of this store runs (the next maintenance run cleans up). A failure is thrown
+   * to Spark, which unloads this store alone.
+   */
   override def doCleanupMaintenance(): Unit = {
     if (leaseRefreshedMs > 0) claimLease()
-    val current = synchronized(lineage)
-    val stats = filesLock.synchronized {
-      cleaner.cleanup(if (current == null) _ => false else current.neededFiles)
-    }
-    if (stats.manifestsDeleted + stats.filesDeleted > 0) logInfo(s"Cleaned up $id: $stats")
+    if (filesLock.tryLock()) {
+      val stats =
+        try {
+          val current = lineage
+          cleaner.cleanup(if (current == null) _ => false else current.neededFiles)
+        } finally filesLock.unlock()
+      if (stats.manifestsDeleted + stats.filesDeleted > 0) logInfo(s"Cleaned up $id: $stats")
+    } else logInfo(s"Cleanup of $id skipped: a commit is in progress; the next maintenance run cleans up")
     backgroundTtlScan()
   }
 
@@ -326,7 +346,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
    * using it; what it finds is removed by the next commit (which checks each entry again).
    */
   private[keyedstate] def backgroundTtlScan(): Int = {
-    val instance = synchronized(loaded)
+    val instance = loaded
     if (instance == null) 0
     else {
       try {

@@ -1,6 +1,6 @@
 package io.keyedstate.metrics
 
-import org.apache.spark.sql.execution.streaming.state.{StateStoreCustomMetric, StateStoreCustomSizeMetric, StateStoreCustomSumMetric, StateStoreCustomTimingMetric}
+import org.apache.spark.sql.execution.streaming.state.{StateStoreCustomMetric, StateStoreCustomSizeMetric, StateStoreCustomSumMetric, StateStoreCustomTimingMetric, StateStoreId, StateStoreInstanceMetric, StateStoreSnapshotLastUploadInstanceMetric}
 
 import io.keyedstate.checkpoint.commit.CommitStats
 import io.keyedstate.checkpoint.restore.LoadStats
@@ -8,7 +8,14 @@ import io.keyedstate.ttl.TtlStats
 
 /**
  * The provider's custom metrics. Spark sums each over the partitions of an operator and shows
- * it in `StreamingQueryProgress.stateOperators[].customMetrics` under the name below.
+ * it in `StreamingQueryProgress.stateOperators[].customMetrics` under the name below. A
+ * "snapshot" metric (`isSnapshot`) describes the state rather than the batch: a progress for a
+ * trigger that ran no batch keeps its value instead of zero, as with Spark's RocksDB provider.
+ *
+ * The instance metric is per store instance (partition and store name), as Spark's providers
+ * report it: `SnapshotLastUploaded.partition_<p>_<store>`, the last version whose snapshot this
+ * instance made durable (-1 before its first), the partitions furthest behind shown in the
+ * progress (`spark.sql.streaming.stateStore.numStateStoreInstanceMetricsToReport`).
  */
 object KeyedStateMetrics {
   val CommitFlushMs = StateStoreCustomTimingMetric("keyedstateCommitFlushMs", "keyedstate commit: memtable flush time")
@@ -24,7 +31,10 @@ object KeyedStateMetrics {
   val LoadBytesDownloaded = StateStoreCustomSizeMetric("keyedstateLoadBytesDownloaded", "keyedstate load: bytes downloaded")
   val LoadChangelogRecordsReplayed = StateStoreCustomSumMetric("keyedstateLoadChangelogRecordsReplayed", "keyedstate load: changelog records replayed")
   val LoadFilesReusedLocally = StateStoreCustomSumMetric("keyedstateLoadFilesReusedLocally", "keyedstate load: files reused from local disk")
-  val SstFilesBytes = StateStoreCustomSizeMetric("keyedstateSstFilesBytes", "keyedstate: live SST bytes")
+  val SstFilesBytes = StateStoreCustomSizeMetric("keyedstateSstFilesBytes", "keyedstate: live SST bytes", isSnapshot = true)
+  // Spark's providers report the same as rocksdbForceSnapshotCount and forceSnapshotCount.
+  val ForceSnapshotCount = StateStoreCustomSumMetric("keyedstateForceSnapshotCount",
+    "keyedstate commit: number of stores that took a snapshot Spark forced (lagging snapshot uploads)")
   val TtlExpiredHidden = StateStoreCustomSumMetric("ttlExpiredHidden", "keyedstate TTL: expired entries hidden from reads and scans")
   val TtlRemovedFullSnapshot = StateStoreCustomSumMetric("ttlRemovedFullSnapshot", "keyedstate TTL: expired entries removed by full-snapshot cleanup")
   val TtlRemovedIncremental = StateStoreCustomSumMetric("ttlRemovedIncremental", "keyedstate TTL: expired entries removed by incremental cleanup")
@@ -33,7 +43,7 @@ object KeyedStateMetrics {
 
   val all: Seq[StateStoreCustomMetric] = Seq(CommitFlushMs, CommitCheckpointMs, CommitUploadMs,
     CommitManifestMs, CommitBytesUploaded, CommitFilesUploaded, CommitFilesReused,
-    CommitChangelogRecords, SnapshotBytesUploaded, LoadMs, LoadBytesDownloaded,
+    CommitChangelogRecords, SnapshotBytesUploaded, ForceSnapshotCount, LoadMs, LoadBytesDownloaded,
     LoadFilesReusedLocally, LoadChangelogRecordsReplayed, SstFilesBytes, TtlExpiredHidden,
     TtlRemovedFullSnapshot, TtlRemovedIncremental, TtlRemovedCompaction, TtlRemovedBackground)
 
@@ -54,6 +64,7 @@ object KeyedStateMetrics {
       CommitFilesReused -> c.filesReused.toLong,
       CommitChangelogRecords -> c.changelogRecords,
       SnapshotBytesUploaded -> c.snapshotBytesUploaded,
+      ForceSnapshotCount -> (if (c.forcedSnapshot) 1L else 0L),
       LoadChangelogRecordsReplayed -> l.changelogRecordsReplayed,
       LoadMs -> l.loadMs,
       LoadBytesDownloaded -> l.bytesDownloaded,
@@ -65,4 +76,12 @@ object KeyedStateMetrics {
       TtlRemovedCompaction -> ttl.removedCompaction,
       TtlRemovedBackground -> ttl.removedBackground)
   }
+
+  val SnapshotLastUploaded: StateStoreInstanceMetric = StateStoreSnapshotLastUploadInstanceMetric()
+
+  val allInstance: Seq[StateStoreInstanceMetric] = Seq(SnapshotLastUploaded)
+
+  /** The instance metrics of store `id`: the last version whose snapshot it uploaded, or -1. */
+  def instanceOf(id: StateStoreId, lastSnapshotUploaded: Long): Map[StateStoreInstanceMetric, Long] =
+    Map(SnapshotLastUploaded.withNewId(id.partitionId, id.storeName) -> lastSnapshotUploaded)
 }

@@ -16,7 +16,11 @@ final case class CommitStats(
     filesUploaded: Int = 0,
     filesReused: Int = 0,
     changelogRecords: Long = 0,
-    snapshotBytesUploaded: Long = 0) {
+    snapshotBytesUploaded: Long = 0,
+    // This commit took a snapshot (uploaded at once, or in the background with changelogs).
+    snapshotTaken: Boolean = false,
+    // ... because Spark forced it (its coordinator saw the store's snapshot uploads lagging).
+    forcedSnapshot: Boolean = false) {
   def totalMs: Long = flushMs + checkpointMs + uploadMs + manifestMs
 }
 

@@ -90,7 +90,8 @@ final class VersionLineage(
         rebase(newVersion, up.files)
         snapshotUploaded(newVersion)
         stats = stats.copy(flushMs = cp.flushMs, checkpointMs = cp.checkpointMs, uploadMs = up.uploadMs,
-          bytesUploaded = up.bytesUploaded, filesUploaded = up.filesUploaded, filesReused = up.filesReused)
+          bytesUploaded = up.bytesUploaded, filesUploaded = up.filesUploaded, filesReused = up.filesReused,
+          snapshotTaken = true)
       } finally snapshots.discard(cp)
     } else {
       changelogs = changelogs ++ logged
@@ -107,7 +108,7 @@ final class VersionLineage(
           up
         }(VersionLineage.uploads(conf))
         pending = Some(Pending(cp, upload))
-        stats = stats.copy(flushMs = cp.flushMs, checkpointMs = cp.checkpointMs)
+        stats = stats.copy(flushMs = cp.flushMs, checkpointMs = cp.checkpointMs, snapshotTaken = true)
       }
     }
 
