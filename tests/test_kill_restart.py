@@ -95,16 +95,32 @@ def make_input(directory: Path, num_files: int = NUM_FILES) -> list[list[dict[st
 
 
 def expected_batches(files: list[list[dict[str, Any]]]) -> dict[int, list[dict[str, Any]]]:
+    """Each file's batch output when every batch reads one file."""
+    states = running_states(files)
+    return {batch: output_of(files, states, batch, batch) for batch in range(len(files))}
+
+
+def running_states(files: list[list[dict[str, Any]]]) -> list[dict[str, dict[str, int]]]:
+    """The count and sum per key after each file."""
     state: dict[str, dict[str, int]] = {}
-    batches = {}
-    for batch, rows in enumerate(files):
+    states = []
+    for rows in files:
         for row in rows:
             agg = state.setdefault(row["key"], {"cnt": 0, "total": 0})
-            agg["cnt"] += 1
-            agg["total"] += row["v"]
-        keys = sorted({row["key"] for row in rows})
-        batches[batch] = [{"key": k, **state[k]} for k in keys]
-    return batches
+            state[row["key"]] = {"cnt": agg["cnt"] + 1, "total": agg["total"] + row["v"]}
+        states.append(dict(state))
+    return states
+
+
+def output_of(
+    files: list[list[dict[str, Any]]],
+    states: list[dict[str, dict[str, int]]],
+    first: int,
+    last: int,
+) -> list[dict[str, Any]]:
+    """What one micro-batch reading files ``first``..``last`` outputs (update mode)."""
+    keys = sorted({row["key"] for rows in files[first : last + 1] for row in rows})
+    return [{"key": k, **states[last][k]} for k in keys]
 
 
 def file_ranges(
@@ -113,11 +129,12 @@ def file_ranges(
     """For each batch in order, the input files (first, last) whose rows give exactly its
     output, taking the files from where the previous batch stopped; a batch that no range of up
     to 4 files explains fails."""
+    states = running_states(files)
     ranges: list[tuple[int, int]] = []
     first = 0
     for batch in sorted(batches):
         for last in range(first, min(first + 4, len(files))):
-            if batches[batch] == output_of(files, first, last):
+            if batches[batch] == output_of(files, states, first, last):
                 ranges.append((first, last))
                 first = last + 1
                 break
@@ -128,17 +145,6 @@ def file_ranges(
             )
     return ranges
 
-
-def output_of(files: list[list[dict[str, Any]]], first: int, last: int) -> list[dict[str, Any]]:
-    """What one micro-batch reading files ``first``..``last`` outputs (update mode)."""
-    state: dict[str, dict[str, int]] = {}
-    for rows in files[: last + 1]:
-        for row in rows:
-            agg = state.setdefault(row["key"], {"cnt": 0, "total": 0})
-            agg["cnt"] += 1
-            agg["total"] += row["v"]
-    keys = sorted({row["key"] for rows in files[first : last + 1] for row in rows})
-    return [{"key": k, **state[k]} for k in keys]
 
 
 def read_outputs(output_dir: Path) -> dict[int, list[dict[str, Any]]]:
