@@ -56,6 +56,14 @@ class SparkContractSuite extends AnyFunSuite with BeforeAndAfterAll with Provide
     StateStore.get(id, keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema), version, None, None,
       useColumnFamilies = false, conf, hadoopConf)
 
+  /** Loads `version`, puts one key named after it and commits `version + 1`. */
+  private def commitOneKey(
+      id: StateStoreProviderId, version: Long, conf: StateStoreConf, hadoopConf: Configuration): Unit = {
+    val s = open(id, version, conf, hadoopConf)
+    s.put(key(s"k$version"), value(version))
+    assert(s.commit() == version + 1)
+  }
+
   private def manifestVersions(storeDir: File): Set[Long] =
     Option(storeDir.listFiles()).getOrElse(Array.empty[File]).map(_.getName)
       .filter(n => n.endsWith(".manifest") && !n.startsWith(".")).map(_.stripSuffix(".manifest").toLong).toSet
@@ -81,11 +89,7 @@ class SparkContractSuite extends AnyFunSuite with BeforeAndAfterAll with Provide
     val failing = StateStoreProviderId(
       StateStoreId(s"${ListingFailsFileSystem.Scheme}://${failingRoot.getAbsolutePath}", 0, 1), runId)
 
-    def commit(id: StateStoreProviderId, version: Long): Unit = {
-      val s = open(id, version, conf, hadoopConf)
-      s.put(key(s"k$version"), value(version))
-      assert(s.commit() == version + 1)
-    }
+    def commit(id: StateStoreProviderId, version: Long): Unit = commitOneKey(id, version, conf, hadoopConf)
     (0L until 4L).foreach { v => commit(healthy, v); commit(failing, v) }
     assert(StateStore.isLoaded(healthy) && StateStore.isLoaded(failing))
     assert(StateStore.isMaintenanceRunning)
@@ -139,11 +143,7 @@ class SparkContractSuite extends AnyFunSuite with BeforeAndAfterAll with Provide
     val healthy = StateStoreProviderId(StateStoreId(healthyRoot.getAbsolutePath, 0, 0), runId)
     val stuck = StateStoreProviderId(
       StateStoreId(s"${CommitHoldingFileSystem.Scheme}://${stuckRoot.getAbsolutePath}", 0, 1), runId)
-    def commit(id: StateStoreProviderId, version: Long): Unit = {
-      val s = open(id, version, conf, hadoopConf)
-      s.put(key(s"k$version"), value(version))
-      assert(s.commit() == version + 1)
-    }
+    def commit(id: StateStoreProviderId, version: Long): Unit = commitOneKey(id, version, conf, hadoopConf)
     (0L until 4L).foreach { v => commit(healthy, v); commit(stuck, v) }
 
     // The stuck store's next commit hangs in its changelog upload, holding the store.
