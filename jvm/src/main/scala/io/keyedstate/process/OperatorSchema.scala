@@ -10,6 +10,8 @@ import org.apache.spark.sql.types._
 import org.json4s._
 import org.json4s.jackson.JsonMethods
 
+import io.keyedstate.errors.ErrorId
+
 /**
  * A keyed function's declared layout, kept with its state (`state/<op>/_keyedstate/schema.json`):
  * the key columns with their types and every state variable's kind and types. Checked when a run
@@ -63,7 +65,7 @@ object OperatorSchema {
       val oldKey = old.keySchema.fields.map(f => (f.name, f.dataType))
       val newKey = layout.keySchema.fields.map(f => (f.name, f.dataType))
       if (!oldKey.sameElements(newKey)) {
-        throw new KeyedProcessError("KEYED_FUNCTION_KEY_CHANGED",
+        throw new KeyedProcessError(ErrorId.KeyedFunctionKeyChanged,
           s"keyed function ${spec.functionName} (operator ${info.operatorId}) was keyed by " +
             s"[${keyDescription(old.keySchema)}] on this checkpoint and is now keyed by " +
             s"[${keyDescription(layout.keySchema)}]; the key of a keyed function cannot change on an " +
@@ -72,7 +74,7 @@ object OperatorSchema {
       spec.states.foreach { v =>
         old.states.find(_.name == v.name).foreach { case StoredState(_, kind, t, k, _) =>
           if (kind != v.declaredKind || t != v.valueType || k != v.mapKeyType) {
-            throw new KeyedProcessError("KEYED_FUNCTION_STATE_CHANGED",
+            throw new KeyedProcessError(ErrorId.KeyedFunctionStateChanged,
               s"state '${v.name}' of keyed function ${spec.functionName} was stored as " +
                 s"${describe(kind, t, k)} and is now declared as ${describe(v.declaredKind, v.valueType, v.mapKeyType)}; " +
                 "a state's kind and type cannot change on an existing checkpoint (use a new state name)")

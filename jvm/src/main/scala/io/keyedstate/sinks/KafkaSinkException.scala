@@ -5,14 +5,16 @@ import java.util.concurrent.{ExecutionException, TimeoutException => JavaTimeout
 import org.apache.kafka.common.KafkaException
 import org.apache.kafka.common.errors.{InvalidProducerEpochException, ProducerFencedException}
 
+import io.keyedstate.errors.{ErrorId, KeyedStateRuntimeException}
+
 /** A Kafka sink cannot write; the message is one line naming what failed (Python maps it to
  * `KafkaSinkError` with this message). */
-final class KafkaSinkException(message: String, cause: Throwable = null)
-    extends RuntimeException(message, cause)
+final class KafkaSinkException(detail: String, cause: Throwable = null, id: ErrorId = ErrorId.KafkaSinkFailed)
+    extends KeyedStateRuntimeException(id, detail, cause)
 
 /** A signal, not an error: another attempt committed this transaction's context meanwhile. */
 final class BatchAlreadyCommittedException(context: TransactionContext)
-    extends RuntimeException(context.toString)
+    extends KeyedStateRuntimeException(ErrorId.KafkaBatchAlreadyCommitted, context.toString)
 
 /** The one place Kafka client failures become `KafkaSinkException`s. */
 object KafkaSinkErrors {
