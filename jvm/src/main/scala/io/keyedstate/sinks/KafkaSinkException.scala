@@ -9,8 +9,12 @@ import io.keyedstate.errors.{ErrorId, KeyedStateRuntimeException}
 
 /** A Kafka sink cannot write; the message is one line naming what failed (Python maps it to
  * `KafkaSinkError` with this message). */
-final class KafkaSinkException(detail: String, cause: Throwable = null, id: ErrorId = ErrorId.KafkaSinkFailed)
-    extends KeyedStateRuntimeException(id, detail, cause)
+final class KafkaSinkException(detail: String, cause: Throwable, id: ErrorId)
+    extends KeyedStateRuntimeException(id, detail, cause) {
+  // Plain constructors, not default arguments: Python builds these through py4j.
+  def this(detail: String, cause: Throwable) = this(detail, cause, ErrorId.KafkaSinkFailed)
+  def this(detail: String) = this(detail, null, ErrorId.KafkaSinkFailed)
+}
 
 /** A signal, not an error: another attempt committed this transaction's context meanwhile. */
 final class BatchAlreadyCommittedException(context: TransactionContext)
