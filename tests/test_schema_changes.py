@@ -54,6 +54,17 @@ def test_an_incompatible_state_schema_on_restart_fails_naming_both_schemas(
     message = str(failure.value)
     assert error in message and existing in message and new in message, (change, message)
     assert sorted(p.name for p in (checkpoint / "state" / "0" / "0").rglob("*")) == state_before
+    # Spark's message does not name the operator; given the checkpoint, keyedstate does.
+    assert keyedstate.state_error(failure.value) is None
+    named = keyedstate.state_error(failure.value, checkpoint=checkpoint)
+    assert isinstance(named, keyedstate.StateSchemaError), message[:3000]
+    assert named.error_id == error and named.__cause__ is failure.value
+    line = str(named)
+    assert line.startswith(
+        f"[{error}] the state of stateful operator 0 (stateStoreSave: streaming aggregation, "
+        "state store 'default') does not fit the restarted query: its stored "
+    ), line
+    assert existing in line and new in line and "\n" not in line, line
 
 
 # -- the Python API's keyed functions: keyedstate's own check names the operator -------------

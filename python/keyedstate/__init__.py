@@ -19,6 +19,7 @@ from keyedstate.errors import (
     LocalDiskError,
     QueryCheckpointError,
     RescaleError,
+    StateSchemaError,
     StateStoreError,
     state_error,
 )
@@ -115,6 +116,7 @@ __all__ = [
     "LocalDiskError",
     "QueryCheckpointError",
     "RescaleError",
+    "StateSchemaError",
     "StateStoreError",
     "state_error",
     "InspectReport",

@@ -24,6 +24,9 @@ mapped.
 from __future__ import annotations
 
 import functools
+import json
+import os
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
@@ -37,6 +40,7 @@ __all__ = [
     "LocalDiskError",
     "QueryCheckpointError",
     "RescaleError",
+    "StateSchemaError",
     "StateStoreError",
     "error_class",
     "from_java",
@@ -97,6 +101,13 @@ class KeyedFunctionError(KeyedStateException):
 class KafkaSinkError(KeyedStateException, RuntimeError):
     """A Kafka sink cannot write: bad configuration, unreachable brokers, a missing topic, a
     DataFrame that is not a Kafka record, or a transaction the broker refused."""
+
+
+class StateSchemaError(KeyedStateException):
+    """Spark refused a restart whose state schema does not fit the checkpoint's
+    (``STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE``, ``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``,
+    ``error_id``), with the stateful operator named: Spark's own message names only the two
+    schemas. Returned by ``state_error(failure, checkpoint=...)``."""
 
 
 class CheckpointOperationError(KeyedStateException, RuntimeError):
@@ -232,20 +243,144 @@ def _java_throwables(error: BaseException) -> Iterator[Any]:
             captured = getattr(captured, "_cause", None)
 
 
-def state_error(error: BaseException, *, operation: bool = False) -> KeyedStateException | None:
+def state_error(
+    error: BaseException,
+    *,
+    checkpoint: str | os.PathLike[str] | None = None,
+    operation: bool = False,
+) -> KeyedStateException | None:
     """The keyedstate error behind ``error`` (a failed query's ``StreamingQueryException``, a
     ``Py4JJavaError``, any Python error raised from one), or ``None`` when keyedstate raised
     none. Its message is keyedstate's one line, ``error_id`` the identifier, ``__cause__``
-    ``error``. A ``KeyedStateException`` is returned as it is."""
+    ``error``. A ``KeyedStateException`` is returned as it is.
+
+    With the query's ``checkpoint``, Spark's refusal of a changed state schema on restart is a
+    ``StateSchemaError`` naming the stateful operator whose stored schema it is (Spark's check
+    runs on the driver before any provider is called, and names only the two schemas)."""
     for link in _python_chain(error):
         if isinstance(link, KeyedStateException):
             return link
-    for throwable in _java_throwables(error):
+    throwables = list(_java_throwables(error))
+    for throwable in throwables:
         mapped = from_java(throwable, operation=operation)
         if mapped is not None:
             mapped.__cause__ = error
             return mapped
+    if checkpoint is not None:
+        for throwable in throwables:
+            schema_error = _schema_error(throwable, os.fspath(checkpoint))
+            if schema_error is not None:
+                schema_error.__cause__ = error
+                return schema_error
     return None
+
+
+# ---- Spark's state schema check, with the operator named ----
+
+SCHEMA_CONDITIONS = (
+    "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE",
+    "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE",
+)
+# What each of Spark's stateful operators is, by the short name its metadata records.
+_OPERATOR_KINDS = {
+    "stateStoreSave": "streaming aggregation",
+    "sessionWindowStateStoreSaveExec": "session window",
+    "dedupe": "dropDuplicates",
+    "dedupeWithinWatermark": "dropDuplicatesWithinWatermark",
+    "symmetricHashJoin": "stream-stream join",
+    "flatMapGroupsWithState": "flatMapGroupsWithState",
+    "applyInPandasWithState": "applyInPandasWithState",
+    "transformWithStateExec": "transformWithState",
+    "keyedProcess": "keyed function",
+}
+
+
+def _schema_error(throwable: Any, checkpoint: str) -> StateSchemaError | None:  # noqa: ANN401
+    for link in java_causes(throwable):
+        if "org.apache.spark.SparkThrowable" not in java_interfaces(link):
+            continue
+        condition = str(link.getCondition() or "")
+        if condition not in SCHEMA_CONDITIONS:
+            continue
+        text = " ".join(str(link.getMessage() or "").split())
+        side = "key" if "_KEY_" in condition else "value"
+        pattern = rf"Existing {side}_schema=(.*?) and new {side}_schema=(.*?)\.(?: |$)"
+        schemas = re.search(pattern, text)
+        if schemas is None:
+            return None
+        existing, new = schemas.groups()
+        operators = [
+            label for label, stored in _stored_schemas(checkpoint)
+            if stored[0 if side == "key" else 1] == existing
+        ]
+        if not operators:
+            return None
+        where = " or ".join(operators)
+        return StateSchemaError(
+            f"[{condition}] the state of {where} does not fit the restarted query: its stored "
+            f"{side} schema is {existing}, the query's is {new} (Spark's check on restart, "
+            f"spark.sql.streaming.stateStore.stateSchemaCheck)",
+            condition,
+        )
+    return None
+
+
+def _stored_schemas(checkpoint: str) -> Iterator[tuple[str, tuple[str, str]]]:
+    """(operator label, (key schema, value schema)) of every column family of every store of
+    every stateful operator of ``checkpoint``, as Spark's schema files hold them (read with
+    Spark's own reader, on the checkpoint's file system)."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        return
+    jvm = sc._jvm
+    conf = sc._jsc.hadoopConfiguration()
+    state = jvm.org.apache.hadoop.fs.Path(checkpoint, "state")
+    fs = state.getFileSystem(conf)
+    if not fs.exists(state):
+        return
+    package = jvm.org.apache.spark.sql.execution.streaming.state
+    for status in fs.listStatus(state):
+        name = str(status.getPath().getName())
+        if not name.isdigit():
+            continue
+        operator = int(name)
+        kind, stores = _operator_metadata(fs, jvm.org.apache.hadoop.fs.Path(status.getPath(),
+                                                                            "_metadata/metadata"))
+        for store in stores:
+            store_id = package.StateStoreId(str(state), operator, 0, store)
+            provider_id = package.StateStoreProviderId(store_id, jvm.java.util.UUID.randomUUID())
+            checker = package.StateSchemaCompatibilityChecker(
+                provider_id, conf, jvm.scala.collection.immutable.List.empty(),
+                jvm.scala.Option.empty(), False,
+            )
+            try:
+                schemas = checker.readSchemaFile()
+            except Py4JJavaError:  # a store without a schema file (one Spark did not write)
+                continue
+            label = f"stateful operator {operator} ({kind}, state store '{store}')"
+            for i in range(schemas.size()):
+                family = schemas.apply(i)
+                yield label, (str(family.keySchema().toString()),
+                              str(family.valueSchema().toString()))
+
+
+def _operator_metadata(fs: Any, path: Any) -> tuple[str, list[str]]:  # noqa: ANN401 - py4j
+    """The operator's short name (with what it is) and its store names, from Spark's operator
+    metadata (``state/<op>/_metadata/metadata``, format v1: a version line, then JSON)."""
+    if not fs.exists(path):
+        return "unknown operator", ["default"]
+    stream = fs.open(path)
+    try:
+        text = bytes(stream.readAllBytes()).decode("utf-8")
+    finally:
+        stream.close()
+    metadata = json.loads(text.split("\n", 1)[1])
+    name = str(metadata["operatorInfo"]["operatorName"])
+    kind = f"{name}: {_OPERATOR_KINDS[name]}" if name in _OPERATOR_KINDS else name
+    return kind, [str(s["storeName"]) for s in metadata["stateStoreInfo"]]
 
 
 P = ParamSpec("P")
