@@ -225,6 +225,33 @@ def _python_chain(error: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
+# How pyspark shows a JVM error it has no class for (``UnknownException``: the JVM object is
+# gone, its ``toString`` stays): keyedstate's class, then its ``[ID]`` line.
+_JVM_TEXT = re.compile(r"io\.keyedstate\.[\w.$]+: \[((?:KEYEDSTATE|KEYED_FUNCTION)_[A-Z_]+)\] ")
+
+
+def _from_text(error: BaseException, operation: bool) -> KeyedStateException | None:
+    """The keyedstate error among the captured causes pyspark kept only as text
+    (``StreamingQuery.exception()`` converts the failure's causes so)."""
+    for link in _python_chain(error):
+        captured: Any = link
+        for _ in range(MAX_CAUSES):
+            if captured is None:
+                break
+            desc = str(getattr(captured, "_desc", "") or "")
+            lines = desc.splitlines()
+            found = _JVM_TEXT.match(lines[0]) if lines else None
+            if found is not None:
+                error_id = found.group(1)
+                cls = error_class(error_id)
+                if operation:
+                    cls = _operation_class(cls)
+                line = " ".join(lines[0][found.start(0) :].split(": ", 1)[1].split())
+                return cls(line, error_id)
+            captured = getattr(captured, "_cause", None)
+    return None
+
+
 def _java_throwables(error: BaseException) -> Iterator[Any]:
     """The JVM throwables behind ``error``: a ``Py4JJavaError``'s, a ``CapturedException``'s
     origin, and those of its captured causes (``StreamingQuery.exception()`` gives only the
@@ -266,6 +293,10 @@ def state_error(
         if mapped is not None:
             mapped.__cause__ = error
             return mapped
+    mapped = _from_text(error, operation)
+    if mapped is not None:
+        mapped.__cause__ = error
+        return mapped
     if checkpoint is not None:
         for throwable in throwables:
             schema_error = _schema_error(throwable, os.fspath(checkpoint))
