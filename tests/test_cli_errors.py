@@ -38,7 +38,9 @@ def test_inspect_of_a_checkpoint_with_a_missing_file_is_one_line_naming_it_and_t
     assert done.returncode == 2, done.stderr[-2000:]
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr[-3000:]
-    assert lines[0].startswith("keyedstate inspect: State file "), lines[0]
+    assert lines[0].startswith(
+        "keyedstate inspect: [KEYEDSTATE_CHECKPOINT_FILE_MISSING] State file "
+    ), lines[0]
     assert files[0].name in lines[0] and "version 1 is missing" in lines[0], lines[0]
     # Spark's own output went to a log the line names, kept for the failure.
     log = Path(lines[0].rsplit("(Spark's log: ", 1)[1].rstrip(")"))

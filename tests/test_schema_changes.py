@@ -1,14 +1,19 @@
-"""A restart with an incompatible state schema fails before it touches the state, naming both."""
+"""A restart with an incompatible state schema fails before it touches the state, naming both
+schemas; keyedstate's keyed functions also name the operator."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import keyedstate
 import pytest
+from keyedstate import KeyedProcessFunction, RuntimeContext, Types, ValueStateDescriptor
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
+from state_api_support import ship_by_value
 
 
 @pytest.mark.parametrize(
@@ -49,3 +54,89 @@ def test_an_incompatible_state_schema_on_restart_fails_naming_both_schemas(
     message = str(failure.value)
     assert error in message and existing in message and new in message, (change, message)
     assert sorted(p.name for p in (checkpoint / "state" / "0" / "0").rglob("*")) == state_before
+    # Spark's message does not name the operator; given the checkpoint, keyedstate does.
+    assert keyedstate.state_error(failure.value) is None
+    named = keyedstate.state_error(failure.value, checkpoint=checkpoint)
+    assert isinstance(named, keyedstate.StateSchemaError), message[:3000]
+    assert named.error_id == error and named.__cause__ is failure.value
+    line = str(named)
+    assert line.startswith(
+        f"[{error}] the state of stateful operator 0 (stateStoreSave: streaming aggregation, "
+        "state store 'default') does not fit the restarted query: its stored "
+    ), line
+    assert existing in line and new in line and "\n" not in line, line
+
+
+# -- the Python API's keyed functions: keyedstate's own check names the operator -------------
+
+
+class LongCount(KeyedProcessFunction):
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        count = (self.count.value() or 0) + 1
+        self.count.update(count)
+        yield (value.k, count)
+
+
+class StringCount(KeyedProcessFunction):
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.STRING()))
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        count = (self.count.value() or "") + "x"
+        self.count.update(count)
+        yield (value.k, len(count))
+
+
+ship_by_value(__name__)
+
+
+@pytest.mark.parametrize(
+    ("change", "error_id", "says"),
+    [
+        ("state type", "KEYED_FUNCTION_STATE_CHANGED",
+         r"state 'count' \(column family 'count'\) of {operator} was stored as \w+ state of "
+         r"bigint and is now declared as \w+ state of string"),
+        ("key type", "KEYED_FUNCTION_KEY_CHANGED",
+         r"{operator} was keyed by \[k bigint\] on this checkpoint and is now keyed by "
+         r"\[k string\]"),
+    ],
+)
+def test_a_keyed_function_restarted_with_another_state_or_key_type_fails_naming_the_operator(
+    spark: SparkSession, tmp_path: Path, change: str, error_id: str, says: str
+) -> None:
+    source, checkpoint = tmp_path / "in", tmp_path / "ck"
+
+    def run(function: KeyedProcessFunction, key_type: str) -> None:
+        spark.range(20).selectExpr("id % 5 as k", "id as v").write.mode("append").parquet(
+            str(source)
+        )
+        rows = spark.readStream.schema("k long, v long").parquet(str(source))
+        rows = rows.select(F.col("k").cast(key_type).alias("k"), "v")
+        out = keyedstate.key_by(rows, "k").process(function, f"k {key_type}, n long")
+        query = (
+            out.writeStream.format("noop").outputMode("append")
+            .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+        )
+        query.awaitTermination(180)
+
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", keyedstate.PROVIDER_CLASS)
+    run(LongCount(), "long")
+    state_before = sorted(p.name for p in (checkpoint / "state" / "0").rglob("*"))
+    with pytest.raises(StreamingQueryException) as failure:
+        if change == "state type":
+            run(StringCount(), "long")
+        else:
+            run(LongCount(), "string")
+    error = keyedstate.state_error(failure.value)
+    assert isinstance(error, keyedstate.KeyedFunctionError), str(failure.value)[:2000]
+    assert error.error_id == error_id
+    message = str(error)
+    operator = re.escape(
+        "stateful operator 0 (KeyedStateApplyExec / keyed function "
+    ) + r"[\w.<>]*Count, state store 'default'\)"
+    assert message.startswith(f"[{error_id}] "), message
+    assert re.search(says.format(operator=operator), message), message
+    assert sorted(p.name for p in (checkpoint / "state" / "0").rglob("*")) == state_before

@@ -271,7 +271,8 @@ def test_a_batch_before_the_last_committed_one_is_refused_not_skipped(
     sink(frame(spark, records(0, 2), partitions=1), 5)
     # Raised in the task (the JVM's), it reaches the driver inside Spark's job failure, and
     # becomes the sink's error with the task's one line.
-    with pytest.raises(KafkaSinkError, match=r"^sink .* committed batch 5 .*skip batch 2") as error:
+    refused = r"^\[KEYEDSTATE_KAFKA_SINK_FAILED\] sink .* committed batch 5 .*skip batch 2"
+    with pytest.raises(KafkaSinkError, match=refused) as error:
         sink(frame(spark, records(2, 2), partitions=1), 2)  # e.g. a checkpoint restored from a copy
     assert "\n" not in str(error.value)
     assert committed(kafka_broker, topic) == sorted(records(0, 2))
@@ -327,7 +328,8 @@ def test_malformed_records_are_caught_before_any_write(
     # naming the column; nothing of the partition becomes visible.
     headers = "value string, headers array<struct<key:string,value:binary>>"
     rows = [("ok", []), ("bad", [(None, bytearray(b"x"))])]
-    with pytest.raises(KafkaSinkError, match=r"^sink .* partition 0: .*column 'headers' holds a"):
+    invalid = r"^\[KEYEDSTATE_KAFKA_INVALID_RECORD\] sink .* partition 0: .*'headers' holds a"
+    with pytest.raises(KafkaSinkError, match=invalid):
         sink(spark.createDataFrame(rows, headers).coalesce(1), 0)
     assert kafka_broker.read(topic, "read_committed") == []
     assert not sink.is_committed(ctx(topic, 0))
@@ -341,7 +343,8 @@ def test_jvm_failures_map_to_one_line_errors_in_one_place(spark: SparkSession) -
     )
     error, complete = jvm_error("writing batch 1", task_failure)
     assert isinstance(error, KafkaSinkError) and complete
-    assert str(error) == "sink s batch 1 partition 0: it broke"
+    assert str(error) == "[KEYEDSTATE_KAFKA_SINK_FAILED] sink s batch 1 partition 0: it broke"
+    assert error.error_id == "KEYEDSTATE_KAFKA_SINK_FAILED"
 
     context = jvm.io.keyedstate.sinks.TransactionContext("s", 2, jvm.scala.Option.empty())
     signal = jvm.io.keyedstate.sinks.BatchAlreadyCommittedException(context)

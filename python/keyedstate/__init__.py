@@ -10,6 +10,19 @@ from keyedstate._session import (
     configure,
     jar_path,
 )
+from keyedstate.errors import (
+    CheckpointError,
+    CheckpointOperationError,
+    InvalidOptionError,
+    KeyedFunctionError,
+    KeyedStateException,
+    LocalDiskError,
+    QueryCheckpointError,
+    RescaleError,
+    StateSchemaError,
+    StateStoreError,
+    state_error,
+)
 from keyedstate.functions import (
     AggregateFunction,
     CheckpointedFunction,
@@ -73,7 +86,6 @@ from keyedstate.state import (
     ValueStateDescriptor,
 )
 from keyedstate.tools.ops import (
-    CheckpointOperationError,
     InspectReport,
     RescaleResult,
     inspect,
@@ -96,7 +108,17 @@ __all__ = [
     "fixed_delay_restart",
     "no_restart",
     "run",
+    "CheckpointError",
     "CheckpointOperationError",
+    "InvalidOptionError",
+    "KeyedFunctionError",
+    "KeyedStateException",
+    "LocalDiskError",
+    "QueryCheckpointError",
+    "RescaleError",
+    "StateSchemaError",
+    "StateStoreError",
+    "state_error",
     "InspectReport",
     "RescaleResult",
     "inspect",

@@ -11,6 +11,11 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from keyedstate.errors import InvalidOptionError
+
+# The JVM's identifier for the same fault (its check of a session setting).
+INVALID_OPTION = "KEYEDSTATE_INVALID_OPTION"
+
 PROVIDER_CLASS = "io.keyedstate.KeyedStateStoreProvider"
 PROVIDER_CLASS_KEY = "spark.sql.streaming.stateStore.providerClass"
 # Plans the Python API's keyed functions (io.keyedstate.process): a static setting.
@@ -79,8 +84,10 @@ def _option_value(name: str, value: Any) -> str:  # noqa: ANN401 - any option's 
     else:  # absolute_path
         valid = os.path.isabs(raw)
     if not valid:
-        raise ValueError(
-            f"Invalid value {value!r} for {name}= ({option['key']}): allowed is {option['allowed']}"
+        raise InvalidOptionError(
+            f"Invalid value {value!r} for {name}= ({option['key']}): "
+            f"allowed is {option['allowed']}",
+            INVALID_OPTION,
         )
     return text
 
@@ -100,7 +107,9 @@ def configure(
         raise ValueError(f"kafka= must be True or False, got {kafka!r}")
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise ValueError(f"unknown keyedstate option(s) {unknown}; allowed: {sorted(OPTIONS)}")
+        raise InvalidOptionError(
+            f"unknown keyedstate option(s) {unknown}; allowed: {sorted(OPTIONS)}", INVALID_OPTION
+        )
     settings = {OPTIONS[name]["key"]: _option_value(name, value) for name, value in options.items()}
     builder = (
         builder.config("spark.jars", jar_path())

@@ -21,7 +21,7 @@ from typing import Any
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.errors import IllegalArgumentException as PySparkIllegalArgumentException
 
-from keyedstate._java import java_causes
+from keyedstate.errors import java_causes, java_interfaces
 
 __all__ = [
     "CHECKPOINT_FAILURE_CONDITIONS",
@@ -155,19 +155,10 @@ def _jvm_links(throwable: Any) -> Iterator[_Link]:  # noqa: ANN401 - a py4j Java
             classes.append(str(cls.getName()))
             cls = cls.getSuperclass()
         condition = None
-        if "org.apache.spark.SparkThrowable" in _interfaces(link):
+        if "org.apache.spark.SparkThrowable" in java_interfaces(link):
             condition = link.getCondition()
         yield _Link(tuple(classes), str(condition) if condition else None,
                     str(link.getMessage() or ""))
-
-
-def _interfaces(throwable: Any) -> set[str]:  # noqa: ANN401 - a py4j JavaObject
-    names: set[str] = set()
-    cls = throwable.getClass()
-    while cls is not None:
-        names.update(str(i.getName()) for i in cls.getInterfaces())
-        cls = cls.getSuperclass()
-    return names
 
 
 def _links(error: BaseException, jvm_error: Any) -> Iterator[_Link]:  # noqa: ANN401

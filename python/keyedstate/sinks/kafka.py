@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from keyedstate._java import first_line, java_causes
+from keyedstate.errors import KafkaSinkError, first_line, java_causes, keyedstate_cause
 from keyedstate.sinks.two_phase_commit import (
     QUERY_ID_PROPERTY,
     BatchAlreadyCommitted,
@@ -48,16 +48,10 @@ RESERVED_CONFIG = {
     "key.serializer",
     "value.serializer",
 }
-_JVM_PACKAGE = "io.keyedstate.sinks."
 _CONNECTOR_HINT = (
     "the Kafka sink needs kafka-clients on Spark's classpath: build the session with "
     "keyedstate.configure(builder, kafka=True), which adds Spark's Kafka connector and its client"
 )
-
-
-class KafkaSinkError(RuntimeError):
-    """A Kafka sink cannot write: bad configuration, unreachable brokers, a missing topic, a
-    DataFrame that is not a Kafka record, or a transaction the broker refused."""
 
 
 @dataclass
@@ -254,18 +248,20 @@ def jvm_error(
     throwable: Any,  # noqa: ANN401 - a py4j JavaObject (a Throwable)
 ) -> tuple[KafkaSinkError | BatchAlreadyCommitted, bool]:
     """The one place JVM failures of the sink become Python errors, with one line naming what
-    failed, and whether that line is complete: the sink's own message (``KafkaSinkException``,
-    found among Spark's wrappers of a failed task); ``BatchAlreadyCommitted`` for the JVM's
-    signal of it; a missing Kafka client says how to add it; anything else is ``what`` failed,
-    with the innermost cause's first line (Spark's job failures embed executor stack traces in
-    their messages: never shown)."""
+    failed, and whether that line is complete: the sink's own message (a ``KEYEDSTATE_KAFKA_*``
+    error, found among Spark's wrappers of a failed task, ``keyedstate.errors``);
+    ``BatchAlreadyCommitted`` for the JVM's signal of it; a missing Kafka client says how to
+    add it; anything else is ``what`` failed, with the innermost cause's first line (Spark's
+    job failures embed executor stack traces in their messages: never shown)."""
+    ours = keyedstate_cause(throwable)
+    if ours is not None and str(ours.errorId()).startswith("KEYEDSTATE_KAFKA_"):
+        error_id = str(ours.errorId())
+        if error_id == "KEYEDSTATE_KAFKA_BATCH_ALREADY_COMMITTED":
+            return BatchAlreadyCommitted(str(ours.detail())), True
+        return KafkaSinkError(first_line(ours), error_id), True
     chain = java_causes(throwable)
     for error in chain:
         name = str(error.getClass().getName())
-        if name == _JVM_PACKAGE + "BatchAlreadyCommittedException":
-            return BatchAlreadyCommitted(first_line(error)), True
-        if name == _JVM_PACKAGE + "KafkaSinkException":
-            return KafkaSinkError(first_line(error)), True
         if name in ("java.lang.NoClassDefFoundError", "java.lang.ClassNotFoundException") and (
             "org/apache/kafka" in first_line(error) or "org.apache.kafka" in first_line(error)
         ):

@@ -16,30 +16,24 @@ from py4j.java_gateway import JavaClass
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
-from keyedstate._java import first_line, java_causes
 from keyedstate._session import PROVIDER_CLASS
+from keyedstate.errors import CheckpointOperationError, first_line, from_java
 
 T = TypeVar("T")
 
-
-class CheckpointOperationError(RuntimeError):
-    """A rescale or inspect refused or failed; the message says why (from the JVM side)."""
-
-
 def _call(method: Any, *args: Any) -> Any:
+    """``method(*args)`` in the JVM. A failure is a ``CheckpointOperationError``: keyedstate's
+    own (the store, the version, the file), found among the causes of Spark's wrappers (a failed
+    job, a state-store error class), also of its family's class (``keyedstate.errors``); else
+    the error's first line. Spark's job failures embed executor stack traces: never shown."""
     try:
         return method(*args)
     except Py4JJavaError as e:
-        raise CheckpointOperationError(_java_message(e.java_exception)) from e
-
-
-def _java_message(error: Any) -> str:  # noqa: ANN401 - a py4j JavaObject (a Throwable)
-    """One line: keyedstate's own message (the store, the version, the file), found among the
-    causes of Spark's wrappers (a failed job, a state-store error class); else the error's first
-    line. Spark's job failures embed executor stack traces in their message: never shown."""
-    ours = [e for e in java_causes(error) if e.getClass().getName().startswith("io.keyedstate.")]
-    chosen = ours[0] if ours else error
-    return first_line(chosen) or str(chosen.toString())
+        error = e.java_exception
+        mapped = from_java(error, operation=True) or CheckpointOperationError(
+            first_line(error) or str(error.toString())
+        )
+        raise mapped from e
 
 
 def _snake(name: str) -> str:

@@ -6,6 +6,8 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 
+import io.keyedstate.conf.KeyedStateErrors
+import io.keyedstate.errors.ErrorId
 import io.keyedstate.rocks.{ClosableIterator, ColumnFamilyCodec}
 
 private object KeyedStateStore {
@@ -40,12 +42,12 @@ final class KeyedStateStore private[keyedstate] (
   override def id: StateStoreId = provider.stateStoreId
 
   private def checkOpen(op: String): Unit = if (phase != Open) {
-    throw new IllegalStateException(
+    throw KeyedStateErrors.badState(ErrorId.UnsupportedOperation,
       s"Cannot $op on state store ${id} version $version: it is ${phase.toString.toLowerCase}")
   }
   private def checkWritable(op: String): Unit = {
     checkOpen(op)
-    if (!writable) throw new IllegalStateException(s"Cannot $op on read-only state store $id version $version")
+    if (!writable) throw KeyedStateErrors.badState(ErrorId.UnsupportedOperation, s"Cannot $op on read-only state store $id version $version")
   }
 
   /** Turns this read store into the write store of the same loaded version (no reload). */
@@ -106,7 +108,7 @@ final class KeyedStateStore private[keyedstate] (
     checkOpen("prefixScan")
     val codec = state.codec(cf)
     if (!codec.supportsPrefixScan) {
-      throw new UnsupportedOperationException(
+      throw KeyedStateErrors.unsupported(ErrorId.UnsupportedOperation,
         s"prefixScan needs a prefix-key encoder; column family '$cf' uses ${codec.keySpec}")
     }
     val prefix = codec.encodePrefix(prefixKey)
@@ -175,7 +177,7 @@ final class KeyedStateStore private[keyedstate] (
   private def rangeCodec(cf: String, op: String): ColumnFamilyCodec = {
     val codec = state.codec(cf)
     if (!codec.supportsRangeScan) {
-      throw new UnsupportedOperationException(
+      throw KeyedStateErrors.unsupported(ErrorId.UnsupportedOperation,
         s"$op needs a range-scan key encoder; column family '$cf' uses ${codec.keySpec}")
     }
     codec
@@ -259,7 +261,7 @@ final class KeyedStateStore private[keyedstate] (
     checkWritable("merge")
     val codec = state.codec(colFamilyName)
     if (!codec.multipleValues) {
-      throw new UnsupportedOperationException(
+      throw KeyedStateErrors.unsupported(ErrorId.UnsupportedOperation,
         s"merge needs a column family with multiple values per key; '$colFamilyName' has one")
     }
     state.write(colFamilyName, codec.encodeKey(key), codec.encodeValues(values, state.ttl.stamp(colFamilyName)),
@@ -306,7 +308,7 @@ final class KeyedStateStore private[keyedstate] (
 
   override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo = {
     if (checkpointInfo == null) {
-      throw new IllegalStateException(
+      throw KeyedStateErrors.badState(ErrorId.UnsupportedOperation,
         s"getStateStoreCheckpointInfo called before commit on state store $id version $version")
     }
     checkpointInfo

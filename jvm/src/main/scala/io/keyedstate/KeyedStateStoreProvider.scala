@@ -20,6 +20,7 @@ import io.keyedstate.checkpoint.commit.{CommitStats, SnapshotStrategy, VersionLi
 import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
 import io.keyedstate.checkpoint.retention.RetentionCleaner
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
+import io.keyedstate.errors.ErrorId
 import io.keyedstate.metrics.KeyedStateMetrics
 import io.keyedstate.ttl.{TtlClock, TtlStats}
 
@@ -170,7 +171,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     while (activeStore != null && activeThread != Thread.currentThread()) {
       val waitMs = TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime())
       if (waitMs <= 0) {
-        throw new IllegalStateException(
+        throw KeyedStateErrors.badState(ErrorId.StoreBusy,
           s"Timed out after 2 minutes waiting for state store $id: ${activeStore} is still in use by " +
             s"thread ${activeThread.getName}")
       }
@@ -238,7 +239,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 
   private[keyedstate] def commit(store: KeyedStateStore): (Long, StateStoreCheckpointInfo) = synchronized {
     if (!(store eq activeStore)) {
-      throw new IllegalStateException(s"Cannot commit $store: the state store instance was taken over")
+      throw KeyedStateErrors.badState(ErrorId.StoreBusy, s"Cannot commit $store: the state store instance was taken over")
     }
     val newVersion = store.version + 1
     val commitId = UUID.randomUUID().toString
@@ -392,7 +393,7 @@ object KeyedStateStoreProvider {
    */
   private def refuseTtlOnJoinState(id: StateStoreId, conf: KeyedStateConf): Unit =
     if (JoinStoreNames(id.storeName) && conf.ttl.anyEnabledFor(id.operatorId, StateStore.DEFAULT_COL_FAMILY_NAME)) {
-      throw new IllegalArgumentException(
+      throw KeyedStateErrors.invalidOption(
         s"keyedstate TTL cannot be used for operator ${id.operatorId}: it is a stream-stream join " +
           s"(state store '${id.storeName}'), whose two stores (keyToNumValues and keyWithIndexToValue) " +
           "must stay consistent, and expiring their entries independently would corrupt the join's state. " +

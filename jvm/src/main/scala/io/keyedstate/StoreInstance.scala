@@ -9,7 +9,8 @@ import org.apache.spark.sql.types.StructType
 
 import io.keyedstate.checkpoint.ManifestColumnFamily
 import io.keyedstate.checkpoint.commit.Changelog
-import io.keyedstate.conf.{KeyedStateConf, TtlConfig}
+import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors, TtlConfig}
+import io.keyedstate.errors.ErrorId
 import io.keyedstate.rocks.{ColumnFamilyCodec, LocalRocksDB}
 import io.keyedstate.ttl.{TtlCleanup, TtlCleanupTarget, TtlState}
 
@@ -108,7 +109,7 @@ private[keyedstate] final class StoreInstance(
     taken
   }
 
-  def codec(cf: String): ColumnFamilyCodec = codecs.getOrElse(cf, throw new IllegalArgumentException(
+  def codec(cf: String): ColumnFamilyCodec = codecs.getOrElse(cf, throw KeyedStateErrors.badArgument(ErrorId.UnsupportedOperation,
     s"Column family '$cf' is not registered in this state store; registered: " +
       codecs.keys.toSeq.sorted.mkString(", ")))
 
@@ -123,7 +124,7 @@ private[keyedstate] final class StoreInstance(
       isInternal: Boolean): Unit = {
     require(name != null && name.nonEmpty, "A column family name must not be empty")
     if (!useColumnFamilies && name != StateStore.DEFAULT_COL_FAMILY_NAME) {
-      throw new UnsupportedOperationException(
+      throw KeyedStateErrors.unsupported(ErrorId.UnsupportedOperation,
         s"Column family '$name' needs a state store initialised with useColumnFamilies=true")
     }
     codecs(name) = new ColumnFamilyCodec(storeName, name, keySchema, valueSchema, spec, multipleValues, isInternal)
@@ -147,7 +148,7 @@ private[keyedstate] final class StoreInstance(
 
   def removeColumnFamily(name: String): Boolean = {
     if (name == StateStore.DEFAULT_COL_FAMILY_NAME) {
-      throw new UnsupportedOperationException("The default column family cannot be removed")
+      throw KeyedStateErrors.unsupported(ErrorId.UnsupportedOperation, "The default column family cannot be removed")
     }
     codecs.remove(name)
     keyCounts.remove(name)

@@ -12,7 +12,7 @@ import org.apache.spark.sql.types.StructType
 import io.keyedstate.checkpoint.{ChangelogFile, CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, VersionManifest}
 import io.keyedstate.checkpoint.commit.{Changelog, SnapshotStrategy, VersionLineage}
 import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
-import io.keyedstate.conf.{CheckpointFileException, KeyedStateConf}
+import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.rocks.LocalRocksDB
 
 /** The schema of a provider's default column family, as Spark declared it in `init`. */
@@ -103,7 +103,7 @@ private[keyedstate] final class StoreLoader(
         checkpointStore.listManifests().filter(_.version == version) match {
           case Seq(only) => checkpointStore.readManifest(only.path, version)
           case Seq() => checkpointStore.readManifest(version, None)
-          case several => throw new CheckpointFileException(
+          case several => throw KeyedStateErrors.loadFailed(
             s"State version $version of $id has ${several.size} commits " +
               s"(${several.map(_.path.getName).mkString(", ")}) and no checkpoint id was given")
         }

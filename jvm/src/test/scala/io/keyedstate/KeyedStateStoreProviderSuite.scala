@@ -10,6 +10,7 @@ import org.apache.spark.unsafe.types.UTF8String
 import org.scalatest.funsuite.AnyFunSuite
 
 import io.keyedstate.conf.{CheckpointFileException, KeyedStateConf}
+import io.keyedstate.errors.{ErrorFamily, ErrorId}
 
 /** The provider against the 4.3 contract, on real RocksDB and a real local Hadoop file system. */
 class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
@@ -483,9 +484,12 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
   private def sparkFailure(f: => Any): (String, String) = {
     val e = intercept[Exception](f)
     val ours = Iterator.iterate[Throwable](e)(_.getCause).takeWhile(_ != null)
-      .collectFirst { case c: CheckpointFileException => c.getMessage }
+      .collectFirst { case c: CheckpointFileException => c }
       .getOrElse(fail(s"no keyedstate message under $e"))
-    (condition(e), ours)
+    // Spark's class outside, keyedstate's identifier first in its own line.
+    assert(ours.getMessage == s"[${ours.errorId}] ${ours.detail}", ours.getMessage)
+    assert(ErrorId.named(ours.errorId).exists(_.family == ErrorFamily.Checkpoint), ours.errorId)
+    (condition(e), ours.getMessage)
   }
 
   /** Loads on a new executor (its own local directory, so nothing comes from a local cache). */

@@ -35,6 +35,7 @@ class LocalDiskSuite extends AnyFunSuite with ProviderFixture {
 
   private def assertNamesDiskAndCause(e: Throwable, file: File, localDir: File): Unit = {
     assert(e.isInstanceOf[LocalDiskException], e)
+    assert(e.asInstanceOf[LocalDiskException].errorId == "KEYEDSTATE_LOCAL_DISK_WRITE_FAILED", e)
     val message = e.getMessage
     assert(message.contains(file.toString), message)
     assert(message.contains("No space left on device"), message)

@@ -11,7 +11,7 @@ import org.apache.hadoop.fs.{CommonPathCapabilities, FileStatus, FileSystem, Loc
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.checkpointing.{CheckpointFileManager, FileContextBasedCheckpointFileManager}
 
-import io.keyedstate.conf.{CheckpointFileException, LocalDiskException}
+import io.keyedstate.conf.{KeyedStateErrors, LocalDiskException}
 
 /** A manifest (or snapshot descriptor) found in the store directory. */
 final case class ManifestRef(version: Long, checkpointId: Option[String], path: Path, modificationTime: Long)
@@ -56,7 +56,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
   /** Makes the partition directory exist: Spark's state reader discovers partitions by listing. */
   def ensureRoot(): Unit =
     if (!fs.exists(root) && !fs.mkdirs(root) && !fs.exists(root)) {
-      throw new CheckpointFileException(s"Cannot create the state directory $root: the file system refused")
+      throw KeyedStateErrors.checkpointWrite(s"Cannot create the state directory $root: the file system refused")
     }
 
   def listManifests(): Seq[ManifestRef] = listNamed(ManifestSuffix)
@@ -112,18 +112,18 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
         try new String(in.readAllBytes(), UTF_8) finally in.close()
       } catch {
         case e: java.io.FileNotFoundException =>
-          throw new CheckpointFileException(
+          throw KeyedStateErrors.fileMissing(
             s"State version $version is missing: manifest $path does not exist", e)
       }
     val manifest =
       try VersionManifest.fromJson(json)
       catch {
         case NonFatal(e) =>
-          throw new CheckpointFileException(
+          throw KeyedStateErrors.fileCorrupt(
             s"State version $version has a corrupt manifest $path (${json.length} bytes): ${e.getMessage}", e)
       }
     if (manifest.version != version) {
-      throw new CheckpointFileException(
+      throw KeyedStateErrors.fileCorrupt(
         s"State manifest $path describes version ${manifest.version}, expected version $version")
     }
     manifest
@@ -154,7 +154,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
     } catch {
       case NonFatal(e) =>
         delete(tmp)
-        throw new CheckpointFileException(s"Cannot write state manifest $path for version $version: ${e.getMessage}", e)
+        throw KeyedStateErrors.checkpointWrite(s"Cannot write state manifest $path for version $version: ${e.getMessage}", e)
     }
   }
 
@@ -167,7 +167,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
     } catch {
       case NonFatal(e) =>
         try out.abort() catch { case NonFatal(abortFailure) => e.addSuppressed(abortFailure) }
-        throw new CheckpointFileException(s"Cannot write state manifest $path for version $version: ${e.getMessage}", e)
+        throw KeyedStateErrors.checkpointWrite(s"Cannot write state manifest $path for version $version: ${e.getMessage}", e)
     }
   }
 
@@ -180,7 +180,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
     } catch {
       case NonFatal(e) =>
         out.cancel()
-        throw new CheckpointFileException(s"Cannot write state manifest $path for version $version: ${e.getMessage}", e)
+        throw KeyedStateErrors.checkpointWrite(s"Cannot write state manifest $path for version $version: ${e.getMessage}", e)
     }
     if (!renameReportsFailure) checkPublished(path, bytes, version)
   }
@@ -196,10 +196,10 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
       try { val in = fs.open(path); try in.readAllBytes() finally in.close() }
       catch {
         case NonFatal(e) =>
-          throw new CheckpointFileException(s"Cannot write state manifest $path for version $version: it cannot be read back", e)
+          throw KeyedStateErrors.checkpointWrite(s"Cannot write state manifest $path for version $version: it cannot be read back", e)
       }
     if (!java.util.Arrays.equals(published, bytes)) {
-      throw new CheckpointFileException(
+      throw KeyedStateErrors.checkpointWrite(
         s"Cannot write state manifest $path for version $version: the file system did not replace the existing " +
           "manifest (its rename reported failure)")
     }
@@ -215,7 +215,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
         val out = fs.create(target, false)
         try copy(in, out, crc) finally out.close()
       } catch {
-        case NonFatal(e) => throw new CheckpointFileException(s"Cannot upload $local to $target: ${e.getMessage}", e)
+        case NonFatal(e) => throw KeyedStateErrors.checkpointWrite(s"Cannot upload $local to $target: ${e.getMessage}", e)
       } finally in.close()
     // The bytes actually written, not the local file's length afterwards.
     ManifestFile(localName, relative, size, crc.getValue)
@@ -232,7 +232,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
       try fs.open(source)
       catch {
         case e: java.io.FileNotFoundException =>
-          throw new CheckpointFileException(
+          throw KeyedStateErrors.fileMissing(
             s"State file $source needed by version $version is missing", e)
       }
     val copied =
@@ -241,16 +241,16 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
         try copy(in, out, crc) finally out.close()
       } catch {
         case e: LocalDiskException => throw e // the local disk's fault, not the file's
-        case e: IOException => throw new CheckpointFileException(
+        case e: IOException => throw KeyedStateErrors.fileCorrupt(
           s"State file $source needed by version $version is corrupt or unreadable: ${e.getMessage}", e)
       } finally in.close()
     if (copied != file.size) {
-      throw new CheckpointFileException(
+      throw KeyedStateErrors.fileCorrupt(
         s"State file $source needed by version $version is damaged: " +
           s"$copied bytes, the manifest says ${file.size}")
     }
     if (verifyChecksum && crc.getValue != file.crc32c) {
-      throw new CheckpointFileException(
+      throw KeyedStateErrors.fileCorrupt(
         s"State file $source needed by version $version is corrupt: " +
           f"CRC32C ${crc.getValue}%08x, the manifest says ${file.crc32c}%08x")
     }

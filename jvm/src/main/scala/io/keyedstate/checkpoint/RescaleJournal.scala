@@ -7,6 +7,9 @@ import org.apache.hadoop.fs.{FileContext, Options, Path}
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
+import io.keyedstate.conf.KeyedStateErrors
+import io.keyedstate.errors.ErrorId
+
 /**
  * The record of a rescale in progress, at `<checkpoint>/.keyedstate-rescale/journal.json`.
  *
@@ -71,7 +74,7 @@ object RescaleJournal {
    */
   def checkNoRescaleInProgress(checkpointRoot: Path, hadoopConf: Configuration): Unit =
     read(checkpointRoot, hadoopConf).filterNot(j => j.inPlace && j.phase == Building).foreach { j =>
-      throw new IllegalStateException(
+      throw KeyedStateErrors.badState(ErrorId.RescaleInProgress,
         s"The checkpoint $checkpointRoot is being rescaled from ${j.fromPartitions} to ${j.toPartitions} " +
           s"partitions (journal ${path(checkpointRoot)}, phase '${j.phase}', started at " +
           s"${java.time.Instant.ofEpochMilli(j.startedAtMs)}). Wait for `keyedstate rescale` to finish; if it " +

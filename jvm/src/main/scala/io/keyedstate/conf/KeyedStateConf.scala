@@ -147,20 +147,18 @@ object KeyedStateConf {
       .partition { case (k, _) => k.startsWith(Prefix + TtlSettings.Prefix) }
     val unknown = ours.keySet.map(_.stripPrefix(Prefix)) -- optionNames
     if (unknown.nonEmpty) {
-      throw new IllegalArgumentException(
+      throw KeyedStateErrors.invalidOption(
         s"Unknown keyedstate option(s) ${unknown.toSeq.sorted.map(Prefix + _).mkString(", ")}; " +
           s"allowed: ${optionNames.map(Prefix + _).mkString(", ")} and the TTL options ${Prefix}ttl.* (docs/ttl.md)")
     }
     def get[T](opt: Opt[T]): T = ours.get(opt.key) match {
       case None => opt.default
       case Some(raw) =>
-        opt.parse(raw).getOrElse(throw new IllegalArgumentException(
-          s"Invalid value '$raw' for ${opt.key}: allowed is ${opt.allowed}"))
+        opt.parse(raw).getOrElse(throw KeyedStateErrors.invalidOptionValue(opt.key, raw, opt.allowed))
     }
     if (minVersionsToRetain < 1) {
-      throw new IllegalArgumentException(
-        s"Invalid value '$minVersionsToRetain' for spark.sql.streaming.minBatchesToRetain: " +
-          "allowed is an integer of at least 1")
+      throw KeyedStateErrors.invalidOptionValue("spark.sql.streaming.minBatchesToRetain",
+        minVersionsToRetain.toString, "an integer of at least 1")
     }
     KeyedStateConf(
       localDir = get(LocalDir),

@@ -1,7 +1,8 @@
 package io.keyedstate.conf
 
-import java.io.{File, IOException}
+import java.io.File
 
+import io.keyedstate.errors._
 import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.apache.spark.sql.keyedstate.StateStoreErrorsBridge
 
@@ -20,16 +21,59 @@ import org.apache.spark.sql.keyedstate.StateStoreErrorsBridge
  * A failure of the executor's local disk (full, read-only, gone) is a [[LocalDiskException]]
  * naming the file, the local directory and the operating system's reason: as the cause of the
  * two above when it happens in a commit or a load, on its own when a write of a task fails.
+ *
+ * Every error keyedstate raises itself is built here and carries a stable identifier
+ * ([[io.keyedstate.errors.ErrorId]], `[ID]` at the start of its message); where Spark's class
+ * is the outer error, keyedstate's is its cause. Each keeps the Java type callers catch
+ * (`IllegalArgumentException` for a bad option, `IOException` for a file).
  */
 object KeyedStateErrors {
   def unexpectedVersion(version: Long): Throwable = StateStoreErrorsBridge.unexpectedVersion(version)
 
   def cannotLoad(id: StateStoreId, version: Long, cause: Throwable): Throwable =
-    StateStoreErrorsBridge.cannotLoad(withContext(s"Cannot load version $version of state store $id", cause))
+    StateStoreErrorsBridge.cannotLoad(
+      withContext(ErrorId.StateLoadFailed, s"Cannot load version $version of state store $id", cause))
 
   def cannotCommit(id: StateStoreId, version: Long, cause: Throwable): Throwable =
     StateStoreErrorsBridge.cannotCommit(s"$id version $version",
-      withContext(s"Failed to commit version $version of state store $id", cause))
+      withContext(ErrorId.CommitFailed, s"Failed to commit version $version of state store $id", cause))
+
+  // ---- the checkpoint's files: each names the file and the version ----
+
+  def fileMissing(detail: String, cause: Throwable = null): CheckpointFileException =
+    new CheckpointFileException(ErrorId.CheckpointFileMissing, detail, cause)
+
+  def fileCorrupt(detail: String, cause: Throwable = null): CheckpointFileException =
+    new CheckpointFileException(ErrorId.CheckpointFileCorrupt, detail, cause)
+
+  def loadFailed(detail: String, cause: Throwable = null): CheckpointFileException =
+    new CheckpointFileException(ErrorId.StateLoadFailed, detail, cause)
+
+  def checkpointWrite(detail: String, cause: Throwable = null): CheckpointFileException =
+    new CheckpointFileException(ErrorId.CheckpointWriteFailed, detail, cause)
+
+  // ---- options ----
+
+  def invalidOption(detail: String): KeyedStateArgumentException =
+    new KeyedStateArgumentException(ErrorId.InvalidOption, detail)
+
+  /** An option value refused: the key, the value and what is allowed. */
+  def invalidOptionValue(key: String, raw: String, allowed: String): KeyedStateArgumentException =
+    invalidOption(s"Invalid value '$raw' for $key: allowed is $allowed")
+
+  // ---- the rest, by the Java type callers catch ----
+
+  /** A bad argument of a call or a tool (`IllegalArgumentException`). */
+  def badArgument(error: ErrorId, detail: String): KeyedStateArgumentException =
+    new KeyedStateArgumentException(error, detail)
+
+  /** A state the call cannot proceed from (`IllegalStateException`). */
+  def badState(error: ErrorId, detail: String, cause: Throwable = null): KeyedStateStateException =
+    new KeyedStateStateException(error, detail, cause)
+
+  /** A call the store, the tool or the operator does not support (`UnsupportedOperationException`). */
+  def unsupported(error: ErrorId, detail: String): KeyedStateUnsupportedException =
+    new KeyedStateUnsupportedException(error, detail)
 
   /**
    * A write to the executor's local disk failed: the working RocksDB instance, the changelog a
@@ -52,14 +96,24 @@ object KeyedStateErrors {
       .map(_.getParentFile)
       .getOrElse(file.getAbsoluteFile.getParentFile)
 
-  /** Where it happened (store, version) before keyedstate's own message (file, what is wrong). */
-  private def withContext(context: String, cause: Throwable): Throwable =
-    new CheckpointFileException(s"$context: ${cause.getMessage}", cause)
+  /**
+   * Where it happened (store, version) before keyedstate's own message (file, what is wrong),
+   * with the cause's identifier when it has one (`fallback` otherwise), so the one line a user
+   * reads says both and the identifier appears once.
+   */
+  private def withContext(fallback: ErrorId, context: String, cause: Throwable): Throwable = {
+    val error = cause match {
+      case k: KeyedStateError => k.error
+      case _ => fallback
+    }
+    new CheckpointFileException(error, s"$context: ${KeyedStateError.detailOf(cause)}", cause)
+  }
 }
 
 /** A write to the executor's local disk that failed, naming the file, the directory and why. */
-class LocalDiskException(message: String, cause: Throwable) extends IOException(message, cause)
+class LocalDiskException(detail: String, cause: Throwable)
+    extends KeyedStateIOException(ErrorId.LocalDiskWriteFailed, detail, cause)
 
 /** A store-level failure that names the file and version involved. */
-class CheckpointFileException(message: String, cause: Throwable = null)
-    extends IOException(message, cause)
+class CheckpointFileException(id: ErrorId, detail: String, cause: Throwable = null)
+    extends KeyedStateIOException(id, detail, cause)

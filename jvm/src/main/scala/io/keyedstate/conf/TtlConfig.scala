@@ -142,7 +142,7 @@ object TtlSettings {
     val defaults = Map.newBuilder[String, String]
     val operators = scala.collection.mutable.Map[Long, Map[String, String]]()
     val cfs = scala.collection.mutable.Map[(Long, String), Map[String, String]]()
-    def unknown(key: String): Nothing = throw new IllegalArgumentException(
+    def unknown(key: String): Nothing = throw KeyedStateErrors.invalidOption(
       s"Unknown keyedstate option $fullPrefix$key; TTL options are $fullPrefix$Prefix<option>, " +
         s"$fullPrefix${Prefix}operator.<operatorId>.<option> and " +
         s"$fullPrefix${Prefix}operator.<operatorId>.columnFamily.<name>.<option>, where <option> is one of " +
@@ -150,8 +150,7 @@ object TtlSettings {
     def checked(key: String, option: String, raw: String): (String, String) = {
       val opt = options.find(_.name == option).getOrElse(unknown(key))
       if (!opt.valid(raw)) {
-        throw new IllegalArgumentException(
-          s"Invalid value '$raw' for $fullPrefix$key: allowed is ${opt.allowed}")
+        throw KeyedStateErrors.invalidOptionValue(fullPrefix + key, raw, opt.allowed)
       }
       option -> raw
     }

@@ -10,6 +10,7 @@ import org.apache.spark.sql.streaming.OutputMode
 
 import io.keyedstate.KeyedStateStoreProvider
 import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.{ErrorId, KeyedStateArgumentException}
 
 /**
  * `spark.sql.extensions=io.keyedstate.process.KeyedStateExtensions` (set by
@@ -48,7 +49,7 @@ object KeyedProcessOperators {
       require(index >= 0, s"keyed function $uid is not in the plan of batch ${exec.currentBatchId}")
       val operatorId = FirstOperatorId + index
       if (exec.outputMode == OutputMode.Complete()) {
-        throw new KeyedProcessError("KEYED_FUNCTION_COMPLETE_MODE",
+        throw new KeyedProcessError(ErrorId.KeyedFunctionCompleteMode,
           "keyed functions emit rows per key and cannot run in Complete output mode; use append or update")
       }
       checkProvider(session.sessionState.conf)
@@ -73,7 +74,7 @@ object KeyedProcessOperators {
   def checkProvider(conf: SQLConf): Unit = {
     val provider = conf.stateStoreProviderClass
     if (!SupportedProviders(provider)) {
-      throw new KeyedProcessError("KEYED_FUNCTION_UNSUPPORTED_PROVIDER",
+      throw new KeyedProcessError(ErrorId.KeyedFunctionUnsupportedProvider,
         s"keyed functions need a state store with column families, multiple values per key, prefix " +
           s"and range scans; the query's provider $provider has none of these. Use " +
           s"${classOf[KeyedStateStoreProvider].getName} (keyedstate.configure sets it) or " +
@@ -86,8 +87,7 @@ object KeyedProcessOperators {
 }
 
 /** A clear error with a stable identifier (raised on the driver, before any task runs). */
-final class KeyedProcessError(val errorClass: String, message: String)
-    extends IllegalArgumentException(s"[$errorClass] $message")
+final class KeyedProcessError(id: ErrorId, detail: String) extends KeyedStateArgumentException(id, detail)
 
 final class KeyedProcessStrategy(session: SparkSession) extends SparkStrategy {
   override def apply(plan: LogicalPlan): Seq[SparkPlan] = plan match {

@@ -6,9 +6,12 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.apache.spark.sql.types._
 import org.json4s._
 import org.json4s.jackson.JsonMethods
+
+import io.keyedstate.errors.ErrorId
 
 /**
  * A keyed function's declared layout, kept with its state (`state/<op>/_keyedstate/schema.json`):
@@ -53,6 +56,11 @@ object OperatorSchema {
 
   private def keyDescription(s: StructType): String = s.fields.map(f => s"${f.name} ${f.dataType.simpleString}").mkString(", ")
 
+  /** The operator as a schema error names it: Spark's own check of its operators does not. */
+  private def operator(spec: ProcessSpec, info: StatefulOperatorStateInfo): String =
+    s"stateful operator ${info.operatorId} (KeyedStateApplyExec / keyed function ${spec.functionName}, " +
+      s"state store '${StateStoreId.DEFAULT_STORE_NAME}')"
+
   /** Validates the declaration against the stored one and writes the merged one; returns its path. */
   def validateAndWrite(spec: ProcessSpec, input: StructType, info: StatefulOperatorStateInfo,
       hadoopConf: Configuration): Path = {
@@ -63,8 +71,8 @@ object OperatorSchema {
       val oldKey = old.keySchema.fields.map(f => (f.name, f.dataType))
       val newKey = layout.keySchema.fields.map(f => (f.name, f.dataType))
       if (!oldKey.sameElements(newKey)) {
-        throw new KeyedProcessError("KEYED_FUNCTION_KEY_CHANGED",
-          s"keyed function ${spec.functionName} (operator ${info.operatorId}) was keyed by " +
+        throw new KeyedProcessError(ErrorId.KeyedFunctionKeyChanged,
+          s"${operator(spec, info)} was keyed by " +
             s"[${keyDescription(old.keySchema)}] on this checkpoint and is now keyed by " +
             s"[${keyDescription(layout.keySchema)}]; the key of a keyed function cannot change on an " +
             "existing checkpoint (key_by the old columns, or start a new checkpoint)")
@@ -72,8 +80,8 @@ object OperatorSchema {
       spec.states.foreach { v =>
         old.states.find(_.name == v.name).foreach { case StoredState(_, kind, t, k, _) =>
           if (kind != v.declaredKind || t != v.valueType || k != v.mapKeyType) {
-            throw new KeyedProcessError("KEYED_FUNCTION_STATE_CHANGED",
-              s"state '${v.name}' of keyed function ${spec.functionName} was stored as " +
+            throw new KeyedProcessError(ErrorId.KeyedFunctionStateChanged,
+              s"state '${v.name}' (column family '${v.columnFamily}') of ${operator(spec, info)} was stored as " +
                 s"${describe(kind, t, k)} and is now declared as ${describe(v.declaredKind, v.valueType, v.mapKeyType)}; " +
                 "a state's kind and type cannot change on an existing checkpoint (use a new state name)")
           }

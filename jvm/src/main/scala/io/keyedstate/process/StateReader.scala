@@ -10,6 +10,8 @@ import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.types._
 import org.apache.spark.util.SerializableConfiguration
 
+import io.keyedstate.conf.KeyedStateErrors
+import io.keyedstate.errors.ErrorId
 import io.keyedstate.rescale.QueryCheckpoint
 
 /**
@@ -25,21 +27,21 @@ object StateReader {
   def read(spark: SparkSession, checkpoint: String, stateName: String, operatorId: Int): DataFrame = {
     val hadoopConf = QueryCheckpoint.hadoopConf(spark)
     val ckpt = QueryCheckpoint.at(checkpoint, hadoopConf)
-    val batch = ckpt.lastBatch("commits").getOrElse(throw new IllegalArgumentException(
+    val batch = ckpt.lastBatch("commits").getOrElse(throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
       s"${ckpt.root} has no committed batch (no file in ${ckpt.root}/commits)"))
     if (ckpt.usesCheckpointIds(batch)) {
-      throw new UnsupportedOperationException(
+      throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid,
         s"${ckpt.root} uses checkpoint format v2; the keyed state reader reads format v1 checkpoints")
     }
     val withSchema = ckpt.operators.filter(op => ckpt.fs.exists(schemaPath(ckpt, op)))
     val op = if (operatorId >= 0) operatorId else withSchema match {
       case Seq(only) => only
-      case Seq() => throw new IllegalArgumentException(s"${ckpt.root} has no keyed function state")
-      case several => throw new IllegalArgumentException(
+      case Seq() => throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"${ckpt.root} has no keyed function state")
+      case several => throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
         s"${ckpt.root} has several keyed functions (operators ${several.mkString(", ")}); pass operator_id")
     }
     val stored = OperatorSchema.read(schemaPath(ckpt, op), hadoopConf).getOrElse(
-      throw new IllegalArgumentException(s"operator $op of ${ckpt.root} is not a keyed function " +
+      throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"operator $op of ${ckpt.root} is not a keyed function " +
         s"(no ${schemaPath(ckpt, op)})"))
     val keySchema = stored.keySchema
     val states = stored.states.map(_.toVar)
@@ -53,7 +55,7 @@ object StateReader {
         (f, f.keySchema, f.keySchema.length, false)
       case name =>
         val v = states.find(_.name == name).getOrElse(
-          throw new IllegalArgumentException(s"keyed function ${stored.function} (operator $op) has no state " +
+          throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"keyed function ${stored.function} (operator $op) has no state " +
             s"'$name'; its states are ${states.map(s => s"'${s.name}'").mkString(", ")}, and " +
             s"$EventTimers, $ProcTimers"))
         val f = layout.family(v)

@@ -6,6 +6,7 @@ import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.internal.SQLConf
 
 import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.ErrorId
 
 /** Opens a keyed function's store for one partition, with every column family it uses. */
 private[process] object StoreAccess {
@@ -35,7 +36,7 @@ private[process] object StoreOptions {
   def extraOptions(spec: ProcessSpec, operatorId: Long, conf: SQLConf): Map[String, String] = {
     val withTtl = spec.states.filter(_.ttl.isDefined)
     if (withTtl.nonEmpty && !KeyedProcessOperators.isKeyedStateProvider(conf)) {
-      throw new KeyedProcessError("KEYED_FUNCTION_TTL_NEEDS_KEYEDSTATE_PROVIDER",
+      throw new KeyedProcessError(ErrorId.KeyedFunctionTtlNeedsProvider,
         s"state TTL (${withTtl.map(v => s"'${v.name}'").mkString(", ")}) is kept by keyedstate's provider, " +
           s"with its per-column-family TTL and cleanup strategies; the query's provider " +
           s"${conf.stateStoreProviderClass} has no per-column-family TTL. Use keyedstate.configure " +

@@ -4,7 +4,8 @@ import org.apache.spark.sql.SparkSession
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
-import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
+import io.keyedstate.errors.ErrorId
 import io.keyedstate.rocks.KeyGroups
 
 /** One store partition: its keys and bytes, and how they spread over the key groups. */
@@ -59,9 +60,9 @@ final class CheckpointInspector(spark: SparkSession, keyGroups: Int) {
   def inspect(checkpoint: String): InspectReport = {
     val hadoopConf = QueryCheckpoint.hadoopConf(spark)
     val ckpt = QueryCheckpoint.at(checkpoint, hadoopConf)
-    if (!ckpt.exists) throw new IllegalArgumentException(s"No checkpoint at ${ckpt.root}")
+    if (!ckpt.exists) throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"No checkpoint at ${ckpt.root}")
     val batch = ckpt.batches("commits").lastOption.getOrElse(
-      throw new IllegalStateException(s"${ckpt.root} has no committed batch"))
+      throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid, s"${ckpt.root} has no committed batch"))
     ckpt.requireKeyedStateProvider(batch, "inspect")
     val pinned = ckpt.pinnedConf(batch)
     val partitions = pinned.get(PartitionsKey).flatMap(_.toIntOption).getOrElse(0)

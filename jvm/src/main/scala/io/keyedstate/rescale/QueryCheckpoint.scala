@@ -9,6 +9,8 @@ import org.json4s._
 import org.json4s.jackson.JsonMethods.{compact, parse, render}
 
 import io.keyedstate.checkpoint.{CheckpointStore, RescaleJournal}
+import io.keyedstate.conf.KeyedStateErrors
+import io.keyedstate.errors.ErrorId
 
 /** One state store partition directory of a checkpoint. */
 final case class StoreRef(operatorId: Int, storeName: String, partition: Int) {
@@ -59,14 +61,14 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
 
   private def offsetMetadata(batch: Long): JValue = {
     val lines = readLines(offsetPath(batch))
-    if (lines.size < 2) throw new IllegalStateException(s"Offset log entry ${offsetPath(batch)} is truncated")
+    if (lines.size < 2) throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid, s"Offset log entry ${offsetPath(batch)} is truncated")
     parse(lines(1))
   }
 
   /** The offset log entry of `batch` with one pinned setting changed, everything else kept. */
   def withPinnedConf(batch: Long, key: String, value: String): String = {
     val lines = readLines(offsetPath(batch))
-    if (lines.size < 2) throw new IllegalStateException(s"Offset log entry ${offsetPath(batch)} is truncated")
+    if (lines.size < 2) throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid, s"Offset log entry ${offsetPath(batch)} is truncated")
     val updated = parse(lines(1)).transformField {
       case ("conf", JObject(fields)) =>
         ("conf", JObject(fields.filterNot(_._1 == key) :+ (key -> JString(value))))
@@ -145,7 +147,7 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
         if (provider.endsWith("RocksDBStateStoreProvider")) {
           " (for Spark's RocksDB provider, Spark 4.2+ has spark._streamingCheckpointManager.repartition)"
         } else ""
-      throw new UnsupportedOperationException(
+      throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid,
         s"The state of $root is written by $provider (${offsetPath(batch)}); keyedstate $operation reads " +
           s"only ${QueryCheckpoint.OurProvider} state$hint")
     }

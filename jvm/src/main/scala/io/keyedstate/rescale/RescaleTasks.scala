@@ -14,7 +14,8 @@ import io.keyedstate.KeyedStateStoreProvider
 import io.keyedstate.checkpoint.{CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, Transfers, VersionManifest}
 import io.keyedstate.checkpoint.commit.SnapshotStrategy
 import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
-import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
+import io.keyedstate.errors.ErrorId
 import io.keyedstate.rocks.{KeyGroups, LocalRocksDB, SstWriter}
 
 /** One SST file of a source partition's keys that belong to one target partition. */
@@ -73,7 +74,7 @@ object RescaleTasks {
             writers(KeyGroups.owner(tag, task.toPartitions)).put(key, value)
           } finally it.close()
           if (misplaced > 0) {
-            throw new IllegalStateException(
+            throw KeyedStateErrors.badState(ErrorId.RescaleRefused,
               s"$misplaced key(s) of column family '${cf.name}' in ${task.store.describe} (version ${task.version}) " +
                 s"carry key-group tags that Spark's partitioning does not assign to partition ${task.store.partition} " +
                 s"of ${task.fromPartitions}: the state cannot be rescaled safely")

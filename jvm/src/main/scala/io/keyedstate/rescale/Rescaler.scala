@@ -13,7 +13,8 @@ import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
 import io.keyedstate.checkpoint.{LeaseHolder, RescaleJournal, StoreLease}
-import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
+import io.keyedstate.errors.ErrorId
 
 /** What a rescale did. */
 final case class RescaleResult(
@@ -54,14 +55,14 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
 
   def run(source: String, partitions: Int, output: Option[String], inPlace: Boolean): RescaleResult = {
     if (partitions < 1 || partitions > Rescaler.MaxPartitions) {
-      throw new IllegalArgumentException(
+      throw KeyedStateErrors.badArgument(ErrorId.RescaleRefused,
         s"Invalid partition count $partitions for rescale: allowed is an integer from 1 to ${Rescaler.MaxPartitions}")
     }
     if (inPlace && output.exists(o => qualify(o) != qualify(source))) {
-      throw new IllegalArgumentException(s"Rescale in place writes to the source; do not also give an output ($output)")
+      throw KeyedStateErrors.badArgument(ErrorId.RescaleRefused, s"Rescale in place writes to the source; do not also give an output ($output)")
     }
     val src = QueryCheckpoint.at(source, hadoopConf)
-    if (!src.exists) throw new IllegalArgumentException(s"No checkpoint at ${src.root}")
+    if (!src.exists) throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"No checkpoint at ${src.root}")
     val started = System.currentTimeMillis()
 
     // An interrupted in-place rescale is finished or undone first.
@@ -91,14 +92,14 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
     src.requireKeyedStateProvider(batch, "rescale")
     val pinned = src.pinnedConf(batch)
     if (src.usesCheckpointIds(batch)) {
-      throw new UnsupportedOperationException(
+      throw KeyedStateErrors.unsupported(ErrorId.RescaleRefused,
         s"${src.commitPath(batch)} carries state checkpoint ids (spark.sql.streaming.stateStore." +
           "checkpointFormatVersion=2): rescale supports checkpoint format version 1 only")
     }
-    val from = pinned.get(PartitionsKey).flatMap(_.toIntOption).getOrElse(throw new IllegalStateException(
+    val from = pinned.get(PartitionsKey).flatMap(_.toIntOption).getOrElse(throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
       s"${src.offsetPath(batch)} does not pin $PartitionsKey"))
     if (from == partitions) {
-      throw new IllegalArgumentException(
+      throw KeyedStateErrors.badArgument(ErrorId.RescaleRefused,
         s"${src.root} already has $partitions state partitions (${src.offsetPath(batch)}): nothing to rescale")
     }
     val version = batch + 1
@@ -135,7 +136,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
 
       // The query must not have moved on meanwhile: its next batch would not see the new state.
       if (src.lastBatch("offsets") != Some(batch) || src.lastBatch("commits") != Some(batch)) {
-        throw new IllegalStateException(
+        throw KeyedStateErrors.badState(ErrorId.RescaleRefused,
           s"The query ran past batch $batch of ${src.root} during the rescale: it is running. Stop it, then rescale.")
       }
       val publishing = journal.copy(phase = RescaleJournal.Publishing)
@@ -182,7 +183,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
         progress(s"dropping the unpublished output of an interrupted rescale at ${dst.root}")
         dst.fs.delete(dst.root, true)
       case _ if dst.fs.listStatus(dst.root).nonEmpty =>
-        throw new IllegalArgumentException(
+        throw KeyedStateErrors.badArgument(ErrorId.RescaleRefused,
           s"The rescale output ${dst.root} already exists and is not empty; give a new path")
       case _ => ()
     }
@@ -192,7 +193,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
   private def checkNotRunning(src: QueryCheckpoint): Unit =
     spark.streams.active.foreach {
       case q: StreamingQueryWrapper if qualify(q.streamingQuery.resolvedCheckpointRoot) == src.root =>
-        throw new IllegalStateException(
+        throw KeyedStateErrors.badState(ErrorId.RescaleRefused,
           s"The query '${Option(q.name).getOrElse(q.id)}' (id ${q.id}) is running on ${src.root}; stop it, then rescale")
       case _ => ()
     }
@@ -210,7 +211,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       StoreLease.fresh(src.storeDir(ref), hadoopConf).filter { case (h, _) =>
         h.applicationId != self || activeHere(src, ref, h)
       }.foreach { case (h, age) =>
-        throw new IllegalStateException(
+        throw KeyedStateErrors.badState(ErrorId.RescaleRefused,
           s"${ref.describe} of ${src.root} is in use by application ${h.applicationId} (query run ${h.queryRunId}, " +
             s"executor ${h.executorId} on ${h.host}, lease ${StoreLease.path(src.storeDir(ref))} refreshed " +
             s"${age / 1000} s ago): the query is running. Stop it, then rescale; a lease left by a killed executor " +
@@ -226,10 +227,10 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
     }
 
   private def lastCommittedBatch(src: QueryCheckpoint): Long = {
-    val offsets = src.lastBatch("offsets").getOrElse(throw new IllegalStateException(
+    val offsets = src.lastBatch("offsets").getOrElse(throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
       s"${src.root} has no batch in its offset log: there is no state to rescale"))
     if (!src.batches("commits").contains(offsets)) {
-      throw new IllegalStateException(
+      throw KeyedStateErrors.badState(ErrorId.RescaleRefused,
         s"Batch $offsets of ${src.root} is planned (${src.offsetPath(offsets)}) but not committed: the query is " +
           "running, or stopped in the middle of a batch. Stop it, or restart it and let it finish a batch, then rescale.")
     }
@@ -239,13 +240,13 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
   /** (operator, store name) pairs, after checking every source partition has the version. */
   private def discoverStores(src: QueryCheckpoint, from: Int, version: Long): Seq[(Int, String)] = {
     val stores = src.operators.flatMap(op => src.storeNames(op, 0).map(op -> _))
-    if (stores.isEmpty) throw new IllegalStateException(s"${src.root} has no state to rescale")
+    if (stores.isEmpty) throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid, s"${src.root} has no state to rescale")
     for ((op, store) <- stores; p <- 0 until from) {
       val ref = StoreRef(op, store, p)
       val manifest = new Path(src.storeDir(ref), s"$version.manifest")
       if (!src.fs.exists(manifest)) {
         val foreign = src.foreignStateFiles(ref)
-        throw new IllegalStateException(
+        throw KeyedStateErrors.badState(ErrorId.RescaleRefused,
           if (foreign.nonEmpty) {
             s"${ref.describe} of ${src.root} holds files of another state store provider (${foreign.take(3).mkString(", ")}); " +
               "keyedstate rescale reads only keyedstate state"
@@ -274,7 +275,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       if (src.fs.exists(staged)) {
         val live = new Path(src.storeDir(StoreRef(op, store, t)), s"${j.batchId + 1}.manifest")
         if (!org.apache.hadoop.fs.FileUtil.copy(src.fs, staged, src.fs, live, false, true, hadoopConf)) {
-          throw new java.io.IOException(s"The file system did not copy $staged over $live; run the rescale again")
+          throw KeyedStateErrors.checkpointWrite(s"The file system did not copy $staged over $live; run the rescale again")
         }
       }
     }
@@ -288,7 +289,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
   /** Publishing steps are repeatable: one the file system refused fails the publish, to be redone. */
   private def deleteOrFail(fs: org.apache.hadoop.fs.FileSystem, path: Path): Unit =
     if (!fs.delete(path, true) && fs.exists(path)) {
-      throw new java.io.IOException(s"The file system did not delete $path; run the rescale again")
+      throw KeyedStateErrors.checkpointWrite(s"The file system did not delete $path; run the rescale again")
     }
 
   /**
@@ -348,7 +349,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
     if (!src.fs.exists(complete)) {
       // No live file was overwritten yet: their contents are the source's.
       if (!src.fs.delete(staged, true) && src.fs.exists(staged)) {
-        throw new java.io.IOException(s"The file system did not delete $staged; run the rescale again")
+        throw KeyedStateErrors.checkpointWrite(s"The file system did not delete $staged; run the rescale again")
       }
       files.foreach(relative => src.writeFile(new Path(staged, relative), pinnedText(src, relative, j)))
       src.writeFile(complete, files.mkString("\n"))
@@ -357,7 +358,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       val from = new Path(staged, relative)
       val live = new Path(src.root, relative)
       if (!org.apache.hadoop.fs.FileUtil.copy(src.fs, from, src.fs, live, false, true, hadoopConf)) {
-        throw new java.io.IOException(s"The file system did not copy $from over $live; run the rescale again")
+        throw KeyedStateErrors.checkpointWrite(s"The file system did not copy $from over $live; run the rescale again")
       }
     }
   }

@@ -8,8 +8,10 @@ import org.apache.kafka.common.header.internals.RecordHeader
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.types.{StringType, StructType}
 
+import io.keyedstate.errors.{ErrorId, KeyedStateRuntimeException}
+
 /** A row that cannot be a Kafka record; the transaction's template says which transaction. */
-final class InvalidKafkaRecord(message: String) extends RuntimeException(message)
+final class InvalidKafkaRecord(detail: String) extends KeyedStateRuntimeException(ErrorId.KafkaInvalidRecord, detail)
 
 /**
  * Where a DataFrame's Kafka columns are, checked before any write, and how one of its rows

@@ -5,14 +5,20 @@ import java.util.concurrent.{ExecutionException, TimeoutException => JavaTimeout
 import org.apache.kafka.common.KafkaException
 import org.apache.kafka.common.errors.{InvalidProducerEpochException, ProducerFencedException}
 
+import io.keyedstate.errors.{ErrorId, KeyedStateRuntimeException}
+
 /** A Kafka sink cannot write; the message is one line naming what failed (Python maps it to
  * `KafkaSinkError` with this message). */
-final class KafkaSinkException(message: String, cause: Throwable = null)
-    extends RuntimeException(message, cause)
+final class KafkaSinkException(detail: String, cause: Throwable, id: ErrorId)
+    extends KeyedStateRuntimeException(id, detail, cause) {
+  // Plain constructors, not default arguments: Python builds these through py4j.
+  def this(detail: String, cause: Throwable) = this(detail, cause, ErrorId.KafkaSinkFailed)
+  def this(detail: String) = this(detail, null, ErrorId.KafkaSinkFailed)
+}
 
 /** A signal, not an error: another attempt committed this transaction's context meanwhile. */
 final class BatchAlreadyCommittedException(context: TransactionContext)
-    extends RuntimeException(context.toString)
+    extends KeyedStateRuntimeException(ErrorId.KafkaBatchAlreadyCommitted, context.toString)
 
 /** The one place Kafka client failures become `KafkaSinkException`s. */
 object KafkaSinkErrors {

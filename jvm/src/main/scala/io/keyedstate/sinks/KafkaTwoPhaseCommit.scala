@@ -5,6 +5,8 @@ import scala.util.control.NonFatal
 import org.apache.kafka.clients.producer.ProducerRecord
 import org.slf4j.LoggerFactory
 
+import io.keyedstate.errors.ErrorId
+
 /**
  * One transaction of the Kafka sink, the steps of Flink's `TwoPhaseCommitSinkFunction` (the
  * Python `TwoPhaseCommitSink.write`, run where the rows are): skip it if its mark is there;
@@ -31,7 +33,7 @@ object KafkaTwoPhaseCommit {
           try records.foreach(transaction.send)
           catch {
             case bad: InvalidKafkaRecord =>
-              throw new KafkaSinkException(s"$context: ${bad.getMessage}", bad)
+              throw new KafkaSinkException(s"$context: ${bad.detail}", bad, ErrorId.KafkaInvalidRecord)
           }
           transaction.preCommit()
         } catch {

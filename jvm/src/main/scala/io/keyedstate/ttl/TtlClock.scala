@@ -11,7 +11,8 @@ import org.apache.spark.internal.Logging
 import org.json4s._
 import org.json4s.jackson.JsonMethods
 
-import io.keyedstate.conf.TimeCharacteristic
+import io.keyedstate.conf.{KeyedStateErrors, TimeCharacteristic}
+import io.keyedstate.errors.ErrorId
 
 /**
  * The time of one micro-batch, as the query recorded it in its offset log before running it:
@@ -69,7 +70,7 @@ object TtlClock extends Logging {
   private[ttl] def parse(text: String, path: String): BatchTime = {
     val lines = text.split("\n", 3)
     def bad(why: String): Nothing =
-      throw new IllegalStateException(s"Cannot read the batch time from offset log $path: $why")
+      throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid, s"Cannot read the batch time from offset log $path: $why")
     if (lines.length < 2 || !lines(0).startsWith("v")) bad("not an offset log entry")
     implicit val formats: Formats = DefaultFormats
     val json =

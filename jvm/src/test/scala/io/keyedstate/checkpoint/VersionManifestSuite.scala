@@ -117,7 +117,8 @@ class VersionManifestSuite extends AnyFunSuite with CheckpointLayerFixture {
     store.writeManifest(manifest(3), checkpointIdsEnabled = false)
 
     val missing = intercept[CheckpointFileException](store.readManifest(4, None))
-    assert(missing.getMessage == s"State version 4 is missing: manifest ${store.manifestPath(4, None)} does not exist")
+    assert(missing.getMessage == "[KEYEDSTATE_CHECKPOINT_FILE_MISSING] State version 4 is missing: manifest " +
+      s"${store.manifestPath(4, None)} does not exist")
 
     Files.copy(new File(dir, "3.manifest").toPath, new File(dir, "4.manifest").toPath)
     val misplaced = intercept[CheckpointFileException](store.readManifest(4, None))

@@ -13,8 +13,11 @@ class KafkaRecordColumnsSuite extends AnyFunSuite {
   private val headerType = ArrayType(StructType(Seq(
     StructField("key", StringType), StructField("value", BinaryType))))
 
-  private def refused(schema: StructType): String =
-    intercept[KafkaSinkException](KafkaRecordColumns(schema, "t")).getMessage
+  private def refused(schema: StructType): String = {
+    val error = intercept[KafkaSinkException](KafkaRecordColumns(schema, "t"))
+    assert(error.getMessage == s"[KEYEDSTATE_KAFKA_SINK_FAILED] ${error.detail}")
+    error.detail
+  }
 
   test("each column that does not fit is named with its type and what is allowed") {
     val message = refused(StructType(Seq(
@@ -51,6 +54,7 @@ class KafkaRecordColumnsSuite extends AnyFunSuite {
     val header = InternalRow(null, Array[Byte](1))
     val error = intercept[InvalidKafkaRecord](columns.record(
       InternalRow(UTF8String.fromString("v"), new GenericArrayData(Array[Any](header)))))
-    assert(error.getMessage.startsWith("column 'headers' holds a header with a null key"))
+    assert(error.errorId == "KEYEDSTATE_KAFKA_INVALID_RECORD")
+    assert(error.getMessage.startsWith("[KEYEDSTATE_KAFKA_INVALID_RECORD] column 'headers' holds a header with a null key"))
   }
 }

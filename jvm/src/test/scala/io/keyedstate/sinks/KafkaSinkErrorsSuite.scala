@@ -20,7 +20,7 @@ class KafkaSinkErrorsSuite extends AnyFunSuite {
     val wrapped = new KafkaException("Cannot execute transactional method because we are in an " +
       "error state", new ProducerFencedException("There is a newer producer with the same id"))
     val error = failing(wrapped)
-    assert(error.getMessage == "sink s batch 4 partition 1: commitTransaction on b1:9092 " +
+    assert(error.getMessage == "[KEYEDSTATE_KAFKA_SINK_FAILED] sink s batch 4 partition 1: commitTransaction on b1:9092 " +
       s"(transactional.id 'keyedstate-s-1', topic 'out') failed: ${KafkaSinkErrors.Fenced}")
     assert(error.getCause eq wrapped)
   }

@@ -9,7 +9,7 @@ import com.github.luben.zstd.{RecyclingBufferPool, ZstdInputStreamNoFinalizer, Z
 import net.jpountz.lz4.{LZ4BlockInputStream, LZ4BlockOutputStream}
 
 import io.keyedstate.checkpoint.LocalFileOutput
-import io.keyedstate.conf.CheckpointFileException
+import io.keyedstate.conf.{CheckpointFileException, KeyedStateErrors}
 import io.keyedstate.rocks.LocalRocksDB
 
 /**
@@ -58,7 +58,7 @@ object Changelog {
     }
     val all: Seq[Codec] = Seq(NoCompression, Lz4, Zstd)
     def named(name: String): Codec =
-      all.find(_.name == name).getOrElse(throw new IllegalArgumentException(s"Unknown changelog codec '$name'"))
+      all.find(_.name == name).getOrElse(throw KeyedStateErrors.invalidOption(s"Unknown changelog codec '$name'"))
   }
 
   private val BlockSize = 1 << 16
@@ -133,7 +133,7 @@ object Changelog {
    * fails the load, it is never applied in part silently.
    */
   def replay(file: File, db: LocalRocksDB, source: String, version: Long): Long = {
-    def damaged(why: String, cause: Throwable = null): Nothing = throw new CheckpointFileException(
+    def damaged(why: String, cause: Throwable = null): Nothing = throw KeyedStateErrors.fileCorrupt(
       s"State changelog $source of version $version is damaged: $why", cause)
     val raw = new BufferedInputStream(new FileInputStream(file), BlockSize)
     var in: DataInputStream = null

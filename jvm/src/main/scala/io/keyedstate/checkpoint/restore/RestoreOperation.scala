@@ -9,7 +9,7 @@ import org.apache.spark.internal.Logging
 
 import io.keyedstate.checkpoint.{CheckpointStore, LocalFileCache, LocalFiles, ManifestFile, Transfers, VersionManifest}
 import io.keyedstate.checkpoint.commit.Changelog
-import io.keyedstate.conf.{CheckpointFileException, KeyedStateConf, LocalDiskException}
+import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors, LocalDiskException}
 import io.keyedstate.rocks.LocalRocksDB
 
 /** What one load did. */
@@ -41,7 +41,7 @@ final class RestoreOperation(store: CheckpointStore, cache: LocalFileCache, conf
       try LocalRocksDB.open(dbDir, conf)
       catch {
         case e: LocalDiskException => throw e // the local disk's fault, not the snapshot's
-        case NonFatal(e) => throw new CheckpointFileException(
+        case NonFatal(e) => throw KeyedStateErrors.loadFailed(
           s"State version $version of $what (snapshot of version ${manifest.snapshotVersion} under " +
             s"${store.root}) could not be opened: ${e.getMessage}", e)
       }

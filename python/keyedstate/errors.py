@@ -1,0 +1,437 @@
+"""keyedstate's errors in Python, in one module: the exception classes, and the one place where a
+JVM failure (a ``Py4JJavaError``, a pyspark ``CapturedException`` such as a failed query's
+``StreamingQueryException``) becomes one of them.
+
+Every error keyedstate raises in the JVM carries a stable identifier
+(``io.keyedstate.errors.ErrorId``, ``[ID]`` at the start of its message; docs/errors.md lists
+them). Spark wraps it, as the cause of its own state-store error class
+(``CANNOT_LOAD_STATE_STORE.*``, ``CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT``), of a failed task, of
+``STREAM_FAILED``. :func:`state_error` digs it out of that chain and returns the Python class of
+its family, with keyedstate's one line as the message, ``error_id`` the identifier and the
+original error as ``__cause__``::
+
+    try:
+        query.awaitTermination()
+    except StreamingQueryException as failure:
+        error = keyedstate.errors.state_error(failure)
+        if isinstance(error, keyedstate.errors.CheckpointError):
+            ...  # error.error_id == "KEYEDSTATE_CHECKPOINT_FILE_MISSING", str(error) names the file
+
+This module imports no other keyedstate module, and py4j and pyspark only when a JVM error is
+mapped.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from typing import Any, ParamSpec, TypeVar
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointOperationError",
+    "InvalidOptionError",
+    "KafkaSinkError",
+    "KeyedFunctionError",
+    "KeyedStateException",
+    "LocalDiskError",
+    "QueryCheckpointError",
+    "RescaleError",
+    "StateSchemaError",
+    "StateStoreError",
+    "error_class",
+    "from_java",
+    "java_causes",
+    "first_line",
+    "keyedstate_errors",
+    "state_error",
+]
+
+# Spark wraps a task's failure a few times; a longer chain is a cycle the JVM did not close.
+MAX_CAUSES = 64
+_JVM_ERROR = "io.keyedstate.errors.KeyedStateError"
+
+
+class KeyedStateException(Exception):  # noqa: N818 - the family's root, Flink and Delta say Exception
+    """A failure keyedstate raised: ``error_id`` is its stable identifier (``None`` for one
+    raised in Python before anything reached the JVM, such as a bad argument)."""
+
+    def __init__(self, message: str, error_id: str | None = None) -> None:
+        super().__init__(message)
+        self.error_id = error_id
+
+
+class CheckpointError(KeyedStateException):
+    """A state checkpoint file is missing, damaged or could not be written, or a version could
+    not be loaded or committed: the message names the store, the version and the file."""
+
+
+class LocalDiskError(KeyedStateException):
+    """A write on an executor's local disk failed (full, read-only, gone): the message names the
+    file, the operating system's reason and the local directory (the ``localDir`` option)."""
+
+
+class InvalidOptionError(KeyedStateException, ValueError):
+    """An unknown keyedstate option, or a value it does not allow: the key, the value and what is
+    allowed."""
+
+
+class RescaleError(KeyedStateException):
+    """``rescale`` refused (a bad partition count, an uncommitted batch, a running query, ...), or
+    the checkpoint is held by an unfinished rescale."""
+
+
+class QueryCheckpointError(KeyedStateException):
+    """A tool (``inspect``, ``rescale``, ``read_state``) was given no checkpoint, one without a
+    committed batch or state, or an operator or state the checkpoint does not hold."""
+
+
+class StateStoreError(KeyedStateException):
+    """A state store call the store does not allow, or a partition another task still holds."""
+
+
+class KeyedFunctionError(KeyedStateException):
+    """A keyed function cannot run on this checkpoint or query (``KEYED_FUNCTION_*``: a changed
+    key or state type, the complete output mode, a provider it cannot use)."""
+
+
+class KafkaSinkError(KeyedStateException, RuntimeError):
+    """A Kafka sink cannot write: bad configuration, unreachable brokers, a missing topic, a
+    DataFrame that is not a Kafka record, or a transaction the broker refused."""
+
+
+class StateSchemaError(KeyedStateException):
+    """Spark refused a restart whose state schema does not fit the checkpoint's
+    (``STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE``, ``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``,
+    ``error_id``), with the stateful operator named: Spark's own message names only the two
+    schemas. Returned by ``state_error(failure, checkpoint=...)``."""
+
+
+class CheckpointOperationError(KeyedStateException, RuntimeError):
+    """A rescale, inspect or ``read_state`` refused or failed; the message says why. A failure
+    with a keyedstate identifier is also an instance of its family's class (a refused rescale
+    is a ``RescaleError`` and a ``CheckpointOperationError``)."""
+
+
+# Identifier families, by prefix: one Python class each (docs/errors.md has the identifiers).
+_FAMILIES: tuple[tuple[str, type[KeyedStateException]], ...] = (
+    ("KEYEDSTATE_CHECKPOINT_", CheckpointError),
+    ("KEYEDSTATE_STATE_LOAD_FAILED", CheckpointError),
+    ("KEYEDSTATE_COMMIT_FAILED", CheckpointError),
+    ("KEYEDSTATE_LOCAL_DISK_", LocalDiskError),
+    ("KEYEDSTATE_INVALID_OPTION", InvalidOptionError),
+    ("KEYEDSTATE_RESCALE_", RescaleError),
+    ("KEYEDSTATE_QUERY_CHECKPOINT_", QueryCheckpointError),
+    ("KEYEDSTATE_STORE_", StateStoreError),
+    ("KEYEDSTATE_UNSUPPORTED_OPERATION", StateStoreError),
+    ("KEYEDSTATE_KAFKA_", KafkaSinkError),
+    ("KEYED_FUNCTION_", KeyedFunctionError),
+)
+
+
+def error_class(error_id: str) -> type[KeyedStateException]:
+    """The Python class of an identifier's family (``KeyedStateException`` for one this version
+    does not know, from a newer jar)."""
+    for prefix, cls in _FAMILIES:
+        if error_id.startswith(prefix):
+            return cls
+    return KeyedStateException
+
+
+@functools.cache
+def _operation_class(cls: type[KeyedStateException]) -> type[CheckpointOperationError]:
+    """``cls`` that is also a ``CheckpointOperationError``: what the tools raise, so code
+    catching either class works."""
+    if issubclass(cls, CheckpointOperationError):
+        return cls
+    combined = type(cls.__name__, (cls, CheckpointOperationError), {
+        "__module__": __name__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+    })
+    return combined  # type: ignore[return-value]
+
+
+# ---- the JVM side, read through py4j ----
+
+
+def java_causes(throwable: Any) -> list[Any]:  # noqa: ANN401 - a py4j JavaObject (a Throwable)
+    """``throwable`` and its causes, outermost first (a cause that is itself ends the chain)."""
+    chain = []
+    inner = throwable
+    while inner is not None and len(chain) < MAX_CAUSES:
+        chain.append(inner)
+        cause = inner.getCause()
+        inner = None if cause is None or cause.equals(inner) else cause
+    return chain
+
+
+def first_line(throwable: Any) -> str:  # noqa: ANN401 - a py4j JavaObject (a Throwable)
+    """The message's first line, whitespace collapsed ("" without a message): Spark's job
+    failures embed executor stack traces in their messages, never shown."""
+    text = str(throwable.getMessage() or "")
+    return " ".join(text.splitlines()[0].split()) if text.strip() else ""
+
+
+def java_interfaces(throwable: Any) -> set[str]:  # noqa: ANN401 - a py4j JavaObject
+    """The interfaces ``throwable``'s class and its superclasses implement."""
+    names: set[str] = set()
+    cls = throwable.getClass()
+    while cls is not None:
+        names.update(str(i.getName()) for i in cls.getInterfaces())
+        cls = cls.getSuperclass()
+    return names
+
+
+def keyedstate_cause(throwable: Any) -> Any:  # noqa: ANN401 - py4j JavaObjects
+    """The outermost keyedstate error (an ``io.keyedstate.errors.KeyedStateError``) in
+    ``throwable``'s cause chain, or ``None``. The outermost is the one with the most context:
+    the store and the version before the file."""
+    for link in java_causes(throwable):
+        if str(link.getClass().getName()).startswith("io.keyedstate.") and (
+            _JVM_ERROR in java_interfaces(link)
+        ):
+            return link
+    return None
+
+
+def from_java(
+    throwable: Any,  # noqa: ANN401 - a py4j JavaObject (a Throwable)
+    *,
+    operation: bool = False,
+) -> KeyedStateException | None:
+    """The Python error of the keyedstate error in ``throwable``'s cause chain, or ``None``
+    without one. ``operation``: raised by a tool, so also a ``CheckpointOperationError``."""
+    ours = keyedstate_cause(throwable)
+    if ours is None:
+        return None
+    error_id = str(ours.errorId())
+    cls = error_class(error_id)
+    if operation:
+        cls = _operation_class(cls)
+    return cls(first_line(ours) or f"[{error_id}]", error_id)
+
+
+# ---- the Python side: the errors pyspark and py4j raise ----
+
+
+def _python_chain(error: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen and len(seen) < MAX_CAUSES:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+# How pyspark shows a JVM error it has no class for (``UnknownException``: the JVM object is
+# gone, its ``toString`` stays): keyedstate's class, then its ``[ID]`` line.
+_JVM_TEXT = re.compile(r"io\.keyedstate\.[\w.$]+: \[((?:KEYEDSTATE|KEYED_FUNCTION)_[A-Z_]+)\] ")
+
+
+def _from_text(error: BaseException, operation: bool) -> KeyedStateException | None:
+    """The keyedstate error among the captured causes pyspark kept only as text
+    (``StreamingQuery.exception()`` converts the failure's causes so)."""
+    for link in _python_chain(error):
+        captured: Any = link
+        for _ in range(MAX_CAUSES):
+            if captured is None:
+                break
+            desc = str(getattr(captured, "_desc", "") or "")
+            lines = desc.splitlines()
+            found = _JVM_TEXT.match(lines[0]) if lines else None
+            if found is not None:
+                error_id = found.group(1)
+                cls = error_class(error_id)
+                if operation:
+                    cls = _operation_class(cls)
+                line = " ".join(lines[0][found.start(0) :].split(": ", 1)[1].split())
+                return cls(line, error_id)
+            captured = getattr(captured, "_cause", None)
+    return None
+
+
+def _java_throwables(error: BaseException) -> Iterator[Any]:
+    """The JVM throwables behind ``error``: a ``Py4JJavaError``'s, a ``CapturedException``'s
+    origin, and those of its captured causes (``StreamingQuery.exception()`` gives only the
+    cause's)."""
+    for link in _python_chain(error):
+        java = getattr(link, "java_exception", None)  # Py4JJavaError
+        if java is not None:
+            yield java
+        captured: Any = link
+        for _ in range(MAX_CAUSES):
+            if captured is None:
+                break
+            origin = getattr(captured, "_origin", None)
+            if origin is not None:
+                yield origin
+            captured = getattr(captured, "_cause", None)
+
+
+def state_error(
+    error: BaseException,
+    *,
+    checkpoint: str | os.PathLike[str] | None = None,
+    operation: bool = False,
+) -> KeyedStateException | None:
+    """The keyedstate error behind ``error`` (a failed query's ``StreamingQueryException``, a
+    ``Py4JJavaError``, any Python error raised from one), or ``None`` when keyedstate raised
+    none. Its message is keyedstate's one line, ``error_id`` the identifier, ``__cause__``
+    ``error``. A ``KeyedStateException`` is returned as it is.
+
+    With the query's ``checkpoint``, Spark's refusal of a changed state schema on restart is a
+    ``StateSchemaError`` naming the stateful operator whose stored schema it is (Spark's check
+    runs on the driver before any provider is called, and names only the two schemas)."""
+    for link in _python_chain(error):
+        if isinstance(link, KeyedStateException):
+            return link
+    throwables = list(_java_throwables(error))
+    for throwable in throwables:
+        mapped = from_java(throwable, operation=operation)
+        if mapped is not None:
+            mapped.__cause__ = error
+            return mapped
+    mapped = _from_text(error, operation)
+    if mapped is not None:
+        mapped.__cause__ = error
+        return mapped
+    if checkpoint is not None:
+        for throwable in throwables:
+            schema_error = _schema_error(throwable, os.fspath(checkpoint))
+            if schema_error is not None:
+                schema_error.__cause__ = error
+                return schema_error
+    return None
+
+
+# ---- Spark's state schema check, with the operator named ----
+
+SCHEMA_CONDITIONS = (
+    "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE",
+    "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE",
+)
+# What each of Spark's stateful operators is, by the short name its metadata records.
+_OPERATOR_KINDS = {
+    "stateStoreSave": "streaming aggregation",
+    "sessionWindowStateStoreSaveExec": "session window",
+    "dedupe": "dropDuplicates",
+    "dedupeWithinWatermark": "dropDuplicatesWithinWatermark",
+    "symmetricHashJoin": "stream-stream join",
+    "flatMapGroupsWithState": "flatMapGroupsWithState",
+    "applyInPandasWithState": "applyInPandasWithState",
+    "transformWithStateExec": "transformWithState",
+    "keyedProcess": "keyed function",
+}
+
+
+def _schema_error(throwable: Any, checkpoint: str) -> StateSchemaError | None:  # noqa: ANN401
+    for link in java_causes(throwable):
+        if "org.apache.spark.SparkThrowable" not in java_interfaces(link):
+            continue
+        condition = str(link.getCondition() or "")
+        if condition not in SCHEMA_CONDITIONS:
+            continue
+        text = " ".join(str(link.getMessage() or "").split())
+        side = "key" if "_KEY_" in condition else "value"
+        pattern = rf"Existing {side}_schema=(.*?) and new {side}_schema=(.*?)\.(?: |$)"
+        schemas = re.search(pattern, text)
+        if schemas is None:
+            return None
+        existing, new = schemas.groups()
+        operators = [
+            label for label, stored in _stored_schemas(checkpoint)
+            if stored[0 if side == "key" else 1] == existing
+        ]
+        if not operators:
+            return None
+        where = " or ".join(operators)
+        return StateSchemaError(
+            f"[{condition}] the state of {where} does not fit the restarted query: its stored "
+            f"{side} schema is {existing}, the query's is {new} (Spark's check on restart, "
+            f"spark.sql.streaming.stateStore.stateSchemaCheck)",
+            condition,
+        )
+    return None
+
+
+def _stored_schemas(checkpoint: str) -> Iterator[tuple[str, tuple[str, str]]]:
+    """(operator label, (key schema, value schema)) of every column family of every store of
+    every stateful operator of ``checkpoint``, as Spark's schema files hold them (read with
+    Spark's own reader, on the checkpoint's file system)."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        return
+    jvm = sc._jvm
+    conf = sc._jsc.hadoopConfiguration()
+    state = jvm.org.apache.hadoop.fs.Path(checkpoint, "state")
+    fs = state.getFileSystem(conf)
+    if not fs.exists(state):
+        return
+    package = jvm.org.apache.spark.sql.execution.streaming.state
+    for status in fs.listStatus(state):
+        name = str(status.getPath().getName())
+        if not name.isdigit():
+            continue
+        operator = int(name)
+        kind, stores = _operator_metadata(fs, jvm.org.apache.hadoop.fs.Path(status.getPath(),
+                                                                            "_metadata/metadata"))
+        for store in stores:
+            store_id = package.StateStoreId(str(state), operator, 0, store)
+            provider_id = package.StateStoreProviderId(store_id, jvm.java.util.UUID.randomUUID())
+            checker = package.StateSchemaCompatibilityChecker(
+                provider_id, conf, jvm.scala.collection.immutable.List.empty(),
+                jvm.scala.Option.empty(), False,
+            )
+            try:
+                schemas = checker.readSchemaFile()
+            except Py4JJavaError:  # a store without a schema file (one Spark did not write)
+                continue
+            label = f"stateful operator {operator} ({kind}, state store '{store}')"
+            for i in range(schemas.size()):
+                family = schemas.apply(i)
+                yield label, (str(family.keySchema().toString()),
+                              str(family.valueSchema().toString()))
+
+
+def _operator_metadata(fs: Any, path: Any) -> tuple[str, list[str]]:  # noqa: ANN401 - py4j
+    """The operator's short name (with what it is) and its store names, from Spark's operator
+    metadata (``state/<op>/_metadata/metadata``, format v1: a version line, then JSON)."""
+    if not fs.exists(path):
+        return "unknown operator", ["default"]
+    stream = fs.open(path)
+    try:
+        text = bytes(stream.readAllBytes()).decode("utf-8")
+    finally:
+        stream.close()
+    metadata = json.loads(text.split("\n", 1)[1])
+    name = str(metadata["operatorInfo"]["operatorName"])
+    kind = f"{name}: {_OPERATOR_KINDS[name]}" if name in _OPERATOR_KINDS else name
+    return kind, [str(s["storeName"]) for s in metadata["stateStoreInfo"]]
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def keyedstate_errors(function: Callable[P, R]) -> Callable[P, R]:
+    """Decorates a function that calls the JVM: a failure holding a keyedstate error is raised
+    as its Python class (from the original), anything else unchanged."""
+
+    @functools.wraps(function)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return function(*args, **kwargs)
+        except KeyedStateException:
+            raise
+        except Exception as error:
+            mapped = state_error(error)
+            if mapped is None:
+                raise
+            raise mapped from error
+
+    return wrapper

@@ -1,0 +1,201 @@
+"""keyedstate's errors reach Python as one class per identifier family (``keyedstate.errors``):
+a failed streaming query, a refused rescale, a bad option, each on real Spark and a real
+checkpoint, with the identifier, keyedstate's one line (the path, the version) and the original
+error chained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keyedstate
+import pytest
+from keyedstate import errors
+from pyspark.errors import IllegalArgumentException, StreamingQueryException
+from pyspark.sql import SparkSession
+
+SQL_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+
+
+def run_counts(spark: SparkSession, source: Path, checkpoint: Path) -> None:
+    """One availableNow run of a count per key over ``source`` (20 new rows each time)."""
+    spark.range(20).selectExpr("id % 5 as k").write.mode("append").parquet(str(source))
+    spark.conf.set(SQL_PROVIDER, keyedstate.PROVIDER_CLASS)
+    query = (
+        spark.readStream.schema("k long").parquet(str(source)).groupBy("k").count()
+        .writeStream.format("noop").outputMode("update")
+        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    )
+    query.awaitTermination(180)
+
+
+def manifest_of_version_1(checkpoint: Path) -> Path:
+    manifest = checkpoint / "state" / "0" / "0" / "1.manifest"
+    assert manifest.is_file(), sorted(p.name for p in manifest.parent.iterdir())
+    return manifest
+
+
+@pytest.mark.parametrize(
+    ("damage", "error_id", "says"),
+    [
+        ("delete", "KEYEDSTATE_CHECKPOINT_FILE_MISSING", "State version 1 is missing: manifest"),
+        ("garble", "KEYEDSTATE_CHECKPOINT_FILE_CORRUPT", "State version 1 has a corrupt manifest"),
+    ],
+)
+def test_a_damaged_checkpoint_fails_the_restart_as_a_checkpoint_error(
+    spark: SparkSession, tmp_path: Path, damage: str, error_id: str, says: str
+) -> None:
+    source, checkpoint = tmp_path / "in", tmp_path / "ck"
+    run_counts(spark, source, checkpoint)
+    manifest = manifest_of_version_1(checkpoint)
+    if damage == "delete":
+        manifest.unlink()
+    else:
+        manifest.write_text('{"version": 1, "snapshot')
+    with pytest.raises(StreamingQueryException) as failure:
+        run_counts(spark, source, checkpoint)
+    # Spark's own class stays the outer error, keyedstate's its cause.
+    assert "CANNOT_LOAD_STATE_STORE" in str(failure.value), str(failure.value)[:2000]
+
+    error = errors.state_error(failure.value)
+    assert isinstance(error, errors.CheckpointError)
+    assert isinstance(error, keyedstate.KeyedStateException)
+    assert error.error_id == error_id
+    message = str(error)
+    assert message.startswith(f"[{error_id}] Cannot load version 1 of state store "), message
+    assert says in message and str(manifest) in message, message
+    assert "\n" not in message
+    assert error.__cause__ is failure.value
+
+
+def test_the_failure_a_query_reports_afterwards_maps_the_same(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``StreamingQuery.exception()`` hands over only the JVM error's cause: still found."""
+    source, checkpoint = tmp_path / "in", tmp_path / "ck"
+    run_counts(spark, source, checkpoint)
+    manifest_of_version_1(checkpoint).unlink()
+    spark.range(20).selectExpr("id % 5 as k").write.mode("append").parquet(str(source))
+    query = (
+        spark.readStream.schema("k long").parquet(str(source)).groupBy("k").count()
+        .writeStream.format("noop").outputMode("update")
+        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    )
+    with pytest.raises(StreamingQueryException):
+        query.awaitTermination(180)
+    reported = query.exception()
+    assert reported is not None
+    error = errors.state_error(reported)
+    assert isinstance(error, errors.CheckpointError), reported
+    assert error.error_id == "KEYEDSTATE_CHECKPOINT_FILE_MISSING"
+
+
+def test_the_decorator_raises_the_mapped_class_from_the_original(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    source, checkpoint = tmp_path / "in", tmp_path / "ck"
+    run_counts(spark, source, checkpoint)
+    manifest_of_version_1(checkpoint).unlink()
+
+    @errors.keyedstate_errors
+    def restart() -> None:
+        run_counts(spark, source, checkpoint)
+
+    missing = r"^\[KEYEDSTATE_CHECKPOINT_FILE_MISSING\]"
+    with pytest.raises(errors.CheckpointError, match=missing) as e:
+        restart()
+    assert isinstance(e.value.__cause__, StreamingQueryException)
+
+    @errors.keyedstate_errors
+    def other() -> None:
+        raise KeyError("not keyedstate's")
+
+    with pytest.raises(KeyError):
+        other()
+
+
+def test_a_refused_rescale_is_a_rescale_error_and_a_checkpoint_operation_error(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    source, checkpoint = tmp_path / "in", tmp_path / "ck"
+    run_counts(spark, source, checkpoint)
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
+    with pytest.raises(errors.RescaleError) as same:
+        keyedstate.rescale(spark, str(checkpoint), partitions, str(tmp_path / "out"))
+    assert isinstance(same.value, keyedstate.CheckpointOperationError)
+    assert same.value.error_id == "KEYEDSTATE_RESCALE_REFUSED"
+    message = str(same.value)
+    assert message.startswith("[KEYEDSTATE_RESCALE_REFUSED] "), message
+    assert f"{checkpoint} already has {partitions} state partitions" in message, message
+    assert "nothing to rescale" in message and "\n" not in message
+    with pytest.raises(keyedstate.CheckpointOperationError) as zero:
+        keyedstate.rescale(spark, str(checkpoint), 0, str(tmp_path / "out"))
+    assert isinstance(zero.value, errors.RescaleError) and "partition count 0" in str(zero.value)
+    assert not (tmp_path / "out").exists()
+
+    with pytest.raises(errors.QueryCheckpointError) as missing:
+        keyedstate.inspect(spark, str(tmp_path / "nowhere"))
+    assert isinstance(missing.value, keyedstate.CheckpointOperationError)
+    assert missing.value.error_id == "KEYEDSTATE_QUERY_CHECKPOINT_INVALID"
+    assert f"No checkpoint at file:{tmp_path / 'nowhere'}" in str(missing.value)
+
+
+def test_an_invalid_option_is_an_invalid_option_error(spark: SparkSession, tmp_path: Path) -> None:
+    key = keyedstate.OPTION_PREFIX + "compression"
+    spark.conf.set(SQL_PROVIDER, keyedstate.PROVIDER_CLASS)
+    spark.conf.set(key, "brotli")
+    try:
+        with pytest.raises(IllegalArgumentException) as failure:
+            (
+                spark.readStream.format("rate").load().groupBy("value").count()
+                .writeStream.format("noop").outputMode("update")
+                .option("checkpointLocation", str(tmp_path / "ck")).start()
+            )
+    finally:
+        spark.conf.unset(key)
+    error = errors.state_error(failure.value)
+    assert isinstance(error, errors.InvalidOptionError) and isinstance(error, ValueError)
+    assert error.error_id == "KEYEDSTATE_INVALID_OPTION"
+    assert str(error).startswith(f"[KEYEDSTATE_INVALID_OPTION] Invalid value 'brotli' for {key}")
+    # The same fault caught in Python, before the JVM: the same class and identifier.
+    with pytest.raises(errors.InvalidOptionError) as early:
+        keyedstate.configure(SparkSession.builder, compression="brotli")
+    assert early.value.error_id == "KEYEDSTATE_INVALID_OPTION"
+
+
+def test_every_jvm_identifier_has_its_family_class(spark: SparkSession) -> None:
+    """The JVM's identifiers (``ErrorId.all``) and Python's families stay in step: each maps to
+    the class of its family, never to the bare base class, and a local-disk failure built in the
+    JVM and wrapped as Spark wraps it comes out as ``LocalDiskError``."""
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    ids = jvm.io.keyedstate.errors.ErrorId.all()
+    families = {
+        "checkpoint": errors.CheckpointError,
+        "local disk": errors.LocalDiskError,
+        "configuration": errors.InvalidOptionError,
+        "rescale": errors.RescaleError,
+        "query checkpoint": errors.QueryCheckpointError,
+        "store": errors.StateStoreError,
+        "keyed function": errors.KeyedFunctionError,
+        "kafka sink": errors.KafkaSinkError,
+    }
+    seen = set()
+    for i in range(ids.size()):
+        error_id = ids.apply(i)
+        name, family = str(error_id.name()), str(error_id.family().name())
+        assert errors.error_class(name) is families[family], (name, family)
+        seen.add(family)
+    assert seen == set(families)
+
+    disk = jvm.io.keyedstate.conf.LocalDiskException(
+        "Cannot write the state changelog /x/keyedstate/c.log: No space left on device",
+        jvm.java.io.IOException("No space left on device"),
+    )
+    wrapped = jvm.org.apache.spark.SparkException("Job aborted: ...\n\tat stack", disk)
+    mapped = errors.from_java(wrapped)
+    assert isinstance(mapped, errors.LocalDiskError)
+    assert mapped.error_id == "KEYEDSTATE_LOCAL_DISK_WRITE_FAILED"
+    assert str(mapped) == (
+        "[KEYEDSTATE_LOCAL_DISK_WRITE_FAILED] Cannot write the state changelog "
+        "/x/keyedstate/c.log: No space left on device"
+    )
+    assert errors.from_java(jvm.java.lang.IllegalStateException("not ours")) is None
