@@ -124,7 +124,9 @@ def test_a_keyed_function_restarted_with_another_state_or_key_type_fails_naming_
 
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", keyedstate.PROVIDER_CLASS)
     run(LongCount(), "long")
-    state_before = sorted(p.name for p in (checkpoint / "state" / "0").rglob("*"))
+    # Keyed functions are stateful operators 1000 + n (Spark numbers its own from 0).
+    state_before = sorted(p.name for p in (checkpoint / "state" / "1000").rglob("*"))
+    assert state_before
     with pytest.raises(StreamingQueryException) as failure:
         if change == "state type":
             run(StringCount(), "long")
@@ -135,8 +137,8 @@ def test_a_keyed_function_restarted_with_another_state_or_key_type_fails_naming_
     assert error.error_id == error_id
     message = str(error)
     operator = re.escape(
-        "stateful operator 0 (KeyedStateApplyExec / keyed function "
+        "stateful operator 1000 (KeyedStateApplyExec / keyed function "
     ) + r"[\w.<>]*Count, state store 'default'\)"
     assert message.startswith(f"[{error_id}] "), message
     assert re.search(says.format(operator=operator), message), message
-    assert sorted(p.name for p in (checkpoint / "state" / "0").rglob("*")) == state_before
+    assert sorted(p.name for p in (checkpoint / "state" / "1000").rglob("*")) == state_before

@@ -358,60 +358,22 @@ def _schema_error(throwable: Any, checkpoint: str) -> StateSchemaError | None:  
 
 def _stored_schemas(checkpoint: str) -> Iterator[tuple[str, tuple[str, str]]]:
     """(operator label, (key schema, value schema)) of every column family of every store of
-    every stateful operator of ``checkpoint``, as Spark's schema files hold them (read with
-    Spark's own reader, on the checkpoint's file system)."""
-    from py4j.protocol import Py4JJavaError
-    from pyspark import SparkContext
+    every stateful operator of ``checkpoint``, as Spark's schema files hold them (read in the
+    JVM with Spark's own reader, on the checkpoint's file system)."""
+    from pyspark.sql import SparkSession
 
-    sc = SparkContext._active_spark_context
-    if sc is None:
+    spark = SparkSession.getActiveSession()
+    if spark is None:
         return
-    jvm = sc._jvm
-    conf = sc._jsc.hadoopConfiguration()
-    state = jvm.org.apache.hadoop.fs.Path(checkpoint, "state")
-    fs = state.getFileSystem(conf)
-    if not fs.exists(state):
-        return
-    package = jvm.org.apache.spark.sql.execution.streaming.state
-    for status in fs.listStatus(state):
-        name = str(status.getPath().getName())
-        if not name.isdigit():
-            continue
-        operator = int(name)
-        kind, stores = _operator_metadata(fs, jvm.org.apache.hadoop.fs.Path(status.getPath(),
-                                                                            "_metadata/metadata"))
-        for store in stores:
-            store_id = package.StateStoreId(str(state), operator, 0, store)
-            provider_id = package.StateStoreProviderId(store_id, jvm.java.util.UUID.randomUUID())
-            checker = package.StateSchemaCompatibilityChecker(
-                provider_id, conf, jvm.scala.collection.immutable.List.empty(),
-                jvm.scala.Option.empty(), False,
-            )
-            try:
-                schemas = checker.readSchemaFile()
-            except Py4JJavaError:  # a store without a schema file (one Spark did not write)
-                continue
-            label = f"stateful operator {operator} ({kind}, state store '{store}')"
-            for i in range(schemas.size()):
-                family = schemas.apply(i)
-                yield label, (str(family.keySchema().toString()),
-                              str(family.valueSchema().toString()))
-
-
-def _operator_metadata(fs: Any, path: Any) -> tuple[str, list[str]]:  # noqa: ANN401 - py4j
-    """The operator's short name (with what it is) and its store names, from Spark's operator
-    metadata (``state/<op>/_metadata/metadata``, format v1: a version line, then JSON)."""
-    if not fs.exists(path):
-        return "unknown operator", ["default"]
-    stream = fs.open(path)
-    try:
-        text = bytes(stream.readAllBytes()).decode("utf-8")
-    finally:
-        stream.close()
-    metadata = json.loads(text.split("\n", 1)[1])
-    name = str(metadata["operatorInfo"]["operatorName"])
-    kind = f"{name}: {_OPERATOR_KINDS[name]}" if name in _OPERATOR_KINDS else name
-    return kind, [str(s["storeName"]) for s in metadata["stateStoreInfo"]]
+    stored = json.loads(
+        str(spark._jvm.io.keyedstate.rescale.StoredSchemas.json(spark._jsparkSession, checkpoint))  # type: ignore[union-attr]
+    )
+    for family in stored:
+        name = family["operatorName"] or "unknown operator"
+        kind = f"{name}: {_OPERATOR_KINDS[name]}" if name in _OPERATOR_KINDS else name
+        operator, store = family["operatorId"], family["storeName"]
+        label = f"stateful operator {operator} ({kind}, state store '{store}')"
+        yield label, (family["keySchema"], family["valueSchema"])
 
 
 P = ParamSpec("P")

@@ -14,10 +14,11 @@ from typing import Any, TypeVar
 
 from py4j.java_gateway import JavaClass
 from py4j.protocol import Py4JJavaError
+from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import SparkSession
 
 from keyedstate._session import PROVIDER_CLASS
-from keyedstate.errors import CheckpointOperationError, first_line, from_java
+from keyedstate.errors import CheckpointOperationError, first_line, state_error
 
 T = TypeVar("T")
 
@@ -25,14 +26,18 @@ def _call(method: Any, *args: Any) -> Any:
     """``method(*args)`` in the JVM. A failure is a ``CheckpointOperationError``: keyedstate's
     own (the store, the version, the file), found among the causes of Spark's wrappers (a failed
     job, a state-store error class), also of its family's class (``keyedstate.errors``); else
-    the error's first line. Spark's job failures embed executor stack traces: never shown."""
+    the error's first line. Spark's job failures embed executor stack traces: never shown.
+
+    pyspark converts some JVM errors (``IllegalArgumentException``, Spark's error classes) into
+    its ``CapturedException`` classes before they reach here; the rest stay ``Py4JJavaError``."""
     try:
         return method(*args)
-    except Py4JJavaError as e:
-        error = e.java_exception
-        mapped = from_java(error, operation=True) or CheckpointOperationError(
-            first_line(error) or str(error.toString())
-        )
+    except (Py4JJavaError, CapturedException) as e:
+        mapped = state_error(e, operation=True)
+        if mapped is None:
+            java = e.java_exception if isinstance(e, Py4JJavaError) else None
+            line = first_line(java) if java is not None else str(e).splitlines()[0]
+            mapped = CheckpointOperationError(line or str(e))
         raise mapped from e
 
 

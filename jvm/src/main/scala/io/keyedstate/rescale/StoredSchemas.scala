@@ -1,0 +1,51 @@
+package io.keyedstate.rescale
+
+import java.util.UUID
+
+import scala.util.control.NonFatal
+
+import org.apache.hadoop.fs.Path
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.execution.streaming.state.{StateSchemaCompatibilityChecker, StateStoreId, StateStoreProviderId}
+import org.json4s._
+import org.json4s.jackson.JsonMethods.parse
+import org.json4s.jackson.Serialization
+
+/** The key and value schema of one column family of a store, as Spark's schema file holds them. */
+final case class StoredSchema(operatorId: Int, operatorName: String, storeName: String, keySchema: String, valueSchema: String)
+
+/**
+ * The state schemas of every stateful operator of a checkpoint, read with Spark's own schema
+ * reader. Spark refuses a changed schema on restart naming only the two schemas; the Python side
+ * uses these to name the operator whose stored schema it is.
+ */
+object StoredSchemas {
+  private implicit val formats: Formats = DefaultFormats
+
+  def read(ckpt: QueryCheckpoint): Seq[StoredSchema] = ckpt.operators.flatMap { op =>
+    val (name, stores) = operatorMetadata(ckpt, op)
+    stores.flatMap { store =>
+      val storeId = StateStoreId(ckpt.stateRoot.toString, op, 0, store)
+      val checker = new StateSchemaCompatibilityChecker(
+        StateStoreProviderId(storeId, UUID.randomUUID()), ckpt.hadoopConf)
+      // A store without a schema file (one Spark did not write) has nothing to name.
+      val families = try checker.readSchemaFile() catch { case NonFatal(_) => Nil }
+      families.map(f => StoredSchema(op, name, store, f.keySchema.toString, f.valueSchema.toString))
+    }
+  }
+
+  /** The operator's short name and its store names, from Spark's operator metadata
+   *  (`state/<op>/_metadata/metadata`, format v1: a version line, then JSON). */
+  private def operatorMetadata(ckpt: QueryCheckpoint, op: Int): (String, Seq[String]) = {
+    val path = new Path(ckpt.stateRoot, s"$op/_metadata/metadata")
+    if (!ckpt.fs.exists(path)) return ("", Seq(StateStoreId.DEFAULT_STORE_NAME))
+    val json = parse(ckpt.readLines(path).drop(1).mkString("\n"))
+    val name = (json \ "operatorInfo" \ "operatorName").extractOrElse[String]("")
+    val stores = (json \ "stateStoreInfo").children.map(s => (s \ "storeName").extract[String])
+    (name, if (stores.isEmpty) Seq(StateStoreId.DEFAULT_STORE_NAME) else stores)
+  }
+
+  /** The entry point of the Python package: the schemas as JSON. */
+  def json(spark: SparkSession, checkpoint: String): String =
+    Serialization.write(read(new QueryCheckpoint(new Path(checkpoint), spark.sessionState.newHadoopConf())))
+}
