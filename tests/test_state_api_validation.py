@@ -4,6 +4,7 @@ recovery: a micro-batch that fails half-way is replayed from the checkpoint exac
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -358,3 +359,9 @@ def test_a_provider_without_column_families_is_refused(
     message = str(failure.value)
     assert "KEYED_FUNCTION_UNSUPPORTED_PROVIDER" in message and hdfs in message, message
     assert "column families" in message and collector.batches == {}
+
+
+@pytest.mark.parametrize("name", ["default", "_hidden", "$op", " padded", "trailing "])
+def test_state_names_a_state_store_refuses_are_refused_when_declared(name: str) -> None:
+    with pytest.raises(KeyedStateError, match=re.escape(repr(name))):
+        ValueStateDescriptor(name, Types.LONG())

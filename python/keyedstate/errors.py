@@ -127,6 +127,7 @@ _FAMILIES: tuple[tuple[str, type[KeyedStateException]], ...] = (
     ("KEYEDSTATE_QUERY_CHECKPOINT_", QueryCheckpointError),
     ("KEYEDSTATE_STORE_", StateStoreError),
     ("KEYEDSTATE_UNSUPPORTED_OPERATION", StateStoreError),
+    ("KEYEDSTATE_INVALID_STORE_ARGUMENT", StateStoreError),
     ("KEYEDSTATE_KAFKA_", KafkaSinkError),
     ("KEYED_FUNCTION_", KeyedFunctionError),
 )

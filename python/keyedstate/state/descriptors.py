@@ -34,8 +34,15 @@ class _AggregateLike(Protocol):
 def _check_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise KeyedStateError(f"a state name must be a non-empty str, got {name!r}")
-    if name.startswith("__keyedstate"):
-        raise KeyedStateError(f"state names starting with '__keyedstate' are reserved: {name!r}")
+    # Each state is a column family named after it: the names state stores refuse are refused
+    # here, before a query starts.
+    if name.strip() != name:
+        raise KeyedStateError(f"a state name must not start or end with spaces, got {name!r}")
+    if name == "default" or name[0] in "_$":
+        raise KeyedStateError(
+            f"state name {name!r} is reserved by the state store ('default' and names starting "
+            "with '_' or '$'): choose another name"
+        )
     return name
 
 

@@ -45,6 +45,9 @@ final class KeyedStateStore private[keyedstate] (
     throw KeyedStateErrors.badState(ErrorId.UnsupportedOperation,
       s"Cannot $op on state store ${id} version $version: it is ${phase.toString.toLowerCase}")
   }
+  private def requireKey(key: UnsafeRow, op: String): Unit =
+    if (key == null) throw KeyedStateErrors.badArgument(ErrorId.InvalidStoreArgument, s"Cannot $op a null key")
+
   private def checkWritable(op: String): Unit = {
     checkOpen(op)
     if (!writable) throw KeyedStateErrors.badState(ErrorId.UnsupportedOperation, s"Cannot $op on read-only state store $id version $version")
@@ -67,14 +70,16 @@ final class KeyedStateStore private[keyedstate] (
 
   override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
     checkOpen("get")
-    val codec = state.codec(colFamilyName)
+    requireKey(key, "get")
+    val codec = state.codec(colFamilyName, "get")
     val bytes = readLive(colFamilyName, codec, codec.encodeKey(key))
     if (bytes == null) null else codec.decodeValue(bytes)
   }
 
   override def keyExists(key: UnsafeRow, colFamilyName: String): Boolean = {
     checkOpen("keyExists")
-    val codec = state.codec(colFamilyName)
+    requireKey(key, "keyExists")
+    val codec = state.codec(colFamilyName, "keyExists")
     readLive(colFamilyName, codec, codec.encodeKey(key)) != null
   }
 
@@ -93,7 +98,8 @@ final class KeyedStateStore private[keyedstate] (
 
   override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] = {
     checkOpen("valuesIterator")
-    val codec = state.codec(colFamilyName)
+    requireKey(key, "valuesIterator")
+    val codec = state.codec(colFamilyName, "valuesIterator")
     val bytes = readLive(colFamilyName, codec, codec.encodeKey(key))
     if (bytes == null) Iterator.empty else codec.decodeValues(bytes).iterator
   }
@@ -106,10 +112,10 @@ final class KeyedStateStore private[keyedstate] (
 
   private def scanPrefix(prefixKey: UnsafeRow, cf: String, multi: Boolean): StateStoreIterator[UnsafeRowPair] = {
     checkOpen("prefixScan")
-    val codec = state.codec(cf)
+    val codec = state.codec(cf, "prefixScan")
     if (!codec.supportsPrefixScan) {
-      throw KeyedStateErrors.unsupported(ErrorId.UnsupportedOperation,
-        s"prefixScan needs a prefix-key encoder; column family '$cf' uses ${codec.keySpec}")
+      throw KeyedStateErrors.unsupportedCall("prefixScan",
+        s"it needs a prefix-key encoder; column family '$cf' uses ${codec.keySpec}")
     }
     val prefix = codec.encodePrefix(prefixKey)
     val raw = state.db.prefixScan(cf, prefix)
@@ -147,12 +153,14 @@ final class KeyedStateStore private[keyedstate] (
 
   override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
     checkOpen("iterator")
-    pairs(state.db.scan(colFamilyName, None, None), colFamilyName, state.codec(colFamilyName), multi = false)
+    val codec = state.codec(colFamilyName, "iterator")
+    pairs(state.db.scan(colFamilyName, None, None), colFamilyName, codec, multi = false)
   }
 
   override def iteratorWithMultiValues(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
     checkOpen("iterator")
-    pairs(state.db.scan(colFamilyName, None, None), colFamilyName, state.codec(colFamilyName), multi = true)
+    val codec = state.codec(colFamilyName, "iterator")
+    pairs(state.db.scan(colFamilyName, None, None), colFamilyName, codec, multi = true)
   }
 
   override def rangeScan(
@@ -175,10 +183,10 @@ final class KeyedStateStore private[keyedstate] (
   }
 
   private def rangeCodec(cf: String, op: String): ColumnFamilyCodec = {
-    val codec = state.codec(cf)
+    val codec = state.codec(cf, op)
     if (!codec.supportsRangeScan) {
-      throw KeyedStateErrors.unsupported(ErrorId.UnsupportedOperation,
-        s"$op needs a range-scan key encoder; column family '$cf' uses ${codec.keySpec}")
+      throw KeyedStateErrors.unsupportedCall(op,
+        s"it needs a range-scan key encoder; column family '$cf' uses ${codec.keySpec}")
     }
     codec
   }
@@ -239,8 +247,10 @@ final class KeyedStateStore private[keyedstate] (
 
   override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
     checkWritable("put")
-    require(value != null, s"Cannot put a null value in column family '$colFamilyName'")
-    val codec = state.codec(colFamilyName)
+    requireKey(key, "put")
+    if (value == null) throw KeyedStateErrors.badArgument(ErrorId.InvalidStoreArgument,
+      s"Cannot put a null value in column family '$colFamilyName' (remove the key instead)")
+    val codec = state.codec(colFamilyName, "put")
     state.write(colFamilyName, codec.encodeKey(key), codec.encodeValue(value, state.ttl.stamp(colFamilyName)),
       merge = false)
     accessed()
@@ -248,7 +258,10 @@ final class KeyedStateStore private[keyedstate] (
 
   override def putList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = {
     checkWritable("putList")
-    val codec = state.codec(colFamilyName)
+    requireKey(key, "putList")
+    if (values == null || values.exists(_ == null)) throw KeyedStateErrors.badArgument(ErrorId.InvalidStoreArgument,
+      s"Cannot putList a null list or a null value in column family '$colFamilyName'")
+    val codec = state.codec(colFamilyName, "putList")
     state.write(colFamilyName, codec.encodeKey(key), codec.encodeValues(values, state.ttl.stamp(colFamilyName)),
       merge = false)
     accessed()
@@ -259,10 +272,13 @@ final class KeyedStateStore private[keyedstate] (
 
   override def mergeList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = {
     checkWritable("merge")
-    val codec = state.codec(colFamilyName)
+    requireKey(key, "merge")
+    if (values == null || values.exists(_ == null)) throw KeyedStateErrors.badArgument(ErrorId.InvalidStoreArgument,
+      s"Cannot merge a null value into column family '$colFamilyName'")
+    val codec = state.codec(colFamilyName, "merge")
     if (!codec.multipleValues) {
-      throw KeyedStateErrors.unsupported(ErrorId.UnsupportedOperation,
-        s"merge needs a column family with multiple values per key; '$colFamilyName' has one")
+      throw KeyedStateErrors.unsupportedCall("merge",
+        s"it needs a column family with multiple values per key; '$colFamilyName' has one")
     }
     state.write(colFamilyName, codec.encodeKey(key), codec.encodeValues(values, state.ttl.stamp(colFamilyName)),
       merge = true)
@@ -271,7 +287,8 @@ final class KeyedStateStore private[keyedstate] (
 
   override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
     checkWritable("remove")
-    state.delete(colFamilyName, state.codec(colFamilyName).encodeKey(key))
+    requireKey(key, "remove")
+    state.delete(colFamilyName, state.codec(colFamilyName, "remove").encodeKey(key))
     accessed()
   }
 

@@ -109,9 +109,9 @@ private[keyedstate] final class StoreInstance(
     taken
   }
 
-  def codec(cf: String): ColumnFamilyCodec = codecs.getOrElse(cf, throw KeyedStateErrors.badArgument(ErrorId.UnsupportedOperation,
-    s"Column family '$cf' is not registered in this state store; registered: " +
-      codecs.keys.toSeq.sorted.mkString(", ")))
+  /** The codec of column family `cf`, for `operation` (named in the error when there is none). */
+  def codec(cf: String, operation: String = "use"): ColumnFamilyCodec =
+    codecs.getOrElse(cf, throw KeyedStateErrors.missingColumnFamily(operation, cf, codecs.keys))
 
   def columnFamilyNames: Set[String] = codecs.keySet.toSet.intersect(db.columnFamilies)
 
@@ -122,10 +122,12 @@ private[keyedstate] final class StoreInstance(
       spec: KeyStateEncoderSpec,
       multipleValues: Boolean,
       isInternal: Boolean): Unit = {
-    require(name != null && name.nonEmpty, "A column family name must not be empty")
+    if (name == null || name.isEmpty || name.trim != name) {
+      throw KeyedStateErrors.invalidColumnFamilyName("register", String.valueOf(name))
+    }
     if (!useColumnFamilies && name != StateStore.DEFAULT_COL_FAMILY_NAME) {
-      throw KeyedStateErrors.unsupported(ErrorId.UnsupportedOperation,
-        s"Column family '$name' needs a state store initialised with useColumnFamilies=true")
+      throw KeyedStateErrors.unsupportedCall("register column family '" + name + "'",
+        "multiple column families need a state store initialised with useColumnFamilies=true")
     }
     codecs(name) = new ColumnFamilyCodec(storeName, name, keySchema, valueSchema, spec, multipleValues, isInternal)
   }
@@ -137,6 +139,7 @@ private[keyedstate] final class StoreInstance(
       spec: KeyStateEncoderSpec,
       multipleValues: Boolean,
       isInternal: Boolean): Unit = {
+    checkCreatable("create", name, isInternal)
     registerCodec(name, keySchema, valueSchema, spec, multipleValues, isInternal)
     if (!db.hasColumnFamily(name)) {
       dirty = true
@@ -146,10 +149,20 @@ private[keyedstate] final class StoreInstance(
     }
   }
 
-  def removeColumnFamily(name: String): Boolean = {
-    if (name == StateStore.DEFAULT_COL_FAMILY_NAME) {
-      throw KeyedStateErrors.unsupported(ErrorId.UnsupportedOperation, "The default column family cannot be removed")
+  /** The names Spark's providers refuse to create or remove, refused as they refuse them. */
+  private def checkCreatable(operation: String, name: String, isInternal: Boolean): Unit = {
+    if (!useColumnFamilies) {
+      throw KeyedStateErrors.unsupportedCall(s"$operation column family '$name'",
+        "multiple column families need a state store initialised with useColumnFamilies=true")
     }
+    if (name == null || name.isEmpty || name.trim != name || name == StateStore.DEFAULT_COL_FAMILY_NAME) {
+      throw KeyedStateErrors.invalidColumnFamilyName(operation, String.valueOf(name))
+    }
+    if (!isInternal && name.charAt(0) == '_') throw KeyedStateErrors.reservedColumnFamilyName(name)
+  }
+
+  def removeColumnFamily(name: String): Boolean = {
+    checkCreatable("remove", name, isInternal = true)
     codecs.remove(name)
     keyCounts.remove(name)
     memo.forget(name)

@@ -52,6 +52,59 @@ class SparkContractSuite extends AnyFunSuite with BeforeAndAfterAll with Provide
 
   private val provider = classOf[KeyedStateStoreProvider].getName
 
+  test("store calls with arguments Spark's providers refuse fail with Spark's error classes, keyedstate's message as the cause") {
+    val p = newProvider(tempDir(), useColumnFamilies = true)
+    val s = p.getStore(0)
+    val spec = NoPrefixKeyStateEncoderSpec(keySchema)
+    s.createColFamilyIfAbsent("single", keySchema, valueSchema, spec)
+    def refused(condition: String, ours: String)(call: => Any): Unit = {
+      val e = intercept[Exception](call)
+      val spark = e match {
+        case t: org.apache.spark.SparkThrowable => t
+        case other => fail(s"expected Spark's $condition, got $other")
+      }
+      assert(spark.getCondition == condition, e.getMessage)
+      val cause = io.keyedstate.errors.KeyedStateError.find(e).getOrElse(fail(s"no keyedstate cause under $e"))
+      assert(cause.errorId == "KEYEDSTATE_UNSUPPORTED_OPERATION")
+      assert(cause.getMessage.contains(ours), cause.getMessage)
+    }
+    refused("STATE_STORE_UNSUPPORTED_OPERATION_ON_MISSING_COLUMN_FAMILY", "'nope' is not in this state store; it has: default, single")(
+      s.get(key("a"), "nope"))
+    refused("STATE_STORE_UNSUPPORTED_OPERATION_ON_MISSING_COLUMN_FAMILY", "Cannot put")(s.put(key("a"), value(1), "nope"))
+    refused("STATE_STORE_UNSUPPORTED_OPERATION_ON_MISSING_COLUMN_FAMILY", "Cannot iterator")(s.iterator("nope"))
+    for (name <- Seq("", " padded", "default")) {
+      refused("STATE_STORE_CANNOT_USE_COLUMN_FAMILY_WITH_INVALID_NAME", "allowed is a non-empty name")(
+        s.createColFamilyIfAbsent(name, keySchema, valueSchema, spec))
+    }
+    refused("STATE_STORE_CANNOT_USE_COLUMN_FAMILY_WITH_INVALID_NAME", "Cannot remove column family 'default'")(
+      s.removeColFamilyIfExists("default"))
+    refused("STATE_STORE_CANNOT_CREATE_COLUMN_FAMILY_WITH_RESERVED_CHARS", "reserved for internal")(
+      s.createColFamilyIfAbsent("_mine", keySchema, valueSchema, spec))
+    s.createColFamilyIfAbsent("_internal", keySchema, valueSchema, spec, isInternal = true)
+    refused("STATE_STORE_UNSUPPORTED_OPERATION", "multiple values per key; 'single' has one")(
+      s.merge(key("a"), value(1), "single"))
+    refused("STATE_STORE_UNSUPPORTED_OPERATION", "prefix-key encoder")(s.prefixScan(key("a"), "single"))
+    refused("STATE_STORE_UNSUPPORTED_OPERATION", "range-scan key encoder")(s.rangeScan(None, None, "single"))
+    for (call <- Seq[() => Any](() => s.put(null, value(1), "single"), () => s.put(key("a"), null, "single"),
+        () => s.get(null, "single"))) {
+      val e = intercept[IllegalArgumentException](call())
+      assert(e.getMessage.startsWith("[KEYEDSTATE_INVALID_STORE_ARGUMENT] Cannot "), e.getMessage)
+    }
+    // Nothing refused touched the store: it commits what was written before.
+    s.put(key("kept"), value(7), "single")
+    assert(s.commit() == 1)
+    val r = p.getReadStore(1)
+    assert(r.get(key("kept"), "single").getLong(0) == 7L)
+    assert(r.allColumnFamilyNames == Set("default", "single", "_internal"))
+    r.release(); p.close()
+
+    val plain = newProvider(tempDir())
+    val q = plain.getStore(0)
+    refused("STATE_STORE_UNSUPPORTED_OPERATION", "useColumnFamilies=true")(
+      q.createColFamilyIfAbsent("other", keySchema, valueSchema, spec))
+    q.abort(); plain.close()
+  }
+
   private def open(id: StateStoreProviderId, version: Long, conf: StateStoreConf, hadoopConf: Configuration): StateStore =
     StateStore.get(id, keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema), version, None, None,
       useColumnFamilies = false, conf, hadoopConf)

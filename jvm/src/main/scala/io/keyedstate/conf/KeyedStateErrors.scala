@@ -3,7 +3,7 @@ package io.keyedstate.conf
 import java.io.File
 
 import io.keyedstate.errors._
-import org.apache.spark.sql.execution.streaming.state.StateStoreId
+import org.apache.spark.sql.execution.streaming.state.{StateStore, StateStoreId}
 import org.apache.spark.sql.keyedstate.StateStoreErrorsBridge
 
 /**
@@ -17,6 +17,10 @@ import org.apache.spark.sql.keyedstate.StateStoreErrorsBridge
  * | a negative version | `CANNOT_LOAD_STATE_STORE.UNEXPECTED_VERSION` |
  * | a version that cannot be loaded (missing or damaged files, a missing version) | `CANNOT_LOAD_STATE_STORE.UNCATEGORIZED` |
  * | a commit that fails | `CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT` |
+ * | a call on a column family the store does not have | `STATE_STORE_UNSUPPORTED_OPERATION_ON_MISSING_COLUMN_FAMILY` |
+ * | creating or removing a column family named empty, with edge spaces, or `default` | `STATE_STORE_CANNOT_USE_COLUMN_FAMILY_WITH_INVALID_NAME` |
+ * | creating a column family starting with `_` (not internal) | `STATE_STORE_CANNOT_CREATE_COLUMN_FAMILY_WITH_RESERVED_CHARS` |
+ * | a call the store or the column family's encoder does not support | `STATE_STORE_UNSUPPORTED_OPERATION` |
  *
  * A failure of the executor's local disk (full, read-only, gone) is a [[LocalDiskException]]
  * naming the file, the local directory and the operating system's reason: as the cause of the
@@ -51,6 +55,27 @@ object KeyedStateErrors {
 
   def checkpointWrite(detail: String, cause: Throwable = null): CheckpointFileException =
     new CheckpointFileException(ErrorId.CheckpointWriteFailed, detail, cause)
+
+  // ---- store calls with arguments the store refuses (Spark's classes, as its RocksDB provider) ----
+
+  def missingColumnFamily(operation: String, colFamily: String, registered: Iterable[String]): Throwable =
+    StateStoreErrorsBridge.missingColumnFamily(operation, colFamily, unsupported(ErrorId.UnsupportedOperation,
+      s"Cannot $operation: column family '$colFamily' is not in this state store; it has: " +
+        registered.toSeq.sorted.mkString(", ")))
+
+  def invalidColumnFamilyName(operation: String, colFamily: String): Throwable =
+    StateStoreErrorsBridge.invalidColumnFamilyName(operation, colFamily, unsupported(ErrorId.UnsupportedOperation,
+      s"Cannot $operation column family '$colFamily': allowed is a non-empty name without leading or " +
+        s"trailing spaces, other than '${StateStore.DEFAULT_COL_FAMILY_NAME}'"))
+
+  def reservedColumnFamilyName(colFamily: String): Throwable =
+    StateStoreErrorsBridge.reservedColumnFamilyName(colFamily, unsupported(ErrorId.UnsupportedOperation,
+      s"Cannot create column family '$colFamily': names starting with '_' are reserved for internal " +
+        "column families"))
+
+  def unsupportedCall(operation: String, detail: String): Throwable =
+    StateStoreErrorsBridge.unsupportedOperation(operation, detail,
+      unsupported(ErrorId.UnsupportedOperation, s"Cannot $operation: $detail"))
 
   // ---- options ----
 

@@ -62,7 +62,10 @@ object ErrorId {
     "a task waited two minutes for a state store partition another task of the executor still holds")
   case object UnsupportedOperation extends ErrorId("KEYEDSTATE_UNSUPPORTED_OPERATION", Store,
     "a state store call the store or its column family does not allow (a write on a read-only store, " +
-      "multiple values on a single-value column family, an unknown column family)")
+      "multiple values on a single-value column family, an unknown column family, a reserved or invalid " +
+      "column family name), the cause of Spark's STATE_STORE_* error class where Spark has one")
+  case object InvalidStoreArgument extends ErrorId("KEYEDSTATE_INVALID_STORE_ARGUMENT", Store,
+    "a state store call with a null key or a null value")
   case object KafkaSinkFailed extends ErrorId("KEYEDSTATE_KAFKA_SINK_FAILED", KafkaSink,
     "the Kafka sink could not write: configuration, brokers, topic, or a transaction the broker refused")
   case object KafkaInvalidRecord extends ErrorId("KEYEDSTATE_KAFKA_INVALID_RECORD", KafkaSink,
@@ -84,7 +87,7 @@ object ErrorId {
 
   val all: Seq[ErrorId] = Seq(CheckpointFileMissing, CheckpointFileCorrupt, CheckpointWriteFailed,
     StateLoadFailed, CommitFailed, LocalDiskWriteFailed, InvalidOption, RescaleRefused, RescaleInProgress,
-    QueryCheckpointInvalid, StoreBusy, UnsupportedOperation, KeyedFunctionKeyChanged,
+    QueryCheckpointInvalid, StoreBusy, UnsupportedOperation, InvalidStoreArgument, KeyedFunctionKeyChanged,
     KeyedFunctionStateChanged, KeyedFunctionCompleteMode, KeyedFunctionUnsupportedProvider,
     KeyedFunctionTtlNeedsProvider, KafkaSinkFailed, KafkaInvalidRecord, KafkaBatchAlreadyCommitted)
 

@@ -18,4 +18,28 @@ object StateStoreErrorsBridge {
   /** `CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT`. */
   def cannotCommit(store: String, cause: Throwable): Throwable =
     QueryExecutionErrors.failedToCommitStateFileError(store, cause)
+
+  // ---- store calls Spark's providers refuse with these classes (RocksDBStateStoreProvider) ----
+
+  /** `STATE_STORE_UNSUPPORTED_OPERATION_ON_MISSING_COLUMN_FAMILY`. */
+  def missingColumnFamily(operation: String, colFamily: String, cause: Throwable): Throwable =
+    withCause(StateStoreErrors.unsupportedOperationOnMissingColumnFamily(operation, colFamily), cause)
+
+  /** `STATE_STORE_CANNOT_USE_COLUMN_FAMILY_WITH_INVALID_NAME`. */
+  def invalidColumnFamilyName(operation: String, colFamily: String, cause: Throwable): Throwable =
+    withCause(StateStoreErrors.cannotUseColumnFamilyWithInvalidName(operation, colFamily), cause)
+
+  /** `STATE_STORE_CANNOT_CREATE_COLUMN_FAMILY_WITH_RESERVED_CHARS`. */
+  def reservedColumnFamilyName(colFamily: String, cause: Throwable): Throwable =
+    withCause(StateStoreErrors.cannotCreateColumnFamilyWithReservedChars(colFamily), cause)
+
+  /** `STATE_STORE_UNSUPPORTED_OPERATION`. */
+  def unsupportedOperation(operation: String, entity: String, cause: Throwable): Throwable =
+    withCause(StateStoreErrors.unsupportedOperationException(operation, entity), cause)
+
+  /** Spark's factories take no cause: keyedstate's message is attached as one (still unset). */
+  private def withCause(error: Throwable, cause: Throwable): Throwable = {
+    error.initCause(cause)
+    error
+  }
 }
