@@ -83,7 +83,7 @@ private[keyedstate] final class StoreInstance(
     memo.existedBefore(cf, key, existsNow) match {
       case KeyMemo.Present => true
       case KeyMemo.Absent => false
-      case _ => db.exists(cf, key)
+      case _ => db.get(cf, key) != null
     }
 
   /** A point read (that also teaches the key count whether the key exists). */

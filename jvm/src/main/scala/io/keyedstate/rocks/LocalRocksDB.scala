@@ -66,8 +66,6 @@ final class LocalRocksDB private (
 
   /** The value of `key`, or null. */
   def get(cf: String, key: Array[Byte]): Array[Byte] = LocalRocksDB.get(db, handle(cf), key)
-  /** Whether `key` is stored, without copying its value out (a whole list, for a merge). */
-  def exists(cf: String, key: Array[Byte]): Boolean = LocalRocksDB.exists(db, handle(cf), key)
   // Writes go to the memtable; one fails on I/O when a flush it waits for failed (a full disk).
   // Per-record calls: the catch is written out rather than passed to `localIo` as a closure.
   def put(cf: String, key: Array[Byte], value: Array[Byte]): Unit =
@@ -288,24 +286,6 @@ object LocalRocksDB {
       case KeyMayExist.KeyMayExistEnum.kExistsWithoutValue => db.get(cf, key)
     }
   }
-
-  /** Whether `key` is stored: `get`'s probe, with the value never copied into a Java array. */
-  private[keyedstate] def exists(db: RocksDB, cf: ColumnFamilyHandle, key: Array[Byte]): Boolean = {
-    val buffers = readBuffers.get()
-    val v = buffers.value
-    v.clear()
-    val keyBuffer = buffers.keyFor(key)
-    db.keyMayExist(cf, null, keyBuffer, v).exists match {
-      case KeyMayExist.KeyMayExistEnum.kNotExist => false
-      case KeyMayExist.KeyMayExistEnum.kExistsWithValue => true
-      case KeyMayExist.KeyMayExistEnum.kExistsWithoutValue =>
-        v.clear()
-        keyBuffer.rewind()
-        // Reads the blocks; copies at most the buffer's capacity of the value.
-        db.get(cf, defaultReadOptions, keyBuffer, v) != RocksDB.NOT_FOUND
-    }
-  }
-  private val defaultReadOptions = new ReadOptions()
 
   /** Direct buffers the JNI reads a key from and copies a value into (one pair per thread). */
   private final class ReadBuffers {
