@@ -69,7 +69,7 @@ test: setup test-scala test-python
 # bounded at 50), and the end-to-end pipeline (Kafka in, PostgreSQL and Kafka out) killed 20
 # times (about 12 minutes; CI kills it 6 times).
 soak: setup
-	KILL_TEST_KILLS=100 KILL_TEST_BUDGET_S=3000 $(PY) -m pytest -v tests/test_kill_restart.py
+	KILL_TEST_KILLS=100 KILL_TEST_BUDGET_S=4500 $(PY) -m pytest -v tests/test_kill_restart.py
 	PIPELINE_KILLS=20 $(PY) -m pytest -v -s tests/test_exactly_once_pipeline.py
 
 wheel: setup
