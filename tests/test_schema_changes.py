@@ -56,7 +56,12 @@ def test_an_incompatible_state_schema_on_restart_fails_naming_both_schemas(
     assert sorted(p.name for p in (checkpoint / "state" / "0" / "0").rglob("*")) == state_before
     # Spark's message does not name the operator; given the checkpoint, keyedstate does.
     assert keyedstate.state_error(failure.value) is None
-    named = keyedstate.state_error(failure.value, checkpoint=checkpoint)
+    # Read as a listener or another thread would: with no session active in this thread.
+    spark._jvm.org.apache.spark.sql.SparkSession.clearActiveSession()  # type: ignore[union-attr]
+    try:
+        named = keyedstate.state_error(failure.value, checkpoint=checkpoint)
+    finally:
+        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)  # type: ignore[union-attr]
     assert isinstance(named, keyedstate.StateSchemaError), message[:3000]
     assert named.error_id == error and named.__cause__ is failure.value
     line = str(named)

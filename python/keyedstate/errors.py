@@ -361,14 +361,15 @@ def _stored_schemas(checkpoint: str) -> Iterator[tuple[str, tuple[str, str]]]:
     """(operator label, (key schema, value schema)) of every column family of every store of
     every stateful operator of ``checkpoint``, as Spark's schema files hold them (read in the
     JVM with Spark's own reader, on the checkpoint's file system)."""
-    from pyspark.sql import SparkSession
+    from pyspark import SparkContext
 
-    spark = SparkSession.getActiveSession()
-    if spark is None:
+    # The context, not the active session: a session is active per thread, and the failure may
+    # be read in another thread than the one that started the query.
+    sc = SparkContext._active_spark_context
+    if sc is None:
         return
-    stored = json.loads(
-        str(spark._jvm.io.keyedstate.rescale.StoredSchemas.json(spark._jsparkSession, checkpoint))  # type: ignore[union-attr]
-    )
+    entry = sc._jvm.io.keyedstate.rescale.StoredSchemas  # type: ignore[union-attr]
+    stored = json.loads(str(entry.json(checkpoint, sc._jsc.hadoopConfiguration())))  # type: ignore[union-attr]
     for family in stored:
         name = family["operatorName"] or "unknown operator"
         kind = f"{name}: {_OPERATOR_KINDS[name]}" if name in _OPERATOR_KINDS else name

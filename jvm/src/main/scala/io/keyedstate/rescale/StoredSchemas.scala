@@ -4,8 +4,8 @@ import java.util.UUID
 
 import scala.util.control.NonFatal
 
+import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
-import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.execution.streaming.state.{StateSchemaCompatibilityChecker, StateStoreId, StateStoreProviderId}
 import org.json4s._
 import org.json4s.jackson.JsonMethods.parse
@@ -45,7 +45,8 @@ object StoredSchemas {
     (name, if (stores.isEmpty) Seq(StateStoreId.DEFAULT_STORE_NAME) else stores)
   }
 
-  /** The entry point of the Python package: the schemas as JSON. */
-  def json(spark: SparkSession, checkpoint: String): String =
-    Serialization.write(read(new QueryCheckpoint(new Path(checkpoint), spark.sessionState.newHadoopConf())))
+  /** The entry point of the Python package: the schemas as JSON (read with the context's Hadoop
+   *  configuration: no active session is needed in the calling thread). */
+  def json(checkpoint: String, hadoopConf: Configuration): String =
+    Serialization.write(read(new QueryCheckpoint(new Path(checkpoint), hadoopConf)))
 }
