@@ -48,6 +48,10 @@ final class KeyedStateStore private[keyedstate] (
   private def requireKey(key: UnsafeRow, op: String): Unit =
     if (key == null) throw KeyedStateErrors.badArgument(ErrorId.InvalidStoreArgument, s"Cannot $op a null key")
 
+  private def requireValues(values: Array[UnsafeRow], op: String, cf: String): Unit =
+    if (values == null || values.exists(_ == null)) throw KeyedStateErrors.badArgument(ErrorId.InvalidStoreArgument,
+      s"Cannot $op a null list or a null value in column family '$cf'")
+
   private def checkWritable(op: String): Unit = {
     checkOpen(op)
     if (!writable) throw KeyedStateErrors.badState(ErrorId.UnsupportedOperation, s"Cannot $op on read-only state store $id version $version")
@@ -259,8 +263,7 @@ final class KeyedStateStore private[keyedstate] (
   override def putList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = {
     checkWritable("putList")
     requireKey(key, "putList")
-    if (values == null || values.exists(_ == null)) throw KeyedStateErrors.badArgument(ErrorId.InvalidStoreArgument,
-      s"Cannot putList a null list or a null value in column family '$colFamilyName'")
+    requireValues(values, "putList", colFamilyName)
     val codec = state.codec(colFamilyName, "putList")
     state.write(colFamilyName, codec.encodeKey(key), codec.encodeValues(values, state.ttl.stamp(colFamilyName)),
       merge = false)
@@ -273,8 +276,7 @@ final class KeyedStateStore private[keyedstate] (
   override def mergeList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = {
     checkWritable("merge")
     requireKey(key, "merge")
-    if (values == null || values.exists(_ == null)) throw KeyedStateErrors.badArgument(ErrorId.InvalidStoreArgument,
-      s"Cannot merge a null value into column family '$colFamilyName'")
+    requireValues(values, "merge", colFamilyName)
     val codec = state.codec(colFamilyName, "merge")
     if (!codec.multipleValues) {
       throw KeyedStateErrors.unsupportedCall("merge",

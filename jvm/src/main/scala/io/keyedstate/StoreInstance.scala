@@ -21,6 +21,9 @@ import io.keyedstate.ttl.{TtlCleanup, TtlCleanupTarget, TtlState}
  * With changelog checkpointing every write is also recorded in the version's changelog.
  */
 private[keyedstate] object StoreInstance {
+  /** Non-empty, without leading or trailing spaces (what Spark's providers accept). */
+  def wellFormedName(name: String): Boolean = name != null && name.nonEmpty && name.trim == name
+
   /** At most this many keys' existence is remembered per version (about 40 bytes each and the key). */
   val MaxKnownKeys = 1000000
 }
@@ -122,13 +125,8 @@ private[keyedstate] final class StoreInstance(
       spec: KeyStateEncoderSpec,
       multipleValues: Boolean,
       isInternal: Boolean): Unit = {
-    if (name == null || name.isEmpty || name.trim != name) {
-      throw KeyedStateErrors.invalidColumnFamilyName("register", String.valueOf(name))
-    }
-    if (!useColumnFamilies && name != StateStore.DEFAULT_COL_FAMILY_NAME) {
-      throw KeyedStateErrors.unsupportedCall("register column family '" + name + "'",
-        "multiple column families need a state store initialised with useColumnFamilies=true")
-    }
+    if (!StoreInstance.wellFormedName(name)) throw KeyedStateErrors.invalidColumnFamilyName("register", String.valueOf(name))
+    if (name != StateStore.DEFAULT_COL_FAMILY_NAME) requireColumnFamilies("register", name)
     codecs(name) = new ColumnFamilyCodec(storeName, name, keySchema, valueSchema, spec, multipleValues, isInternal)
   }
 
@@ -151,14 +149,16 @@ private[keyedstate] final class StoreInstance(
 
   /** The names Spark's providers refuse to create or remove, refused as they refuse them. */
   private def checkCreatable(operation: String, name: String, isInternal: Boolean): Unit = {
-    if (!useColumnFamilies) {
-      throw KeyedStateErrors.unsupportedCall(s"$operation column family '$name'",
-        "multiple column families need a state store initialised with useColumnFamilies=true")
-    }
-    if (name == null || name.isEmpty || name.trim != name || name == StateStore.DEFAULT_COL_FAMILY_NAME) {
+    requireColumnFamilies(operation, name)
+    if (!StoreInstance.wellFormedName(name) || name == StateStore.DEFAULT_COL_FAMILY_NAME) {
       throw KeyedStateErrors.invalidColumnFamilyName(operation, String.valueOf(name))
     }
     if (!isInternal && name.charAt(0) == '_') throw KeyedStateErrors.reservedColumnFamilyName(name)
+  }
+
+  private def requireColumnFamilies(operation: String, name: String): Unit = if (!useColumnFamilies) {
+    throw KeyedStateErrors.unsupportedCall(s"$operation column family '$name'",
+      "multiple column families need a state store initialised with useColumnFamilies=true")
   }
 
   def removeColumnFamily(name: String): Boolean = {
