@@ -537,6 +537,11 @@ def main() -> None:
                     warm_rows if checked else None,
                 )
                 warmups += 1
+                print(
+                    f"[bench] {run.name}: {run.wall_s:.2f} s, JIT {run.jit_s:.2f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if run.correct is False:
                     sys.exit(f"{name} gave a wrong result on the warm-up input")
                 if run.jit_s < JIT_SETTLED * run.wall_s:

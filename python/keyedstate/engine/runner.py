@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import functools
 import gc
-from collections.abc import Iterator
+import operator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
 import pyarrow as pa
@@ -136,9 +136,8 @@ class _Task:
         self.input_decoders = [
             column_decoder(f.dataType, plan.time_zone) for f in plan.input_schema.fields
         ]
-        key_positions = [names.index(c) for c in plan.key_columns]
-        # The key columns of a row, as a tuple (tuple.__getitem__: elements index by name too).
-        self.key_of = lambda row: tuple(map(tuple.__getitem__, repeat(row), key_positions))
+        # The key columns of a row, as a tuple (itemgetter of several positions makes one).
+        self.key_of = _key_getter([names.index(c) for c in plan.key_columns])
         self.event_time = (
             None if plan.event_time_column is None else names.index(plan.event_time_column)
         )
@@ -475,6 +474,13 @@ class _Task:
                 else (DELETE_EVENT if event else DELETE_PROC)
             )
             out.timer(kind, key, timestamp)
+
+
+def _key_getter(positions: list[int]) -> Callable[[tuple], tuple]:
+    if len(positions) == 1:
+        (position,) = positions
+        return lambda row: (row[position],)
+    return operator.itemgetter(*positions)
 
 
 def _encode_all(values: list[Any], encode: Any) -> list[Any]:  # noqa: ANN401
