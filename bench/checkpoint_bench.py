@@ -9,7 +9,11 @@ side by side in one process, and reports absolute figures and ratios to keyedsta
 * bytes written to the checkpoint's ``state/`` folder per batch (new or changed files, Hadoop's
   ``.crc`` side files left out), background snapshot uploads included in the batch they land in;
 * restart: time from ``start()`` to the first completed batch of a query restarted with a large
-  state (``--restart-keys``), the state loaded from the checkpoint by new provider instances.
+  state (``--restart-keys``), the state loaded from the checkpoint by new provider instances:
+  ``keyedstate`` on the same executor (its local cache serves the files: local recovery),
+  ``keyedstate-new-executor`` with an empty local directory (every file downloaded, as on a new
+  executor). Spark's RocksDB provider gives every provider instance a new temporary directory
+  and copies every file from the checkpoint, so its figure is a new executor's either way.
 
     python bench/checkpoint_bench.py            # the documented run (docs/benchmarks.md)
     python bench/checkpoint_bench.py --keys 200000 --updates 20000 --restart-keys 500000  # quick
@@ -188,19 +192,31 @@ def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches:
     return result
 
 
+NEW_EXECUTOR = "-new-executor"
+LOCAL_DIR = "spark.sql.streaming.stateStore.keyedstate.localDir"
+
+
 def run_restart(spark: SparkSession, name: str, data: Path, work: Path) -> float:
-    inputs, checkpoint = new_phase(spark, name, work, "restart")
+    provider = name.removesuffix(NEW_EXECUTOR)
+    inputs, checkpoint = new_phase(spark, provider, work, "restart" + name[len(provider):])
     query = start(spark, inputs, checkpoint)
     feed(data, "big", inputs)
     query.processAllAvailable()
     query.stop()
     time.sleep(2)  # let maintenance threads settle
+    if name.endswith(NEW_EXECUTOR):
+        # Nothing local: the restarted query's provider instances open an empty local
+        # directory, as on a new executor, and download every file of the checkpoint.
+        empty = work / f"{name}-local"
+        empty.mkdir()
+        spark.conf.set(LOCAL_DIR, str(empty))
     feed(data, "after-restart", inputs)
     began = time.perf_counter()
     query = start(spark, inputs, checkpoint)
     query.processAllAvailable()
     elapsed = time.perf_counter() - began
     query.stop()
+    spark.conf.unset(LOCAL_DIR)
     return elapsed
 
 
@@ -213,16 +229,21 @@ def report(results: list[Result], reference: str = "keyedstate") -> str:
     ]
 
     def ratio(a: float | None, b: float | None) -> str:
-        return f"{a / b:.2f}" if a and b else "n/a"
+        return f"{a / b:.2f}" if a and b and a == a and b == b else "n/a"  # a == a: not nan
+
+    def ms(value: float) -> str:
+        return "-" if value != value else f"{value:.0f}"  # nan: no update phase
 
     for r in results:
         mean_bytes = statistics.mean(r.bytes_per_batch) if r.bytes_per_batch else 0
         ref_bytes = statistics.mean(ref.bytes_per_batch)
+        rate = f"{r.rows_per_s:,.0f}" if r.bytes_per_batch else "-"  # "-": restart only
         lines.append(
-            f"| {r.provider} | {r.rows_per_s:,.0f} | {ratio(r.rows_per_s, ref.rows_per_s)} "
-            f"| {r.p(0.5):.0f} | {ratio(r.p(0.5), ref.p(0.5))} "
-            f"| {r.p(0.99):.0f} | {ratio(r.p(0.99), ref.p(0.99))} "
-            f"| {mean_bytes:,.0f} | {ratio(mean_bytes, ref_bytes)} "
+            f"| {r.provider} | {rate} | {ratio(r.rows_per_s, ref.rows_per_s)} "
+            f"| {ms(r.p(0.5))} | {ratio(r.p(0.5), ref.p(0.5))} "
+            f"| {ms(r.p(0.99))} | {ratio(r.p(0.99), ref.p(0.99))} "
+            f"| {f'{mean_bytes:,.0f}' if r.bytes_per_batch else '-'} "
+            f"| {ratio(mean_bytes, ref_bytes)} "
             f"| {r.restart_s if r.restart_s is None else f'{r.restart_s:.1f}'} "
             f"| {ratio(r.restart_s, ref.restart_s)} |"
         )
@@ -255,8 +276,10 @@ def main() -> int:
     parser.add_argument("--restart-keys", type=int, default=10_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--providers", default=",".join(PROVIDERS))
-    parser.add_argument("--restart-providers", default="rocksdb,rocksdb-changelog,keyedstate",
-                        help="providers whose restart is measured; 'none' skips the restart part")
+    parser.add_argument("--restart-providers",
+                        default="rocksdb,rocksdb-changelog,keyedstate,keyedstate" + NEW_EXECUTOR,
+                        help="providers whose restart is measured; 'none' skips the restart part; "
+                        "keyedstate-new-executor: keyedstate with nothing in its local cache")
     parser.add_argument("--data", default=str(Path(tempfile.gettempdir()) / "keyedstate-bench"))
     parser.add_argument("--json", help="also write the raw figures here")
     parser.add_argument("--settle-s", type=float, default=0,
@@ -294,7 +317,11 @@ def main() -> int:
                 continue
             print(f"[restart] {name} ...", flush=True)
             seconds = run_restart(spark, name, data, work)
-            next(r for r in results if r.provider == name).restart_s = seconds
+            result = next((r for r in results if r.provider == name), None)
+            if result is None:  # a restart-only row (keyedstate-new-executor)
+                result = Result(name)
+                results.append(result)
+            result.restart_s = seconds
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
