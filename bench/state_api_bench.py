@@ -360,6 +360,12 @@ def run_query(
         for p in query.recentProgress:
             if p.numInputRows:
                 print(f"[bench] {name} batch {p.batchId}: {dict(p.durationMs)}", file=sys.stderr)
+                for op in p.stateOperators:  # the stores' own times, summed over partitions
+                    print(
+                        f"[bench]   {op.operatorName}: update {op.allUpdatesTimeMs} ms, commit "
+                        f"{op.commitTimeMs} ms, {op.numRowsTotal} rows, {dict(op.customMetrics)}",
+                        file=sys.stderr,
+                    )
     got = pd.read_parquet(output).sort_values("seq").reset_index(drop=True)[OUTPUT_COLUMNS]
     if expected is None:
         return Run(name, short, wall, batches, None, jit)
