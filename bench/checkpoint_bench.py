@@ -202,7 +202,8 @@ NEW_EXECUTOR = "-new-executor"
 LOCAL_DIR = "spark.sql.streaming.stateStore.keyedstate.localDir"
 
 
-def run_restart(spark: SparkSession, name: str, data: Path, work: Path) -> float:
+def run_restart(spark: SparkSession, name: str, data: Path, work: Path) -> tuple[float, str]:
+    """The restart's seconds, and what keyedstate's load did (its metrics; "" for Spark's)."""
     provider = name.removesuffix(NEW_EXECUTOR)
     inputs, checkpoint = new_phase(spark, provider, work, "restart" + name[len(provider):])
     query = start(spark, inputs, checkpoint)
@@ -221,9 +222,15 @@ def run_restart(spark: SparkSession, name: str, data: Path, work: Path) -> float
     query = start(spark, inputs, checkpoint)
     query.processAllAvailable()
     elapsed = time.perf_counter() - began
+    metrics = query.lastProgress["stateOperators"][0]["customMetrics"]
     query.stop()
     spark.conf.unset(LOCAL_DIR)
-    return elapsed
+    load = ", ".join(
+        f"{key.removeprefix('keyedstateLoad')} {metrics[key]:,}"
+        for key in sorted(metrics)
+        if key.startswith("keyedstateLoad")
+    )
+    return elapsed, load
 
 
 def report(results: list[Result], reference: str = "keyedstate") -> str:
@@ -323,7 +330,10 @@ def main() -> int:
             if not name or name == "none":
                 continue
             print(f"[restart] {name} ...", flush=True)
-            seconds = run_restart(spark, name, data, work)
+            seconds, load = run_restart(spark, name, data, work)
+            if load:
+                print(f"[restart] {name}: {seconds:.1f} s; the load (4 partitions): {load}",
+                      flush=True)
             result = next((r for r in results if r.provider == name), None)
             if result is None:  # a restart-only row (keyedstate-new-executor)
                 result = Result(name)
