@@ -92,8 +92,9 @@ object KeyedStateConf {
   private val BlockCacheSizeMB = new LongOpt("blockCacheSizeMB", 64, 1, 1L << 20,
     "RocksDB block cache, **shared by every partition on an executor** (sized by the first store opened in the JVM).")
   private val WriteBufferSizeMB = new LongOpt("writeBufferSizeMB", 64, 1, 1L << 16,
-    "Memtable size per column family (two memtables at most). Every commit flushes, so this bounds the memory of " +
-      "one batch's writes rather than SST sizes.")
+    "Memtable size per column family (two memtables at most). Commits that take a snapshot flush them (with " +
+      "`changelogCheckpointing=false`, every commit); between snapshots a full memtable flushes in the background. " +
+      "This bounds the memory of unflushed writes rather than SST sizes.")
   private val Compression = new ChoiceOpt("compression", "lz4", Compressions,
     "SST block compression. zstd makes the SSTs snapshots upload about 30% smaller than lz4, at a cost in " +
       "flush and compaction time not yet measured on a quiet machine (a loaded one suggested it may be large), " +
