@@ -32,6 +32,9 @@ object KeyedStateMetrics {
   val LoadChangelogRecordsReplayed = StateStoreCustomSumMetric("keyedstateLoadChangelogRecordsReplayed", "keyedstate load: changelog records replayed")
   val LoadFilesReusedLocally = StateStoreCustomSumMetric("keyedstateLoadFilesReusedLocally", "keyedstate load: files reused from local disk")
   val SstFilesBytes = StateStoreCustomSizeMetric("keyedstateSstFilesBytes", "keyedstate: live SST bytes", isSnapshot = true)
+  val SnapshotsTaken = StateStoreCustomSumMetric("keyedstateSnapshotsTaken", "keyedstate commit: number of stores whose commit took a snapshot")
+  val BackgroundFlushes = StateStoreCustomSumMetric("keyedstateBackgroundFlushes",
+    "keyedstate commit: number of stores whose commit started a memtable flush for the next commit's snapshot")
   // Spark's providers report the same as rocksdbForceSnapshotCount and forceSnapshotCount.
   val ForceSnapshotCount = StateStoreCustomSumMetric("keyedstateForceSnapshotCount",
     "keyedstate commit: number of stores that took a snapshot Spark forced (lagging snapshot uploads)")
@@ -43,7 +46,7 @@ object KeyedStateMetrics {
 
   val all: Seq[StateStoreCustomMetric] = Seq(CommitFlushMs, CommitCheckpointMs, CommitUploadMs,
     CommitManifestMs, CommitBytesUploaded, CommitFilesUploaded, CommitFilesReused,
-    CommitChangelogRecords, SnapshotBytesUploaded, ForceSnapshotCount, LoadMs, LoadBytesDownloaded,
+    CommitChangelogRecords, SnapshotBytesUploaded, SnapshotsTaken, BackgroundFlushes, ForceSnapshotCount, LoadMs, LoadBytesDownloaded,
     LoadFilesReusedLocally, LoadChangelogRecordsReplayed, SstFilesBytes, TtlExpiredHidden,
     TtlRemovedFullSnapshot, TtlRemovedIncremental, TtlRemovedCompaction, TtlRemovedBackground)
 
@@ -64,6 +67,8 @@ object KeyedStateMetrics {
       CommitFilesReused -> c.filesReused.toLong,
       CommitChangelogRecords -> c.changelogRecords,
       SnapshotBytesUploaded -> c.snapshotBytesUploaded,
+      SnapshotsTaken -> (if (c.snapshotTaken) 1L else 0L),
+      BackgroundFlushes -> (if (c.backgroundFlush) 1L else 0L),
       ForceSnapshotCount -> (if (c.forcedSnapshot) 1L else 0L),
       LoadChangelogRecordsReplayed -> l.changelogRecordsReplayed,
       LoadMs -> l.loadMs,

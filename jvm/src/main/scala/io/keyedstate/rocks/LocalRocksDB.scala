@@ -135,11 +135,27 @@ final class LocalRocksDB private (
     try localIo(db.flush(opts, handles.values.toList.asJava)) finally opts.close()
   }
 
+  /**
+   * Starts flushing every column family's memtable and returns: the memtables become immutable,
+   * new writes go to fresh ones, and RocksDB's background threads write the SSTs. A later
+   * [[flush]] waits for these too.
+   */
+  def flushInBackground(): Unit = {
+    val opts = new FlushOptions().setWaitForFlush(false).setAllowWriteStall(true)
+    try localIo(db.flush(opts, handles.values.toList.asJava)) finally opts.close()
+  }
+
   /** A native checkpoint (hard links of the SSTs plus copies of the small files) in `target`. */
   def checkpoint(target: File): Unit = {
     val cp = Checkpoint.create(db)
     try localIo(cp.createCheckpoint(target.getAbsolutePath)) finally cp.close()
   }
+
+  /** Entries in the memtables, the mutable ones and those waiting for their flush. */
+  def unflushedEntries: Long = handles.values.iterator.map { h =>
+    db.getLongProperty(h, "rocksdb.num-entries-active-mem-table") +
+      db.getLongProperty(h, "rocksdb.num-entries-imm-mem-tables")
+  }.sum
 
   def estimateNumKeys(cf: String): Long = db.getLongProperty(handle(cf), "rocksdb.estimate-num-keys")
 

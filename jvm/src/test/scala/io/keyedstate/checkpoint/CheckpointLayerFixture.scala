@@ -8,7 +8,7 @@ import java.util.UUID
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 
-import io.keyedstate.checkpoint.commit.{Changelog, SnapshotStrategy, VersionLineage}
+import io.keyedstate.checkpoint.commit.{Changelog, CommitStats, SnapshotStrategy, VersionLineage}
 import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.rocks.LocalRocksDB
@@ -61,6 +61,9 @@ trait CheckpointLayerFixture {
     private var history = Map[Long, State](0L -> Map.empty)
     store.ensureRoot()
 
+    /** What the last commit did. */
+    var lastStats: CommitStats = CommitStats()
+
     def state(version: Long): State = history(version)
     def version: Long = lineage.version
 
@@ -80,8 +83,10 @@ trait CheckpointLayerFixture {
       model = model ++ puts -- deletes
       val next = lineage.version + 1
       val cfs = Seq(ManifestColumnFamily(Cf, model.size, "", "", "", multipleValues = false, internal = false))
-      val (manifest, _) = lineage.commit(db, log, cfs, model.size.toLong, next, UUID.randomUUID().toString, forceSnapshot)
+      val (manifest, stats) =
+        lineage.commit(db, log, cfs, model.size.toLong, next, UUID.randomUUID().toString, forceSnapshot)
       history += next -> model
+      lastStats = stats
       manifest
     }
 

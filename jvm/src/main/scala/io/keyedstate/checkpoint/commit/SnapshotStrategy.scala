@@ -19,6 +19,8 @@ final case class CommitStats(
     snapshotBytesUploaded: Long = 0,
     // This commit took a snapshot (uploaded at once, or in the background with changelogs).
     snapshotTaken: Boolean = false,
+    // This commit started flushing the memtables in the background, for the next one's snapshot.
+    backgroundFlush: Boolean = false,
     // ... because Spark forced it (its coordinator saw the store's snapshot uploads lagging).
     forcedSnapshot: Boolean = false) {
   def totalMs: Long = flushMs + checkpointMs + uploadMs + manifestMs

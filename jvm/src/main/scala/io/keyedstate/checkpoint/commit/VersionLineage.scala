@@ -18,6 +18,12 @@ import io.keyedstate.rocks.LocalRocksDB
  * its new SST files in the background; the first commit after that upload finished bases its manifest on the new
  * snapshot, so a load replays at most about `snapshotInterval` changelogs. Without changelog
  * checkpointing every commit is a full, incremental snapshot.
+ *
+ * A checkpoint needs the memtables flushed, and the versions since the last flush can hold many
+ * batches of writes. So the commit before a snapshot starts that flush without waiting for it
+ * (RocksDB's background threads write the SSTs while the next batch runs), and the snapshot's
+ * own flush holds one version's writes: a snapshot commit's stall follows one batch, not
+ * `snapshotInterval` of them (see [[SnapshotStep]]).
  */
 final class VersionLineage(
     store: CheckpointStore,
@@ -34,6 +40,9 @@ final class VersionLineage(
 
   private case class Pending(checkpoint: LocalCheckpoint, upload: Future[UploadedSnapshot])
   private var pending: Option[Pending] = None
+  // Writes of versions up to this one are flushed or being flushed. The loader starts flushing
+  // what it replayed, so a loaded version counts as flushed: its first commit can snapshot at once.
+  private var flushedThrough: Long = _version
 
   def version: Long = _version
   def checkpointId: Option[String] = _checkpointId
@@ -94,9 +103,15 @@ final class VersionLineage(
           snapshotTaken = true)
       } finally snapshots.discard(cp)
     } else {
+      val step = nextStep(newVersion, stateKeys, forceSnapshot, logged.map(_.records).getOrElse(0L))
       changelogs = changelogs ++ logged
-      if (pending.isEmpty && (forceSnapshot || snapshotDue(newVersion, stateKeys))) {
+      if (step == SnapshotStep.Prime) {
+        db.flushInBackground()
+        flushedThrough = newVersion
+        stats = stats.copy(backgroundFlush = true)
+      } else if (step == SnapshotStep.Take) {
         val cp = snapshots.checkpointLocally(db, newVersion, commitId)
+        flushedThrough = newVersion
         val base = snapshotFiles
         val upload = Future {
           val up = snapshots.upload(cp, base)
@@ -128,22 +143,42 @@ final class VersionLineage(
    * done: the commit promotes it before deciding.
    */
   def snapshotPlanned(newVersion: Long, stateKeys: Long, forceSnapshot: Boolean): Boolean =
-    !conf.changelogCheckpointing || {
-      val base = pending match {
-        case None => Some(snapshotVersion)
-        case Some(p) if p.upload.isCompleted => Some(p.upload.value.get.map(_.version).getOrElse(snapshotVersion))
-        case Some(_) => None
-      }
-      base.exists(b => forceSnapshot || snapshotDue(newVersion, stateKeys, b))
+    !conf.changelogCheckpointing || nextStep(newVersion, stateKeys, forceSnapshot, 0L) == SnapshotStep.Take
+
+  /**
+   * What the commit of `newVersion` does towards a snapshot, given `records` changelog records of
+   * its own. A due snapshot is taken at once when the flush it needs holds only this version's
+   * writes (or when Spark forces it); otherwise this commit starts the flush and the next one
+   * takes the snapshot. A commit also starts the flush when the snapshot falls due at the next
+   * version, so the usual snapshot commit flushes one batch.
+   */
+  private def nextStep(newVersion: Long, stateKeys: Long, force: Boolean, records: Long): SnapshotStep = {
+    // The base the commit will have (a finished upload is promoted first); none while one runs.
+    val base = pending.map(_.upload) match {
+      case None => Some(snapshotVersion)
+      case Some(u) if u.isCompleted => Some(u.value.get.map(_.version).getOrElse(snapshotVersion))
+      case Some(_) => None
     }
+    val earlierUnflushed = changelogs.exists(c => c.version > flushedThrough && c.version < newVersion)
+    val unflushed = earlierUnflushed || records > 0
+    base match {
+      case Some(_) if force => SnapshotStep.Take
+      case Some(b) if snapshotDue(newVersion, stateKeys, b, records) =>
+        if (earlierUnflushed) SnapshotStep.Prime else SnapshotStep.Take
+      case _ =>
+        // A running upload's version is the base once it finishes.
+        val nextBase = base.getOrElse(pending.get.checkpoint.version)
+        if (unflushed && newVersion + 1 - nextBase >= snapshotInterval) SnapshotStep.Prime else SnapshotStep.Skip
+    }
+  }
 
   /**
    * Every `snapshotInterval` versions, and sooner when replaying the chain would cost more than
    * loading the whole state (more changelog records than keys, e.g. after a bulk load).
    */
-  private def snapshotDue(version: Long, stateKeys: Long, base: Long = snapshotVersion): Boolean =
+  private def snapshotDue(version: Long, stateKeys: Long, base: Long, records: Long): Boolean =
     version - base >= snapshotInterval ||
-      changelogs.iterator.filter(_.version > base).map(_.records).sum >=
+      changelogs.iterator.filter(_.version > base).map(_.records).sum + records >=
         math.max(stateKeys, VersionLineage.MinRecordsForEarlySnapshot)
 
   private def promoteFinishedSnapshot(stats: CommitStats): CommitStats = pending match {
@@ -193,4 +228,15 @@ object VersionLineage {
     if (pool == null) pool = Transfers.daemonPool("keyedstate-snapshot", math.max(1, conf.transferThreads / 2))
     pool
   }
+}
+
+/** What one commit does towards a snapshot (changelog checkpointing). */
+private sealed trait SnapshotStep
+private object SnapshotStep {
+  /** Nothing: the snapshot is not due, nor due at the next version. */
+  case object Skip extends SnapshotStep
+  /** Start flushing the memtables in the background, for a snapshot at the next commit. */
+  case object Prime extends SnapshotStep
+  /** Flush what is left and take the native checkpoint now; upload it in the background. */
+  case object Take extends SnapshotStep
 }
