@@ -68,10 +68,14 @@ class Result:
     provider: str
     rows_per_s: float = 0.0
     commit_ms: list[float] = field(default_factory=list)
+    update_ms: list[float] = field(default_factory=list)  # allUpdatesTimeMs, summed over partitions
+    batch_ms: list[float] = field(default_factory=list)  # triggerExecution
     bytes_per_batch: list[int] = field(default_factory=list)
     bytes_by_kind: list[dict[str, int]] = field(default_factory=list)  # per batch
     settled_bytes: int = 0  # written after the last batch, while the query idled (--settle-s)
     restart_s: float | None = None
+    # keyedstate, per batch: flush ms summed over partitions / snapshots taken / flushes started
+    commit_notes: list[str] = field(default_factory=list)
 
     def p(self, q: float) -> float:
         data = sorted(self.commit_ms)
@@ -187,7 +191,16 @@ def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches:
         before = after
         rows += progress["numInputRows"]
         seconds += progress["durationMs"]["triggerExecution"] / 1000
-        result.commit_ms.append(progress["stateOperators"][0]["commitTimeMs"])
+        operator = progress["stateOperators"][0]
+        result.commit_ms.append(operator["commitTimeMs"])
+        result.update_ms.append(operator["allUpdatesTimeMs"])
+        result.batch_ms.append(progress["durationMs"]["triggerExecution"])
+        metrics = operator.get("customMetrics", {})
+        if "keyedstateCommitFlushMs" in metrics:
+            result.commit_notes.append(
+                f"flush {metrics['keyedstateCommitFlushMs']}"
+                f"/{metrics['keyedstateSnapshotsTaken']}s/{metrics['keyedstateBackgroundFlushes']}b"
+            )
     if settle_s > 0:
         # Background snapshot uploads of these batches that have not landed yet (Spark's run in
         # its maintenance thread) land now, without a batch to attribute them to.
@@ -345,6 +358,24 @@ def main() -> int:
     print(f"\nkeys={args.keys:,} updates/batch={args.updates:,} batches={args.batches} "
           f"restart keys={args.restart_keys:,} partitions={args.partitions}\n")
     print(report(results))
+    print("\ncommit ms per batch (keyedstate: flush ms / stores that took a snapshot (s) / "
+          "stores that started a background flush (b)):\n")
+    for r in results:
+        if r.commit_ms:
+            notes = r.commit_notes or [""] * len(r.commit_ms)
+            cells = (
+                f"{ms:.0f}" + (f" ({note})" if note else "")
+                for ms, note in zip(r.commit_ms, notes, strict=True)
+            )
+            print(f"{r.provider}: " + ", ".join(cells))
+    print("\nper batch, median (state updates and commits are summed over the partitions, "
+          "which run 2 at a time):\n")
+    for r in results:
+        if r.batch_ms:
+            median = {k: statistics.median(v) for k, v in
+                      (("batch", r.batch_ms), ("updates", r.update_ms), ("commit", r.commit_ms))}
+            print(f"{r.provider}: batch {median['batch']:.0f} ms, state updates "
+                  f"{median['updates']:.0f} ms, commit {median['commit']:.0f} ms")
     print("\nbytes per batch by kind of file:\n")
     print(breakdown(results))
     if args.json:
