@@ -16,6 +16,12 @@ class VersionLineageSuite extends AnyFunSuite with CheckpointLayerFixture {
     }
   }
 
+  // What a commit did: (started a background flush, took a snapshot).
+  private val Neither = (false, false)
+  private val StartedFlush = (true, false)
+  private val TookSnapshot = (false, true)
+  private def did(w: LayerWriter): (Boolean, Boolean) = (w.lastStats.backgroundFlush, w.lastStats.snapshotTaken)
+
   private def puts(version: Long, n: Int): State = (0 until n).map(i => s"v$version-k$i" -> s"value $version/$i").toMap
 
   test("the commit before a due snapshot starts the flush; the snapshot commit flushes only its own writes") {
@@ -32,11 +38,10 @@ class VersionLineageSuite extends AnyFunSuite with CheckpointLayerFixture {
           assert(w.db.totalSstFilesBytes > 0)
         }
         w.lineage.awaitPendingSnapshot()
-        (s.backgroundFlush, s.snapshotTaken)
+        did(w)
       }
       // Flushes start at 2 and 5, snapshots (every 3 versions) at 3 and 6.
-      assert(steps == Seq((false, false), (true, false), (false, true), (false, false), (true, false),
-        (false, true), (false, false)), steps)
+      assert(steps == Seq(Neither, StartedFlush, TookSnapshot, Neither, StartedFlush, TookSnapshot, Neither), steps)
       w.commit(Map("late" -> "x"))
       assert(store.readManifest(8, None).snapshotVersion == 6)
     } finally w.close()
@@ -50,11 +55,11 @@ class VersionLineageSuite extends AnyFunSuite with CheckpointLayerFixture {
     try {
       // More changelog records than keys, from the second version on: the records rule.
       w.commit(puts(1, 60000))
-      assert(!w.lastStats.backgroundFlush && !w.lastStats.snapshotTaken, w.lastStats)
+      assert(did(w) == Neither, w.lastStats)
       w.commit(puts(1, 60000).map { case (k, _) => k -> "again" })
-      assert(w.lastStats.backgroundFlush && !w.lastStats.snapshotTaken, w.lastStats)
+      assert(did(w) == StartedFlush, w.lastStats)
       w.commit(puts(3, 10))
-      assert(!w.lastStats.backgroundFlush && w.lastStats.snapshotTaken, w.lastStats)
+      assert(did(w) == TookSnapshot, w.lastStats)
       w.lineage.awaitPendingSnapshot()
       w.commit(puts(4, 10))
       assert(store.readManifest(4, None).snapshotVersion == 3)
@@ -68,7 +73,7 @@ class VersionLineageSuite extends AnyFunSuite with CheckpointLayerFixture {
     val w = new LayerWriter(store, conf, snapshotInterval = 100)
     try {
       w.commit(puts(1, 150000))
-      assert(!w.lastStats.backgroundFlush && w.lastStats.snapshotTaken, w.lastStats)
+      assert(did(w) == TookSnapshot, w.lastStats)
     } finally w.close()
     assert(restore(store, conf, 1)._1 == w.state(1))
   }
@@ -81,7 +86,7 @@ class VersionLineageSuite extends AnyFunSuite with CheckpointLayerFixture {
       (1 to 3).foreach(v => w.commit(puts(v, 50)))
       assert(w.db.unflushedEntries == 150)
       w.commit(puts(4, 50), forceSnapshot = true)
-      assert(w.lastStats.snapshotTaken && !w.lastStats.backgroundFlush && w.db.unflushedEntries == 0, w.lastStats)
+      assert(did(w) == TookSnapshot && w.db.unflushedEntries == 0, w.lastStats)
       w.lineage.awaitPendingSnapshot()
       w.commit(puts(5, 1))
       assert(store.readManifest(5, None).snapshotVersion == 4)
@@ -95,7 +100,7 @@ class VersionLineageSuite extends AnyFunSuite with CheckpointLayerFixture {
     val w = new LayerWriter(store, conf, snapshotInterval = 3)
     try (1 to 4).foreach { v =>
       w.commit(puts(v, 20))
-      assert(w.lastStats.snapshotTaken && !w.lastStats.backgroundFlush, s"version $v: ${w.lastStats}")
+      assert(did(w) == TookSnapshot, s"version $v: ${w.lastStats}")
     } finally w.close()
   }
 }
