@@ -248,21 +248,8 @@ class _ListStateImpl(_Handle, ListState):
             return new
         # The stored elements the new list starts with (the same objects, in order, maybe after
         # dropping some from the front: get(), append, trim, update()) were checked when they
-        # were stored; only the rest is checked. One pass, no helper calls: this is the hot
-        # path of every list update.
-        checked = 0
-        stored = self._b.cur.get(self._name) if self._immutable else None
-        if stored:
-            try:
-                start = stored.index(new[0])  # in C; equality short-cuts on identity
-            except Exception:  # noqa: BLE001 - not found, or an element whose == refuses
-                start = -1
-            if start >= 0:
-                kept = len(stored) - start
-                if kept <= len(new) and all(
-                    map(operator.is_, new, stored[start:] if start else stored)
-                ):
-                    checked = kept
+        # were stored; only the rest is checked.
+        checked = _stored_prefix(self._b.cur.get(self._name), new) if self._immutable else 0
         if checked == len(new):
             return new
         rest = new[checked:] if checked else new
@@ -316,6 +303,24 @@ class _ListStateImpl(_Handle, ListState):
         self.update([])
 
 
+def _stored_prefix(stored: list[Any] | None, new: list[Any]) -> int:
+    """How many leading elements of ``new`` are the trailing elements of ``stored``, the same
+    objects (0 if none or not in that shape). ``index`` finds the candidate in C (equality
+    short-cuts on identity); identity then decides."""
+    if not stored:
+        return 0
+    try:
+        start = stored.index(new[0])
+    except Exception:  # noqa: BLE001 - not found, or an element whose == refuses (numpy arrays)
+        return 0
+    kept = len(stored) - start
+    if kept > len(new):
+        return 0
+    if start:
+        return kept if all(map(operator.is_, new, stored[start:])) else 0
+    return kept if all(map(operator.is_, new, stored)) else 0
+
+
 class _MapStateImpl(_Handle, MapState):
     __slots__ = ("_check_key", "_check_value")
 
@@ -354,19 +359,13 @@ class _MapStateImpl(_Handle, MapState):
         check = self._check_value
         if check is not None and value is not None:
             value = check.one(value)
-        b = self._b
-        name = self._name
-        stored = b.cur.get(name)
+        cur = self._b.cur
+        stored = cur.get(self._name)
         if stored is None:
-            b.cur[name] = {key: value}
+            cur[self._name] = {key: value}
         else:
             stored[key] = value
-        changes = b.map_changes.get(name)  # _changed(), inline: once per put
-        if changes is None:
-            b.map_changes[name] = {key}
-        else:
-            changes.add(key)
-        b.dirty.add(name)
+        self._changed(key)
 
     def put_all(self, dict_value: Mapping[Any, Any]) -> None:
         for key, value in dict_value.items():

@@ -46,8 +46,8 @@ object KeyedStateMetrics {
 
   val all: Seq[StateStoreCustomMetric] = Seq(CommitFlushMs, CommitCheckpointMs, CommitUploadMs,
     CommitManifestMs, CommitBytesUploaded, CommitFilesUploaded, CommitFilesReused,
-    CommitChangelogRecords, SnapshotBytesUploaded, SnapshotsTaken, BackgroundFlushes, ForceSnapshotCount, LoadMs, LoadBytesDownloaded,
-    LoadFilesReusedLocally, LoadChangelogRecordsReplayed, SstFilesBytes, TtlExpiredHidden,
+    CommitChangelogRecords, SnapshotBytesUploaded, SnapshotsTaken, BackgroundFlushes, ForceSnapshotCount,
+    LoadMs, LoadBytesDownloaded, LoadFilesReusedLocally, LoadChangelogRecordsReplayed, SstFilesBytes, TtlExpiredHidden,
     TtlRemovedFullSnapshot, TtlRemovedIncremental, TtlRemovedCompaction, TtlRemovedBackground)
 
   def of(

@@ -130,20 +130,17 @@ final class LocalRocksDB private (
   }
 
   /** Flushes every column family's memtable to SST files. */
-  def flush(): Unit = {
-    val opts = new FlushOptions().setWaitForFlush(true)
-    try localIo(db.flush(opts, handles.values.toList.asJava)) finally opts.close()
-  }
+  def flush(): Unit = flushAll(new FlushOptions().setWaitForFlush(true))
 
   /**
    * Starts flushing every column family's memtable and returns: the memtables become immutable,
    * new writes go to fresh ones, and RocksDB's background threads write the SSTs. A later
    * [[flush]] waits for these too.
    */
-  def flushInBackground(): Unit = {
-    val opts = new FlushOptions().setWaitForFlush(false).setAllowWriteStall(true)
+  def flushInBackground(): Unit = flushAll(new FlushOptions().setWaitForFlush(false).setAllowWriteStall(true))
+
+  private def flushAll(opts: FlushOptions): Unit =
     try localIo(db.flush(opts, handles.values.toList.asJava)) finally opts.close()
-  }
 
   /** A native checkpoint (hard links of the SSTs plus copies of the small files) in `target`. */
   def checkpoint(target: File): Unit = {

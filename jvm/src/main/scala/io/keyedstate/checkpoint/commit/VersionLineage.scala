@@ -153,23 +153,17 @@ final class VersionLineage(
    * version, so the usual snapshot commit flushes one batch.
    */
   private def nextStep(newVersion: Long, stateKeys: Long, force: Boolean, records: Long): SnapshotStep = {
-    // The base the commit will have (a finished upload is promoted first); none while one runs.
-    val base = pending.map(_.upload) match {
-      case None => Some(snapshotVersion)
-      case Some(u) if u.isCompleted => Some(u.value.get.map(_.version).getOrElse(snapshotVersion))
-      case Some(_) => None
+    val uploading = pending.exists(!_.upload.isCompleted)
+    // The base once the pending upload, if any, is promoted: its version unless it failed.
+    val base = pending match {
+      case Some(p) if p.upload.value.forall(_.isSuccess) => p.checkpoint.version
+      case _ => snapshotVersion
     }
     val earlierUnflushed = changelogs.exists(c => c.version > flushedThrough && c.version < newVersion)
-    val unflushed = earlierUnflushed || records > 0
-    base match {
-      case Some(_) if force => SnapshotStep.Take
-      case Some(b) if snapshotDue(newVersion, stateKeys, b, records) =>
-        if (earlierUnflushed) SnapshotStep.Prime else SnapshotStep.Take
-      case _ =>
-        // A running upload's version is the base once it finishes.
-        val nextBase = base.getOrElse(pending.get.checkpoint.version)
-        if (unflushed && newVersion + 1 - nextBase >= snapshotInterval) SnapshotStep.Prime else SnapshotStep.Skip
-    }
+    if (!uploading && (force || snapshotDue(newVersion, stateKeys, base, records))) {
+      if (earlierUnflushed && !force) SnapshotStep.Prime else SnapshotStep.Take
+    } else if ((earlierUnflushed || records > 0) && newVersion + 1 - base >= snapshotInterval) SnapshotStep.Prime
+    else SnapshotStep.Skip
   }
 
   /**
