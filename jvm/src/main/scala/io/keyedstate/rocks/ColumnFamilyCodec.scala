@@ -32,6 +32,9 @@ final class ColumnFamilyCodec(
   private val keyGroups =
     new KeyGroupHasher(keySchema, KeyGroups.partitionKeyOrdinals(storeName, keySchema, keySpec))
 
+  /** How a changelog recomputes this family's key-group tags, when it can (see [[KeyGroupRule]]). */
+  val keyGroupRule: Option[KeyGroupRule] = KeyGroupRule.of(storeName, keySchema, keySpec)
+
   def supportsPrefixScan: Boolean = keyEncoder.supportPrefixKeyScan
   def supportsRangeScan: Boolean = keyEncoder.supportsRangeScan
 

@@ -4,7 +4,8 @@ import java.nio.ByteBuffer
 
 import org.apache.spark.sql.catalyst.expressions.{BoundReference, Murmur3Hash, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.execution.streaming.state._
-import org.apache.spark.sql.types.StructType
+import org.apache.spark.sql.types.{DataType, StructType}
+import org.json4s.jackson.JsonMethods
 
 /**
  * Key groups: every stored key ends with a 4-byte tag, the Murmur3 hash (seed 42) of the
@@ -14,7 +15,7 @@ import org.apache.spark.sql.types.StructType
  *
  * The tag is a *suffix* so Spark's byte order (prefix scans, range scans) is unchanged: scan
  * bounds are encoded without a tag, and `encoded ++ tag` sorts right after `encoded`.
- * Layout and the partitioning-key rule are documented in docs/key-groups.md.
+ * Layout and the partitioning-key rule are documented in docs/rescaling.md.
  */
 object KeyGroups {
   /** Spark's `Murmur3Hash` default seed, the one `HashPartitioning` uses. */
@@ -67,4 +68,49 @@ final class KeyGroupHasher(keySchema: StructType, ordinals: Seq[Int]) {
     ordinals.map(i => BoundReference(i, keySchema(i).dataType, keySchema(i).nullable)), KeyGroups.Seed)))
 
   def tag(key: UnsafeRow): Int = projection(key).getInt(0)
+}
+
+/**
+ * How to recompute a stored key's key-group tag from the key without it: the key schema, Spark's
+ * key encoding and the partitioning-key columns. A changelog records the rule once per column
+ * family and leaves the tag (4 random, incompressible bytes) out of every record.
+ */
+final case class KeyGroupRule(keySchema: StructType, keySpec: KeyStateEncoderSpec, ordinals: Seq[Int]) {
+  def json: String = {
+    import org.json4s.JsonDSL._
+    JsonMethods.compact(("keySchema" -> JsonMethods.parse(keySchema.json)) ~
+      ("keySpec" -> JsonMethods.parse(keySpec.json)) ~ ("ordinals" -> ordinals.toList))
+  }
+
+  /** A function from an encoded key without its tag to the tag (not thread-safe: one per replay). */
+  def tagger(): Array[Byte] => Int = {
+    val decoder = keySpec.toEncoder(new UnsafeRowDataEncoder(keySpec, new StructType()), false)
+    val hasher = new KeyGroupHasher(keySchema, ordinals)
+    encoded => hasher.tag(decoder.decodeKey(encoded))
+  }
+}
+
+object KeyGroupRule {
+  /**
+   * The rule of a column family, when decoding a stored key gives back exactly the values its
+   * tag was hashed from: the partitioning columns are stored as Spark's row bytes (no prefix,
+   * prefix-scan and the non-ordering columns of a range scan). A range scan hashed over its
+   * ordering columns (the order-preserving encoding) keeps its tags whole: None.
+   */
+  def of(storeName: String, keySchema: StructType, spec: KeyStateEncoderSpec): Option[KeyGroupRule] = {
+    val ordinals = KeyGroups.partitionKeyOrdinals(storeName, keySchema, spec)
+    spec match {
+      case RangeKeyScanStateEncoderSpec(_, ordering) if ordinals.exists(ordering.contains) => None
+      case _ => Some(KeyGroupRule(keySchema, spec, ordinals))
+    }
+  }
+
+  def fromJson(json: String): KeyGroupRule = {
+    val fields = JsonMethods.parse(json)
+    val keySchema = DataType.fromJson(JsonMethods.compact(fields \ "keySchema")).asInstanceOf[StructType]
+    val spec = KeyStateEncoderSpec.fromJson(keySchema,
+      (fields \ "keySpec").values.asInstanceOf[Map[String, Any]])
+    val ordinals = (fields \ "ordinals").values.asInstanceOf[List[BigInt]].map(_.toInt)
+    KeyGroupRule(keySchema, spec, ordinals)
+  }
 }

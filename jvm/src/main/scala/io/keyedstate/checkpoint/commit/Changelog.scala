@@ -10,21 +10,29 @@ import net.jpountz.lz4.{LZ4BlockInputStream, LZ4BlockOutputStream}
 
 import io.keyedstate.checkpoint.LocalFileOutput
 import io.keyedstate.conf.{CheckpointFileException, KeyedStateErrors}
-import io.keyedstate.rocks.LocalRocksDB
+import io.keyedstate.rocks.{KeyGroupRule, KeyGroups, LocalRocksDB}
 
 /**
  * The changes of one version, as a replayable log: what a commit uploads between snapshots.
  *
- * Format 2: an uncompressed header (magic, format version, codec id), so a reader never guesses
- * the codec; then, compressed with that codec, records `[op][cf id][fields]` and an end marker,
- * so a truncated file is detected on replay. Ids and lengths are unsigned varints (a key or a
- * value length is one byte for rows under 128 bytes). A column family is named once per file
- * (`DefineCf`) and referred to by its small id afterwards. The codecs' own checks (LZ4's block
- * checksums, ZSTD's frame checksum) come on top of the CRC32C the manifest keeps of the file.
+ * Format 3: an uncompressed header (magic, format version, codec id), so a reader never guesses
+ * the codec; then, compressed with that codec, records `[op][cf id][fields]`, an end marker and
+ * the checksum of the key-group tags left out, so a truncated file is detected on replay. Ids
+ * and lengths are unsigned varints (a key or a value length is one byte for rows under 128
+ * bytes). A column family is named once per file (`DefineCf`) and referred to by its small id
+ * afterwards.
+ *
+ * Key-group tags: when the family's [[KeyGroupRule]] can recompute a stored key's tag from the
+ * key alone, `DefineCf` records the rule and the family's keys are written without their 4-byte
+ * tag (random bytes no codec compresses: about 40% of a compressed record). Replay recomputes
+ * each tag and checks the recomputed tags against the checksum of the written ones, so a rule
+ * that decodes a key differently fails the load instead of storing keys under wrong tags.
+ * The codecs' own checks (LZ4's block checksums, ZSTD's frame checksum) come on top of the
+ * CRC32C the manifest keeps of the file.
  */
 object Changelog {
   private val Magic = 0x4b534c47 // "KSLG"
-  val FormatVersion = 2
+  val FormatVersion = 3
 
   private val DefineCf: Byte = 0
   private val Put: Byte = 1
@@ -63,11 +71,21 @@ object Changelog {
 
   private val BlockSize = 1 << 16
 
+  /** Folds one key-group tag into a file's tag checksum (order-sensitive, as replay is ordered). */
+  private def tagChecksum(sum: Long, tag: Int): Long = sum * 1000003L + (tag & 0xffffffffL)
+
+  /** A column family as one changelog file knows it: its id and whether its keys lose their tag. */
+  private final class FileCf(val id: Int, val untagged: Boolean)
+
   /**
-   * Records one version's writes to a local file, compressed with `codec`. A failed write of the
-   * file (a full local disk) is a `LocalDiskException` naming it, thrown by the write that met it.
+   * Records one version's writes to a local file, compressed with `codec`. `rules` gives a
+   * column family's [[KeyGroupRule]] if its keys are written without their tag. A failed write of
+   * the file (a full local disk) is a `LocalDiskException` naming it, thrown by the write that met it.
    */
-  final class Writer(val file: File, codec: Codec = Codec.Zstd) extends AutoCloseable {
+  final class Writer(
+      val file: File,
+      codec: Codec = Codec.Zstd,
+      rules: String => Option[KeyGroupRule] = _ => None) extends AutoCloseable {
     private val out = {
       val raw = new BufferedOutputStream(new LocalFileOutput(file, "the state changelog"), BlockSize)
       val header = new DataOutputStream(raw)
@@ -76,8 +94,9 @@ object Changelog {
       header.writeByte(codec.id) // buffered with the records: a full disk fails the first block's write
       new DataOutputStream(new BufferedOutputStream(codec.compress(raw), BlockSize))
     }
-    private val cfIds = mutable.Map[String, Int]()
+    private val cfs = mutable.HashMap[String, FileCf]()
     private var records = 0L
+    private var tags = 0L
     private var closed = false
 
     def numRecords: Long = records
@@ -87,30 +106,45 @@ object Changelog {
       while ((rest & ~0x7f) != 0) { out.writeByte((rest & 0x7f) | 0x80); rest >>>= 7 }
       out.writeByte(rest)
     }
-    private def cf(name: String): Int = cfIds.getOrElseUpdate(name, {
-      val id = cfIds.size
-      out.writeByte(DefineCf); varint(id); out.writeUTF(name)
-      id
+    private def cf(name: String): FileCf = cfs.getOrElse(name, {
+      val rule = rules(name)
+      val c = new FileCf(cfs.size, rule.isDefined)
+      out.writeByte(DefineCf); varint(c.id); out.writeUTF(name)
+      rule match {
+        case Some(r) => out.writeByte(1); bytes(r.json.getBytes(java.nio.charset.StandardCharsets.UTF_8))
+        case None => out.writeByte(0)
+      }
+      cfs(name) = c
+      c
     })
     private def bytes(b: Array[Byte]): Unit = { varint(b.length); out.write(b) }
-    private def record(op: Byte, name: String)(fields: => Unit): Unit = {
-      val id = cf(name)
-      out.writeByte(op); varint(id)
-      fields
+    /** A stored key: without its tag when the family's rule recomputes it. */
+    private def key(c: FileCf, k: Array[Byte]): Unit =
+      if (!c.untagged) bytes(k)
+      else {
+        tags = tagChecksum(tags, KeyGroups.tagOf(k))
+        varint(k.length - KeyGroups.TagBytes); out.write(k, 0, k.length - KeyGroups.TagBytes)
+      }
+    private def record(op: Byte, name: String)(fields: FileCf => Unit): Unit = {
+      val c = cf(name)
+      out.writeByte(op); varint(c.id)
+      fields(c)
       records += 1
     }
 
-    def put(name: String, key: Array[Byte], value: Array[Byte]): Unit = record(Put, name) { bytes(key); bytes(value) }
-    def merge(name: String, key: Array[Byte], value: Array[Byte]): Unit = record(Merge, name) { bytes(key); bytes(value) }
-    def delete(name: String, key: Array[Byte]): Unit = record(Delete, name)(bytes(key))
+    def put(name: String, k: Array[Byte], value: Array[Byte]): Unit = record(Put, name) { c => key(c, k); bytes(value) }
+    def merge(name: String, k: Array[Byte], value: Array[Byte]): Unit = record(Merge, name) { c => key(c, k); bytes(value) }
+    def delete(name: String, k: Array[Byte]): Unit = record(Delete, name)(key(_, k))
+    /** Range bounds are not stored keys: written whole. */
     def deleteRange(name: String, begin: Array[Byte], end: Array[Byte]): Unit =
-      record(DeleteRange, name) { bytes(begin); bytes(end) }
-    def createColumnFamily(name: String): Unit = record(CreateCf, name)(())
-    def dropColumnFamily(name: String): Unit = record(DropCf, name)(())
+      record(DeleteRange, name) { _ => bytes(begin); bytes(end) }
+    def createColumnFamily(name: String): Unit = record(CreateCf, name)(_ => ())
+    def dropColumnFamily(name: String): Unit = record(DropCf, name)(_ => ())
 
     /** Ends the log; the file is then complete. */
     def finish(): Unit = if (!closed) {
       out.writeByte(End)
+      out.writeLong(tags)
       out.close()
       closed = true
     }
@@ -146,7 +180,9 @@ object Changelog {
       val codec = Codec.all.find(_.id == codecId).getOrElse(
         damaged(s"unknown compression codec id $codecId (known: ${Codec.all.map(c => s"${c.id} ${c.name}").mkString(", ")})"))
       in = new DataInputStream(new BufferedInputStream(codec.decompress(raw), BlockSize))
-      val names = mutable.Map[Int, String]()
+      // Per column family id: its name and, if its keys come without their tag, what recomputes it.
+      val families = mutable.HashMap[Int, (String, Option[Array[Byte] => Int])]()
+      var tags = 0L
       def varint(): Int = {
         var v = 0
         var shift = 0
@@ -168,19 +204,40 @@ object Changelog {
           b
         }
       }
+      def key(tagger: Option[Array[Byte] => Int]): Array[Byte] = tagger match {
+        case None => bytes()
+        case Some(tagOf) =>
+          val k = bytes()
+          val tag = try tagOf(k) catch {
+            case NonFatal(e) => damaged(s"a key of ${k.length} bytes does not decode to compute its key-group tag", e)
+          }
+          tags = tagChecksum(tags, tag)
+          KeyGroups.withTag(k, tag)
+      }
       var records = 0L
       var op = in.readByte()
       while (op != End) {
         if (op == DefineCf) {
           val id = varint()
-          names(id) = in.readUTF()
+          val name = in.readUTF()
+          val tagger = in.readByte() match {
+            case 0 => None
+            case 1 =>
+              val json = new String(bytes(), java.nio.charset.StandardCharsets.UTF_8)
+              val rule = try KeyGroupRule.fromJson(json) catch {
+                case NonFatal(e) => damaged(s"unreadable key-group rule of column family '$name'", e)
+              }
+              Some(rule.tagger())
+            case other => damaged(s"unknown key form $other of column family '$name'")
+          }
+          families(id) = (name, tagger)
         } else {
           val id = varint()
-          val cf = names.getOrElse(id, damaged(s"record refers to undefined column family $id"))
+          val (cf, tagger) = families.getOrElse(id, damaged(s"record refers to undefined column family $id"))
           op match {
-            case Put => db.put(cf, bytes(), bytes())
-            case Merge => db.merge(cf, bytes(), bytes())
-            case Delete => db.delete(cf, bytes())
+            case Put => db.put(cf, key(tagger), bytes())
+            case Merge => db.merge(cf, key(tagger), bytes())
+            case Delete => db.delete(cf, key(tagger))
             case DeleteRange => db.deleteRange(cf, bytes(), bytes())
             case CreateCf => db.createColumnFamily(cf)
             case DropCf => db.dropColumnFamily(cf)
@@ -190,8 +247,11 @@ object Changelog {
         }
         op = in.readByte()
       }
-      // Reading past the end marker makes the codec check its trailer (ZSTD's frame checksum,
-      // LZ4's end block): a damaged byte that happened to read as the end marker is still caught.
+      val written = in.readLong()
+      if (written != tags) damaged(s"the key-group tags recomputed on replay (checksum $tags) differ from " +
+        s"the ones written (checksum $written)")
+      // Reading past the end makes the codec check its trailer (ZSTD's frame checksum, LZ4's end
+      // block): a damaged byte that happened to read as the end marker is still caught.
       if (in.read() != -1) damaged("data after its end marker")
       records
     } catch {
