@@ -81,6 +81,42 @@ final class LocalRocksDB private (
     localIo(db.deleteRange(handle(cf), writeOptions, begin, end))
 
   /**
+   * Writes applied a batch at a time: one write into the memtables per batch instead of one per
+   * operation (replaying a changelog). Operations apply in order; `flush()` applies what is
+   * pending and must run before a column family is created or dropped.
+   */
+  def batchedWrites(): BatchedWrites = new BatchedWrites
+
+  final class BatchedWrites extends AutoCloseable {
+    private val batch = new WriteBatch()
+    private var ops = 0
+    private var bytes = 0L
+
+    def put(cf: String, key: Array[Byte], value: Array[Byte]): Unit = {
+      batch.put(handle(cf), key, value); added(key.length + value.length)
+    }
+    def merge(cf: String, key: Array[Byte], value: Array[Byte]): Unit = {
+      batch.merge(handle(cf), key, value); added(key.length + value.length)
+    }
+    def delete(cf: String, key: Array[Byte]): Unit = { batch.delete(handle(cf), key); added(key.length) }
+    def deleteRange(cf: String, begin: Array[Byte], end: Array[Byte]): Unit = {
+      batch.deleteRange(handle(cf), begin, end); added(begin.length + end.length)
+    }
+    private def added(size: Int): Unit = {
+      ops += 1
+      bytes += size
+      if (ops >= LocalRocksDB.BatchOps || bytes >= LocalRocksDB.BatchBytes) flush()
+    }
+    def flush(): Unit = if (ops > 0) {
+      localIo(db.write(writeOptions, batch))
+      batch.clear()
+      ops = 0
+      bytes = 0
+    }
+    override def close(): Unit = batch.close()
+  }
+
+  /**
    * Key-ordered entries with `lower <= key < upper`. The iterator closes its native resources
    * when exhausted or through `close()`.
    */
@@ -322,6 +358,11 @@ object LocalRocksDB {
   }
   private val MaxValueBuffer = 1024 * 1024
   private val readBuffers = ThreadLocal.withInitial[ReadBuffers](() => new ReadBuffers)
+
+  // A replay batch: large enough that the per-write cost (the write path's queue and lock) is
+  // spread thin, small enough to stay in the CPU cache.
+  private val BatchOps = 4096
+  private val BatchBytes = 4L * 1024 * 1024
 
   /** The smallest key greater than every key starting with `prefix`, if there is one. */
   def prefixUpperBound(prefix: Array[Byte]): Option[Array[Byte]] = {

@@ -180,76 +180,7 @@ object Changelog {
       val codec = Codec.all.find(_.id == codecId).getOrElse(
         damaged(s"unknown compression codec id $codecId (known: ${Codec.all.map(c => s"${c.id} ${c.name}").mkString(", ")})"))
       in = new DataInputStream(new BufferedInputStream(codec.decompress(raw), BlockSize))
-      // Per column family id: its name and, if its keys come without their tag, what recomputes it.
-      val families = mutable.HashMap[Int, (String, Option[Array[Byte] => Int])]()
-      var tags = 0L
-      def varint(): Int = {
-        var v = 0
-        var shift = 0
-        var b = in.readByte()
-        while ((b & 0x80) != 0) {
-          if (shift > 28) damaged("malformed length")
-          v |= (b & 0x7f) << shift; shift += 7; b = in.readByte()
-        }
-        v | (b << shift)
-      }
-      def bytes(): Array[Byte] = {
-        val n = varint()
-        if (n < 0) damaged(s"negative field length $n")
-        if (n <= BlockSize) { val b = new Array[Byte](n); in.readFully(b); b }
-        else {
-          // A damaged length must not allocate gigabytes: read what is there, in chunks.
-          val b = in.readNBytes(n)
-          if (b.length < n) throw new EOFException(s"field of $n bytes, ${b.length} left")
-          b
-        }
-      }
-      def key(tagger: Option[Array[Byte] => Int]): Array[Byte] = tagger match {
-        case None => bytes()
-        case Some(tagOf) =>
-          val k = bytes()
-          val tag = try tagOf(k) catch {
-            case NonFatal(e) => damaged(s"a key of ${k.length} bytes does not decode to compute its key-group tag", e)
-          }
-          tags = tagChecksum(tags, tag)
-          KeyGroups.withTag(k, tag)
-      }
-      var records = 0L
-      var op = in.readByte()
-      while (op != End) {
-        if (op == DefineCf) {
-          val id = varint()
-          val name = in.readUTF()
-          val tagger = in.readByte() match {
-            case 0 => None
-            case 1 =>
-              val json = new String(bytes(), java.nio.charset.StandardCharsets.UTF_8)
-              val rule = try KeyGroupRule.fromJson(json) catch {
-                case NonFatal(e) => damaged(s"unreadable key-group rule of column family '$name'", e)
-              }
-              Some(rule.tagger())
-            case other => damaged(s"unknown key form $other of column family '$name'")
-          }
-          families(id) = (name, tagger)
-        } else {
-          val id = varint()
-          val (cf, tagger) = families.getOrElse(id, damaged(s"record refers to undefined column family $id"))
-          op match {
-            case Put => db.put(cf, key(tagger), bytes())
-            case Merge => db.merge(cf, key(tagger), bytes())
-            case Delete => db.delete(cf, key(tagger))
-            case DeleteRange => db.deleteRange(cf, bytes(), bytes())
-            case CreateCf => db.createColumnFamily(cf)
-            case DropCf => db.dropColumnFamily(cf)
-            case other => damaged(s"unknown record type $other")
-          }
-          records += 1
-        }
-        op = in.readByte()
-      }
-      val written = in.readLong()
-      if (written != tags) damaged(s"the key-group tags recomputed on replay (checksum $tags) differ from " +
-        s"the ones written (checksum $written)")
+      val records = new RecordReader(in, damaged(_, _)).applyTo(db)
       // Reading past the end makes the codec check its trailer (ZSTD's frame checksum, LZ4's end
       // block): a damaged byte that happened to read as the end marker is still caught.
       if (in.read() != -1) damaged("data after its end marker")
@@ -262,6 +193,99 @@ object Changelog {
       case e: RuntimeException if isCodecFailure(e) => damaged(s"${e.getClass.getSimpleName}: ${e.getMessage}", e)
     } finally {
       if (in != null) in.close() else raw.close()
+    }
+  }
+
+  /**
+   * Reads the records after the header and applies them to a database, in batches; checks the
+   * recomputed key-group tags against the written checksum. `damaged` throws.
+   */
+  private final class RecordReader(in: DataInputStream, damaged: (String, Throwable) => Nothing) {
+    // Per column family id: its name and, if its keys come without their tag, what recomputes it.
+    private val families = mutable.HashMap[Int, (String, Option[Array[Byte] => Int])]()
+    private var tags = 0L
+
+    private def varint(): Int = {
+      var v = 0
+      var shift = 0
+      var b = in.readByte()
+      while ((b & 0x80) != 0) {
+        if (shift > 28) damaged("malformed length", null)
+        v |= (b & 0x7f) << shift; shift += 7; b = in.readByte()
+      }
+      v | (b << shift)
+    }
+
+    private def bytes(): Array[Byte] = {
+      val n = varint()
+      if (n < 0) damaged(s"negative field length $n", null)
+      if (n <= BlockSize) { val b = new Array[Byte](n); in.readFully(b); b }
+      else {
+        // A damaged length must not allocate gigabytes: read what is there, in chunks.
+        val b = in.readNBytes(n)
+        if (b.length < n) throw new EOFException(s"field of $n bytes, ${b.length} left")
+        b
+      }
+    }
+
+    /** A stored key, its tag recomputed when the family's keys were written without it. */
+    private def key(tagger: Option[Array[Byte] => Int]): Array[Byte] = tagger match {
+      case None => bytes()
+      case Some(tagOf) =>
+        val k = bytes()
+        val tag = try tagOf(k) catch {
+          case NonFatal(e) => damaged(s"a key of ${k.length} bytes does not decode to compute its key-group tag", e)
+        }
+        tags = tagChecksum(tags, tag)
+        KeyGroups.withTag(k, tag)
+    }
+
+    private def define(): Unit = {
+      val id = varint()
+      val name = in.readUTF()
+      val tagger = in.readByte() match {
+        case 0 => None
+        case 1 =>
+          val json = new String(bytes(), java.nio.charset.StandardCharsets.UTF_8)
+          val rule = try KeyGroupRule.fromJson(json) catch {
+            case NonFatal(e) => damaged(s"unreadable key-group rule of column family '$name'", e)
+          }
+          Some(rule.tagger())
+        case other => damaged(s"unknown key form $other of column family '$name'", null)
+      }
+      families(id) = (name, tagger)
+    }
+
+    /** Applies every record up to the end marker; the number of records. */
+    def applyTo(db: LocalRocksDB): Long = {
+      val writes = db.batchedWrites()
+      var records = 0L
+      try {
+        var op = in.readByte()
+        while (op != End) {
+          if (op == DefineCf) define()
+          else {
+            val id = varint()
+            val (cf, tagger) = families.getOrElse(id, damaged(s"record refers to undefined column family $id", null))
+            op match {
+              case Put => writes.put(cf, key(tagger), bytes())
+              case Merge => writes.merge(cf, key(tagger), bytes())
+              case Delete => writes.delete(cf, key(tagger))
+              case DeleteRange => writes.deleteRange(cf, bytes(), bytes())
+              case CreateCf => writes.flush(); db.createColumnFamily(cf)
+              case DropCf => writes.flush(); db.dropColumnFamily(cf)
+              case other => damaged(s"unknown record type $other", null)
+            }
+            records += 1
+          }
+          op = in.readByte()
+        }
+        writes.flush()
+      } finally writes.close()
+      val written = in.readLong()
+      if (written != tags) damaged(s"the key-group tags recomputed on replay (checksum $tags) differ from " +
+        s"the ones written (checksum $written)", null)
+      records
     }
   }
 
