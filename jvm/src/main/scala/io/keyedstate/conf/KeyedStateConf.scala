@@ -95,10 +95,9 @@ object KeyedStateConf {
     "Memtable size per column family (two memtables at most). Commits that take a snapshot flush them (with " +
       "`changelogCheckpointing=false`, every commit); between snapshots a full memtable flushes in the background. " +
       "This bounds the memory of unflushed writes rather than SST sizes.")
-  private val Compression = new ChoiceOpt("compression", "lz4", Compressions,
-    "SST block compression. zstd makes the SSTs snapshots upload about 30% smaller than lz4, at a cost in " +
-      "flush and compaction time not yet measured on a quiet machine (a loaded one suggested it may be large), " +
-      "so lz4 stays the default.")
+  private val Compression = new ChoiceOpt("compression", "zstd", Compressions,
+    "SST block compression. zstd makes the SST files snapshots upload about 25% smaller than lz4; in " +
+      "checkpoint_bench its runs were also faster (fewer bytes to write and cache), see docs/benchmarks.md.")
   private val TrackNumKeys = new BoolOpt("trackNumKeys", true,
     "Keep an exact key count per column family (a point read per write, except for keys the store read or found " +
       "by a prefix scan since the last commit). With `false`, `numRowsTotal` is RocksDB's estimate.")
