@@ -179,6 +179,32 @@ class ChangelogSuite extends AnyFunSuite with ProviderFixture {
     } finally { replayed.close(); reference.close() }
   }
 
+  test("a column family dropped and created again with another key schema is defined again in the same file") {
+    val dir = tempDir()
+    val reference = LocalRocksDB.open(new File(dir, "reference"), conf)
+    val replayed = LocalRocksDB.open(new File(dir, "replayed"), conf)
+    try {
+      val (first, firstRow) = families.head
+      val (second, secondRow) = families(2) // another key encoding and partitioning columns
+      var current = first
+      val file = new File(dir, "1.changelog")
+      val w = new Changelog.Writer(file, Codec.Zstd, _ => current.keyGroupRule)
+      def putBoth(i: Int, row: Int => UnsafeRow): Unit = {
+        val k = current.encodeKey(row(i))
+        w.put("cf", k, valueOf(i)); reference.put("cf", k, valueOf(i))
+      }
+      w.createColumnFamily("cf"); reference.createColumnFamily("cf")
+      (0 until 50).foreach(putBoth(_, firstRow))
+      w.dropColumnFamily("cf"); reference.dropColumnFamily("cf")
+      current = second
+      w.createColumnFamily("cf"); reference.createColumnFamily("cf")
+      (0 until 50).foreach(putBoth(_, secondRow))
+      w.finish()
+      Changelog.replay(file, replayed, "test", 1)
+      assert(dump(replayed) === dump(reference) && dump(replayed)("cf").size == 50)
+    } finally { replayed.close(); reference.close() }
+  }
+
   test("a replay that recomputes other key-group tags than were written fails naming the file and the version") {
     val dir = tempDir()
     val reference = LocalRocksDB.open(new File(dir, "reference"), conf)

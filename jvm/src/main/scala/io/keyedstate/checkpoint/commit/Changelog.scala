@@ -95,6 +95,7 @@ object Changelog {
       new DataOutputStream(new BufferedOutputStream(codec.compress(raw), BlockSize))
     }
     private val cfs = mutable.HashMap[String, FileCf]()
+    private var nextId = 0
     private var records = 0L
     private var tags = 0L
     private var closed = false
@@ -108,7 +109,8 @@ object Changelog {
     }
     private def cf(name: String): FileCf = cfs.getOrElse(name, {
       val rule = rules(name)
-      val c = new FileCf(cfs.size, rule.isDefined)
+      val c = new FileCf(nextId, rule.isDefined)
+      nextId += 1
       out.writeByte(DefineCf); varint(c.id); out.writeUTF(name)
       rule match {
         case Some(r) => out.writeByte(1); bytes(r.json.getBytes(java.nio.charset.StandardCharsets.UTF_8))
@@ -139,7 +141,8 @@ object Changelog {
     def deleteRange(name: String, begin: Array[Byte], end: Array[Byte]): Unit =
       record(DeleteRange, name) { _ => bytes(begin); bytes(end) }
     def createColumnFamily(name: String): Unit = record(CreateCf, name)(_ => ())
-    def dropColumnFamily(name: String): Unit = record(DropCf, name)(_ => ())
+    /** A family created again after this gets a new definition: its key schema may differ. */
+    def dropColumnFamily(name: String): Unit = { record(DropCf, name)(_ => ()); cfs.remove(name) }
 
     /** Ends the log; the file is then complete. */
     def finish(): Unit = if (!closed) {
