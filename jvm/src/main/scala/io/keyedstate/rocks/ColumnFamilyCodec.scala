@@ -29,11 +29,11 @@ final class ColumnFamilyCodec(
     keySpec.toEncoder(new UnsafeRowDataEncoder(keySpec, valueSchema), false)
 
   private val numValueFields = valueSchema.length
-  private val keyGroups =
-    new KeyGroupHasher(keySchema, KeyGroups.partitionKeyOrdinals(storeName, keySchema, keySpec))
+  private val partitionOrdinals = KeyGroups.partitionKeyOrdinals(storeName, keySchema, keySpec)
+  private val keyGroups = new KeyGroupHasher(keySchema, partitionOrdinals)
 
   /** How a changelog recomputes this family's key-group tags, when it can (see [[KeyGroupRule]]). */
-  val keyGroupRule: Option[KeyGroupRule] = KeyGroupRule.of(storeName, keySchema, keySpec)
+  val keyGroupRule: Option[KeyGroupRule] = KeyGroupRule.of(keySchema, keySpec, partitionOrdinals)
 
   def supportsPrefixScan: Boolean = keyEncoder.supportPrefixKeyScan
   def supportsRangeScan: Boolean = keyEncoder.supportsRangeScan

@@ -97,13 +97,11 @@ object KeyGroupRule {
    * prefix-scan and the non-ordering columns of a range scan). A range scan hashed over its
    * ordering columns (the order-preserving encoding) keeps its tags whole: None.
    */
-  def of(storeName: String, keySchema: StructType, spec: KeyStateEncoderSpec): Option[KeyGroupRule] = {
-    val ordinals = KeyGroups.partitionKeyOrdinals(storeName, keySchema, spec)
+  def of(keySchema: StructType, spec: KeyStateEncoderSpec, ordinals: Seq[Int]): Option[KeyGroupRule] =
     spec match {
       case RangeKeyScanStateEncoderSpec(_, ordering) if ordinals.exists(ordering.contains) => None
       case _ => Some(KeyGroupRule(keySchema, spec, ordinals))
     }
-  }
 
   def fromJson(json: String): KeyGroupRule = {
     val fields = JsonMethods.parse(json)

@@ -1,6 +1,7 @@
 package io.keyedstate.checkpoint.commit
 
 import java.io._
+import java.nio.charset.StandardCharsets.UTF_8
 
 import scala.collection.mutable
 import scala.util.control.NonFatal
@@ -113,7 +114,7 @@ object Changelog {
       nextId += 1
       out.writeByte(DefineCf); varint(c.id); out.writeUTF(name)
       rule match {
-        case Some(r) => out.writeByte(1); bytes(r.json.getBytes(java.nio.charset.StandardCharsets.UTF_8))
+        case Some(r) => out.writeByte(1); bytes(r.json.getBytes(UTF_8))
         case None => out.writeByte(0)
       }
       cfs(name) = c
@@ -124,8 +125,10 @@ object Changelog {
     private def key(c: FileCf, k: Array[Byte]): Unit =
       if (!c.untagged) bytes(k)
       else {
-        tags = tagChecksum(tags, KeyGroups.tagOf(k))
-        varint(k.length - KeyGroups.TagBytes); out.write(k, 0, k.length - KeyGroups.TagBytes)
+        val n = k.length - KeyGroups.TagBytes
+        // The tag's big-endian int, read in place (per record: no buffer, no check beyond the index).
+        tags = tagChecksum(tags, (k(n) & 0xff) << 24 | (k(n + 1) & 0xff) << 16 | (k(n + 2) & 0xff) << 8 | (k(n + 3) & 0xff))
+        varint(n); out.write(k, 0, n)
       }
     private def record(op: Byte, name: String)(fields: FileCf => Unit): Unit = {
       val c = cf(name)
@@ -249,7 +252,7 @@ object Changelog {
       val tagger = in.readByte() match {
         case 0 => None
         case 1 =>
-          val json = new String(bytes(), java.nio.charset.StandardCharsets.UTF_8)
+          val json = new String(bytes(), UTF_8)
           val rule = try KeyGroupRule.fromJson(json) catch {
             case NonFatal(e) => damaged(s"unreadable key-group rule of column family '$name'", e)
           }
