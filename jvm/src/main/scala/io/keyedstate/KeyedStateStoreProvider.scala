@@ -186,6 +186,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 
   private[keyedstate] def finish(store: KeyedStateStore, discardWrites: Boolean): Unit = synchronized {
     if (store eq activeStore) {
+      if (loaded != null) loaded.db.releaseScanIterators()
       if (discardWrites && loaded != null && loaded.dirty) discardLoaded()
       activeStore = null
       activeThread = null
@@ -249,6 +250,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       val snapshot = lineage.snapshotPlanned(newVersion, loaded.describeColumnFamilies.map(_.numKeys).sum,
         store.forceSnapshot)
       loaded.ttlCleanup.beforeCommit(snapshot)
+      loaded.db.releaseScanIterators() // they would pin the memtables the commit flushes
       filesLock.lock()
       val (_, stats) =
         try {

@@ -11,7 +11,7 @@ import io.keyedstate.checkpoint.ManifestColumnFamily
 import io.keyedstate.checkpoint.commit.Changelog
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors, TtlConfig}
 import io.keyedstate.errors.ErrorId
-import io.keyedstate.rocks.{ColumnFamilyCodec, KeyGroupRule, LocalRocksDB}
+import io.keyedstate.rocks.{ColumnFamilyCodec, LocalRocksDB}
 import io.keyedstate.ttl.{TtlCleanup, TtlCleanupTarget, TtlState}
 
 /**
@@ -34,8 +34,7 @@ private[keyedstate] final class StoreInstance(
     conf: KeyedStateConf,
     useColumnFamilies: Boolean,
     knownColumnFamilies: Seq[ManifestColumnFamily],
-    // Opens a version's changelog, given each column family's key-group rule (keys without tags).
-    newChangelog: Option[(String => Option[KeyGroupRule]) => Changelog.Writer],
+    newChangelog: Option[() => Changelog.Writer],
     ttlOf: String => TtlConfig = _ => TtlConfig.Disabled,
     ttlCursors: Map[String, String] = Map.empty) extends TtlCleanupTarget with AutoCloseable {
 
@@ -102,7 +101,7 @@ private[keyedstate] final class StoreInstance(
 
   private var changelog: Option[Changelog.Writer] = None
   private def log: Option[Changelog.Writer] = {
-    if (changelog.isEmpty) changelog = newChangelog.map(_(cf => codecs.get(cf).flatMap(_.keyGroupRule)))
+    if (changelog.isEmpty) changelog = newChangelog.map(_())
     changelog
   }
 

@@ -88,7 +88,7 @@ private[keyedstate] final class StoreLoader(
     val changelogs =
       if (conf.changelogCheckpointing) {
         val codec = Changelog.Codec.named(conf.changelogCompression)
-        Some(rules => new Changelog.Writer(new File(workDir, s"changelog-${UUID.randomUUID()}.log"), codec, rules))
+        Some(() => new Changelog.Writer(new File(workDir, s"changelog-${UUID.randomUUID()}.log"), codec))
       } else None
     val inst = new StoreInstance(db, id.storeName, conf, schema.useColumnFamilies, columnFamilies, changelogs,
       cf => conf.ttl.forColumnFamily(id.operatorId, cf), ttlCursors)

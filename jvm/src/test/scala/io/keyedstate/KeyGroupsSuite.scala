@@ -53,18 +53,55 @@ class KeyGroupsSuite extends AnyFunSuite {
       (0 to 3))
   }
 
-  test("stored keys end with the tag, decode back, and keep Spark's prefix order") {
-    val spec = PrefixKeyScanStateEncoderSpec(schema, 1)
-    val codec = new ColumnFamilyCodec("default", "cf", schema, StructType(Seq(StructField("v", IntegerType))), spec,
-      multipleValues = false, isInternal = false)
-    val hasher = new KeyGroupHasher(schema, Seq(0))
-    for (i <- 1 until 200) {
-      val r = row(i)
-      val stored = codec.encodeKey(r)
-      assert(KeyGroups.tagOf(stored) === hasher.tag(r))
-      assert(codec.decodeKey(stored) === r)
-      val prefix = codec.encodePrefix(UnsafeProjection.create(Seq(BoundReference(0, LongType, true)))(r))
-      assert(stored.take(prefix.length).sameElements(prefix), "a prefix scan must find the stored key")
+  test("stored keys carry no tag where the key gives it back; every stored key gives Spark's partition, decodes back and keeps Spark's order") {
+    val timerSchema = StructType(Seq(StructField("ts", LongType, nullable = false), StructField("id", LongType)))
+    val timerRow = (i: Int) => UnsafeProjection.create(timerSchema)(InternalRow(i.toLong * 31, i.toLong)).copy()
+    // (encoder spec, key schema, rows, partitioning columns, whether stored keys keep their tag)
+    val families = Seq(
+      (NoPrefixKeyStateEncoderSpec(schema), schema, row _, 0 to 4, false),
+      (PrefixKeyScanStateEncoderSpec(schema, 2), schema, row _, Seq(0, 1), false),
+      (RangeKeyScanStateEncoderSpec(schema, Seq(4)), schema, row _, 0 to 3, false),
+      // a range scan hashed over its ordering columns: the order-preserving encoding keeps the tag
+      (RangeKeyScanStateEncoderSpec(timerSchema, Seq(0, 1)), timerSchema, timerRow, Seq(0, 1), true))
+    for ((spec, keySchema, rowOf, ordinals, tagged) <- families) withClue(s"$spec: ") {
+      val codec = new ColumnFamilyCodec("default", "cf", keySchema, StructType(Seq(StructField("v", IntegerType))), spec,
+        multipleValues = false, isInternal = false)
+      assert(codec.keysTagged === tagged)
+      val hasher = new KeyGroupHasher(keySchema, ordinals)
+      val tagOf = KeyGroups.tagReader("default", keySchema.json, spec.json)
+      for (i <- 1 until 300) {
+        val r = rowOf(i)
+        val stored = codec.encodeKey(r)
+        assert(stored.length === codec.encodeBound(r).length + (if (tagged) KeyGroups.TagBytes else 0))
+        assert(tagOf(stored) === hasher.tag(r))
+        if (tagged) assert(KeyGroups.tagOf(stored) === hasher.tag(r))
+        for (n <- Seq(1, 3, 8, 200)) {
+          val refs = ordinals.map(o => BoundReference(o, keySchema(o).dataType, keySchema(o).nullable))
+          assert(KeyGroups.owner(tagOf(stored), n) === HashPartitioning(refs, n).partitionIdExpression.eval(r))
+        }
+        assert(codec.decodeKey(stored) === r)
+      }
+      spec match {
+        case PrefixKeyScanStateEncoderSpec(_, n) =>
+          val prefixOf = UnsafeProjection.create(schema.fields.take(n).zipWithIndex.map { case (f, o) =>
+            BoundReference(o, f.dataType, f.nullable) }.toSeq)
+          (1 until 50).foreach { i =>
+            val prefix = codec.encodePrefix(prefixOf(row(i)))
+            assert(codec.encodeKey(row(i)).take(prefix.length).sameElements(prefix), "a prefix scan must find the stored key")
+          }
+        case _ =>
+      }
     }
+  }
+
+  test("a stored key is never the caller's own row buffer") {
+    val keySchema = StructType(Seq(StructField("k", LongType)))
+    val codec = new ColumnFamilyCodec("default", "cf", keySchema, StructType(Seq(StructField("v", IntegerType))),
+      NoPrefixKeyStateEncoderSpec(keySchema), multipleValues = false, isInternal = false)
+    val projection = UnsafeProjection.create(keySchema)
+    val first = codec.encodeKey(projection(InternalRow(1L)))
+    val firstCopy = first.clone()
+    codec.encodeKey(projection(InternalRow(2L))) // the projection reuses its row and buffer
+    assert(first.sameElements(firstCopy))
   }
 }

@@ -85,9 +85,9 @@ class RescaleFailureInjectionSuite extends AnyFunSuite with BeforeAndAfterAll wi
         MessageDigest.getInstance("SHA-256").digest(Files.readAllBytes(p)).map(b => f"$b%02x").mkString
     }.toMap
 
-  private type Entries = Set[(String, String, String)]
+  private type Entries = Set[(String, String, String, Int)]
 
-  /** The raw entries (column family, key, value) of each partition's store at the rescaled version. */
+  /** The raw entries (column family, key, value, key-group tag) of each partition's store at the rescaled version. */
   private def stateOf(dir: File): Map[Int, Entries] = {
     val settings = RescaleTasks.fromHadoop(localConf)
     val ckpt = QueryCheckpoint.at(dir.getAbsolutePath, localConf)
@@ -98,8 +98,9 @@ class RescaleFailureInjectionSuite extends AnyFunSuite with BeforeAndAfterAll wi
       val entries = RescaleTasks.withStoreVersion(ref, ckpt.storeDir(ref).toString, StateVersion, settings, conf) {
         (_, manifest, db, _) =>
           manifest.columnFamilies.filter(cf => db.hasColumnFamily(cf.name)).flatMap { cf =>
+            val tagOf = RescaleTasks.tagReader(ref, cf, StateVersion)
             val it = db.scan(cf.name, None, None)
-            try it.map { case (k, v) => (s"$op/$store/${cf.name}", hex(k), hex(v)) }.toSeq finally it.close()
+            try it.map { case (k, v) => (s"$op/$store/${cf.name}", hex(k), hex(v), tagOf(k)) }.toSeq finally it.close()
           }.toSet
       }
       p -> entries
@@ -118,8 +119,7 @@ class RescaleFailureInjectionSuite extends AnyFunSuite with BeforeAndAfterAll wi
     val state = stateOf(dir)
     assert(state.keySet == (0 until to).toSet, s"$what: partitions ${state.keySet}")
     state.foreach { case (p, entries) =>
-      entries.foreach { case (_, key, _) =>
-        val tag = KeyGroups.tagOf(key.grouped(2).map(Integer.parseInt(_, 16).toByte).toArray)
+      entries.foreach { case (_, _, _, tag) =>
         assert(KeyGroups.owner(tag, to) == p, s"$what: a key of partition ${KeyGroups.owner(tag, to)} is in $p")
       }
     }

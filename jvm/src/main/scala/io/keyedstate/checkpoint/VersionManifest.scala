@@ -39,8 +39,10 @@ final case class ManifestColumnFamily(
  * it; v1 does not), `baseCheckpointId` the id of the version it was built on. `ttlCursors` holds
  * the incremental TTL cleanup's position per column family (hex of the last key checked).
  *
- * Format 2: stored values carry an 8-byte last-access stamp (see `ttl.TtlValueCodec`); format 1
- * checkpoints (unstamped values) cannot be read by this build.
+ * Format 3: stored values carry an 8-byte last-access stamp (see `ttl.TtlValueCodec`), and stored
+ * keys carry a key-group tag only in column families whose keys cannot give it back (see
+ * `rocks.KeyGroups`). Earlier formats (unstamped values, every key tagged) cannot be read by
+ * this build.
  */
 final case class VersionManifest(
     formatVersion: Int,
@@ -71,7 +73,7 @@ final case class VersionManifest(
 }
 
 object VersionManifest {
-  val FormatVersion = 2
+  val FormatVersion = 3
 
   private implicit val formats: Formats = DefaultFormats
 

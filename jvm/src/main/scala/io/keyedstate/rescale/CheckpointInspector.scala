@@ -111,9 +111,10 @@ object CheckpointInspector {
       val bytes = new Array[Long](keyGroups)
       var misplaced = 0L
       manifest.columnFamilies.filter(cf => db.hasColumnFamily(cf.name)).foreach { cf =>
+        val tagOf = RescaleTasks.tagReader(ref, cf, version)
         val it = db.scan(cf.name, None, None)
         try it.foreach { case (k, v) =>
-          val tag = KeyGroups.tagOf(k)
+          val tag = tagOf(k)
           val g = KeyGroups.owner(tag, keyGroups)
           keys(g) += 1
           bytes(g) += k.length + v.length

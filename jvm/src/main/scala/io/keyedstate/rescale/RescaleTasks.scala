@@ -51,8 +51,9 @@ final case class BuildResult(store: StoreRef, keys: Long, bytesUploaded: Long, f
 
 /**
  * The two executor-side steps of a rescale. Data moves in bulk: a split streams the source
- * RocksDB once, in key order, into one SST writer per target partition (the target is read from
- * each stored key's key-group tag, no row is decoded); a build ingests those SST files into a
+ * RocksDB once, in key order, into one SST writer per target partition (the target is each
+ * stored key's key-group tag, computed from the decoded key or read from its stored tag); a
+ * build ingests those SST files into a
  * fresh RocksDB and uploads it as a full snapshot, the new store's first version.
  */
 object RescaleTasks {
@@ -67,9 +68,10 @@ object RescaleTasks {
         val writers = Array.tabulate(task.toPartitions)(t => new SstWriter(new File(outDir, s"${encode(cf.name)}-$t.sst"), conf))
         try {
           var misplaced = 0L
+          val tagOf = tagReader(task.store, cf, task.version)
           val it = db.scan(cf.name, None, None)
           try it.foreach { case (key, value) =>
-            val tag = KeyGroups.tagOf(key)
+            val tag = tagOf(key)
             if (KeyGroups.owner(tag, task.fromPartitions) != task.store.partition) misplaced += 1
             writers(KeyGroups.owner(tag, task.toPartitions)).put(key, value)
           } finally it.close()
@@ -94,6 +96,15 @@ object RescaleTasks {
       }
       SplitResult(task.store, manifest.columnFamilies, staged, staged.iterator.map(_.keys).sum, load.bytesDownloaded)
     }
+
+  /** How the stored keys of `cf` give their key-group tags (see [[KeyGroups]]). */
+  def tagReader(store: StoreRef, cf: ManifestColumnFamily, version: Long): Array[Byte] => Int = {
+    if (cf.keySchemaJson.isEmpty || cf.keySpecJson.isEmpty) {
+      throw KeyedStateErrors.badState(ErrorId.RescaleRefused, s"column family '${cf.name}' of " +
+        s"${store.describe} (version $version) records no key schema: its keys' key groups are unknown")
+    }
+    KeyGroups.tagReader(store.storeName, cf.keySchemaJson, cf.keySpecJson)
+  }
 
   /** Opens `version` of a store in a local scratch directory, dropped afterwards. */
   def withStoreVersion[T](

@@ -9,8 +9,9 @@ import org.apache.spark.unsafe.Platform
  * How one column family's rows become RocksDB bytes.
  *
  * Keys use Spark's own key encoders for the column family's [[KeyStateEncoderSpec]], so prefix
- * scans and the order-preserving range-scan encoding behave exactly as operators expect; each
- * stored key ends with its key-group tag ([[KeyGroups]]), scan bounds and prefixes do not. Values
+ * scans and the order-preserving range-scan encoding behave exactly as operators expect. A family
+ * whose keys give their key-group tag back ([[KeyGroupRule]]) stores them as that encoding alone;
+ * the others' stored keys end with the tag ([[KeyGroups]]), scan bounds and prefixes do not. Values
  * are the UnsafeRow bytes after an 8-byte last-access stamp (`[int64 stamp][row]`, for TTL). In a
  * multi-value column family the stored value is a sequence of `[int32 length][int64 stamp][row]`
  * entries, appended by RocksDB's string-append merge operator with an empty delimiter, so `merge`
@@ -30,21 +31,28 @@ final class ColumnFamilyCodec(
 
   private val numValueFields = valueSchema.length
   private val partitionOrdinals = KeyGroups.partitionKeyOrdinals(storeName, keySchema, keySpec)
-  private val keyGroups = new KeyGroupHasher(keySchema, partitionOrdinals)
+  private lazy val keyGroups = new KeyGroupHasher(keySchema, partitionOrdinals)
 
-  /** How a changelog recomputes this family's key-group tags, when it can (see [[KeyGroupRule]]). */
-  val keyGroupRule: Option[KeyGroupRule] = KeyGroupRule.of(keySchema, keySpec, partitionOrdinals)
+  /** Whether stored keys end with their key-group tag: only when the key cannot give it back. */
+  val keysTagged: Boolean = KeyGroupRule.of(keySchema, keySpec, partitionOrdinals).isEmpty
 
   def supportsPrefixScan: Boolean = keyEncoder.supportPrefixKeyScan
   def supportsRangeScan: Boolean = keyEncoder.supportsRangeScan
 
-  /** The stored key: Spark's encoding followed by the key-group tag. */
-  def encodeKey(key: UnsafeRow): Array[Byte] = KeyGroups.withTag(keyEncoder.encodeKey(key), keyGroups.tag(key))
+  /** The stored key: Spark's encoding, followed by the key-group tag if [[keysTagged]]. */
+  def encodeKey(key: UnsafeRow): Array[Byte] =
+    if (keysTagged) KeyGroups.withTag(keyEncoder.encodeKey(key), keyGroups.tag(key))
+    else {
+      val encoded = keyEncoder.encodeKey(key)
+      // Spark's no-prefix encoding may hand back the row's own buffer, which its caller reuses.
+      if (encoded eq key.getBaseObject) encoded.clone() else encoded
+    }
   /** A range-scan bound: Spark's encoding alone, so it sorts before every tagged key it starts. */
   def encodeBound(key: UnsafeRow): Array[Byte] = keyEncoder.encodeKey(key)
   def encodePrefix(prefix: UnsafeRow): Array[Byte] = keyEncoder.encodePrefixKey(prefix)
   /** A fresh row: Spark's decoder reuses one row object, callers may keep ours. */
-  def decodeKey(bytes: Array[Byte]): UnsafeRow = keyEncoder.decodeKey(KeyGroups.withoutTag(bytes)).copy()
+  def decodeKey(bytes: Array[Byte]): UnsafeRow =
+    keyEncoder.decodeKey(if (keysTagged) KeyGroups.withoutTag(bytes) else bytes).copy()
 
   // Values carry a last-access stamp (see ttl.TtlValueCodec for the layout); TTL decisions are
   // made by ttl.TtlState, the codec only (de)serialises.

@@ -8,14 +8,16 @@ import org.apache.spark.sql.types.{DataType, StructType}
 import org.json4s.jackson.JsonMethods
 
 /**
- * Key groups: every stored key ends with a 4-byte tag, the Murmur3 hash (seed 42) of the
- * operator's partitioning key, exactly the hash Spark's `HashPartitioning` computes before
- * `pmod(hash, numPartitions)`. The partition that owns a key under any partition count M is
- * `pmod(tag, M)`, readable from the stored key bytes alone: rescaling never decodes rows.
+ * Key groups: a stored key's tag is the Murmur3 hash (seed 42) of the operator's partitioning
+ * key, exactly the hash Spark's `HashPartitioning` computes before `pmod(hash, numPartitions)`.
+ * The partition that owns a key under any partition count M is `pmod(tag, M)`.
  *
- * The tag is a *suffix* so Spark's byte order (prefix scans, range scans) is unchanged: scan
- * bounds are encoded without a tag, and `encoded ++ tag` sorts right after `encoded`.
- * Layout and the partitioning-key rule are documented in docs/rescaling.md.
+ * Where the key alone gives the tag back (a [[KeyGroupRule]]: every key encoding but a range
+ * scan hashed over its ordering columns), stored keys are Spark's encoding alone and rescaling
+ * decodes a key to hash it; the tag is 4 random bytes no codec compresses, a third of an
+ * aggregation's compressed SST entry. Otherwise the key ends with the 4-byte tag, a *suffix* so
+ * Spark's byte order is unchanged: scan bounds are encoded without one, and `encoded ++ tag`
+ * sorts right after `encoded`. Layout and the partitioning-key rule: docs/rescaling.md.
  */
 object KeyGroups {
   /** Spark's `Murmur3Hash` default seed, the one `HashPartitioning` uses. */
@@ -41,6 +43,24 @@ object KeyGroups {
 
   def withoutTag(storedKey: Array[Byte]): Array[Byte] =
     java.util.Arrays.copyOf(storedKey, storedKey.length - TagBytes)
+
+  /**
+   * How a column family's stored keys give their tag (not thread-safe: one per scan): decoded and
+   * hashed by its rule, or read from the stored tag when it has none.
+   */
+  def tagReader(storeName: String, keySchema: StructType, spec: KeyStateEncoderSpec): Array[Byte] => Int =
+    KeyGroupRule.of(keySchema, spec, partitionKeyOrdinals(storeName, keySchema, spec)) match {
+      case Some(rule) => rule.tagger()
+      case None => tagOf
+    }
+
+  /** [[tagReader]] for a column family recorded as JSON (a manifest's key schema and encoder spec). */
+  def tagReader(storeName: String, keySchemaJson: String, keySpecJson: String): Array[Byte] => Int = {
+    val keySchema = DataType.fromJson(keySchemaJson).asInstanceOf[StructType]
+    val spec = KeyStateEncoderSpec.fromJson(keySchema,
+      JsonMethods.parse(keySpecJson).values.asInstanceOf[Map[String, Any]])
+    tagReader(storeName, keySchema, spec)
+  }
 
   /**
    * The key columns Spark hash-partitions an operator's state by (the same rules as Spark's
@@ -71,18 +91,11 @@ final class KeyGroupHasher(keySchema: StructType, ordinals: Seq[Int]) {
 }
 
 /**
- * How to recompute a stored key's key-group tag from the key without it: the key schema, Spark's
- * key encoding and the partitioning-key columns. A changelog records the rule once per column
- * family and leaves the tag (4 random, incompressible bytes) out of every record.
+ * How to compute a stored key's key-group tag from the key: the key schema, Spark's key encoding
+ * and the partitioning-key columns. A column family with a rule stores its keys without the tag.
  */
 final case class KeyGroupRule(keySchema: StructType, keySpec: KeyStateEncoderSpec, ordinals: Seq[Int]) {
-  def json: String = {
-    import org.json4s.JsonDSL._
-    JsonMethods.compact(("keySchema" -> JsonMethods.parse(keySchema.json)) ~
-      ("keySpec" -> JsonMethods.parse(keySpec.json)) ~ ("ordinals" -> ordinals.toList))
-  }
-
-  /** A function from an encoded key without its tag to the tag (not thread-safe: one per replay). */
+  /** A function from a stored key (Spark's encoding) to its tag (not thread-safe: one per scan). */
   def tagger(): Array[Byte] => Int = {
     val decoder = keySpec.toEncoder(new UnsafeRowDataEncoder(keySpec, new StructType()), false)
     val hasher = new KeyGroupHasher(keySchema, ordinals)
@@ -93,22 +106,13 @@ final case class KeyGroupRule(keySchema: StructType, keySpec: KeyStateEncoderSpe
 object KeyGroupRule {
   /**
    * The rule of a column family, when decoding a stored key gives back exactly the values its
-   * tag was hashed from: the partitioning columns are stored as Spark's row bytes (no prefix,
+   * tag is hashed from: the partitioning columns are stored as Spark's row bytes (no prefix,
    * prefix-scan and the non-ordering columns of a range scan). A range scan hashed over its
-   * ordering columns (the order-preserving encoding) keeps its tags whole: None.
+   * ordering columns (the order-preserving encoding) has none: its keys keep their tags.
    */
   def of(keySchema: StructType, spec: KeyStateEncoderSpec, ordinals: Seq[Int]): Option[KeyGroupRule] =
     spec match {
       case RangeKeyScanStateEncoderSpec(_, ordering) if ordinals.exists(ordering.contains) => None
       case _ => Some(KeyGroupRule(keySchema, spec, ordinals))
     }
-
-  def fromJson(json: String): KeyGroupRule = {
-    val fields = JsonMethods.parse(json)
-    val keySchema = DataType.fromJson(JsonMethods.compact(fields \ "keySchema")).asInstanceOf[StructType]
-    val spec = KeyStateEncoderSpec.fromJson(keySchema,
-      (fields \ "keySpec").values.asInstanceOf[Map[String, Any]])
-    val ordinals = (fields \ "ordinals").values.asInstanceOf[List[BigInt]].map(_.toInt)
-    KeyGroupRule(keySchema, spec, ordinals)
-  }
 }

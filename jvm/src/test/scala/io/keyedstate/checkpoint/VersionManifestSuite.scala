@@ -129,12 +129,13 @@ class VersionManifestSuite extends AnyFunSuite with CheckpointLayerFixture {
     assert(corrupt.getMessage.contains("State version 3 has a corrupt manifest") &&
       corrupt.getMessage.contains(s"${store.manifestPath(3, None)} (40 bytes)"), corrupt.getMessage)
 
-    val old = VersionManifest.toJson(manifest(5)).replace("\"formatVersion\" : 2", "\"formatVersion\" : 1")
-    assert(old.contains("\"formatVersion\" : 1"), "the test must really write format 1")
+    val old = VersionManifest.toJson(manifest(5))
+      .replace(s"\"formatVersion\" : ${VersionManifest.FormatVersion}", "\"formatVersion\" : 2")
+    assert(old.contains("\"formatVersion\" : 2"), "the test must really write format 2")
     Files.write(new File(dir, "5.manifest").toPath, old.getBytes(UTF_8))
     val unsupported = intercept[CheckpointFileException](store.readManifest(5, None))
     assert(unsupported.getMessage.contains("5.manifest") && unsupported.getMessage.contains("version 5") &&
-      unsupported.getMessage.contains("unsupported manifest format version 1"), unsupported.getMessage)
+      unsupported.getMessage.contains("unsupported manifest format version 2"), unsupported.getMessage)
   }
 
   for (changelog <- Seq(false, true)) {

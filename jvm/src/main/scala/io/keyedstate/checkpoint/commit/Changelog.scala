@@ -1,7 +1,6 @@
 package io.keyedstate.checkpoint.commit
 
 import java.io._
-import java.nio.charset.StandardCharsets.UTF_8
 
 import scala.collection.mutable
 import scala.util.control.NonFatal
@@ -11,29 +10,23 @@ import net.jpountz.lz4.{LZ4BlockInputStream, LZ4BlockOutputStream}
 
 import io.keyedstate.checkpoint.LocalFileOutput
 import io.keyedstate.conf.{CheckpointFileException, KeyedStateErrors}
-import io.keyedstate.rocks.{KeyGroupRule, KeyGroups, LocalRocksDB}
+import io.keyedstate.rocks.LocalRocksDB
 
 /**
  * The changes of one version, as a replayable log: what a commit uploads between snapshots.
  *
- * Format 3: an uncompressed header (magic, format version, codec id), so a reader never guesses
- * the codec; then, compressed with that codec, records `[op][cf id][fields]`, an end marker and
- * the checksum of the key-group tags left out, so a truncated file is detected on replay. Ids
- * and lengths are unsigned varints (a key or a value length is one byte for rows under 128
- * bytes). A column family is named once per file (`DefineCf`) and referred to by its small id
- * afterwards.
- *
- * Key-group tags: when the family's [[KeyGroupRule]] can recompute a stored key's tag from the
- * key alone, `DefineCf` records the rule and the family's keys are written without their 4-byte
- * tag (random bytes no codec compresses: about 40% of a compressed record). Replay recomputes
- * each tag and checks the recomputed tags against the checksum of the written ones, so a rule
- * that decodes a key differently fails the load instead of storing keys under wrong tags.
- * The codecs' own checks (LZ4's block checksums, ZSTD's frame checksum) come on top of the
- * CRC32C the manifest keeps of the file.
+ * Format 4: an uncompressed header (magic, format version, codec id), so a reader never guesses
+ * the codec; then, compressed with that codec, records `[op][cf id][fields]` and an end marker,
+ * so a truncated file is detected on replay. Ids and lengths are unsigned varints (a key or a
+ * value length is one byte for rows under 128 bytes). A column family is named once per file
+ * (`DefineCf`) and referred to by its small id afterwards. Keys and values are the stored bytes
+ * (most stored keys carry no key-group tag: see `rocks.KeyGroups`). The codecs' own checks
+ * (LZ4's block checksums, ZSTD's frame checksum) come on top of the CRC32C the manifest keeps of
+ * the file.
  */
 object Changelog {
   private val Magic = 0x4b534c47 // "KSLG"
-  val FormatVersion = 3
+  val FormatVersion = 4
 
   private val DefineCf: Byte = 0
   private val Put: Byte = 1
@@ -72,21 +65,11 @@ object Changelog {
 
   private val BlockSize = 1 << 16
 
-  /** Folds one key-group tag into a file's tag checksum (order-sensitive, as replay is ordered). */
-  private def tagChecksum(sum: Long, tag: Int): Long = sum * 1000003L + (tag & 0xffffffffL)
-
-  /** A column family as one changelog file knows it: its id and whether its keys lose their tag. */
-  private final class FileCf(val id: Int, val untagged: Boolean)
-
   /**
-   * Records one version's writes to a local file, compressed with `codec`. `rules` gives a
-   * column family's [[KeyGroupRule]] if its keys are written without their tag. A failed write of
-   * the file (a full local disk) is a `LocalDiskException` naming it, thrown by the write that met it.
+   * Records one version's writes to a local file, compressed with `codec`. A failed write of the
+   * file (a full local disk) is a `LocalDiskException` naming it, thrown by the write that met it.
    */
-  final class Writer(
-      val file: File,
-      codec: Codec = Codec.Zstd,
-      rules: String => Option[KeyGroupRule] = _ => None) extends AutoCloseable {
+  final class Writer(val file: File, codec: Codec = Codec.Zstd) extends AutoCloseable {
     private val out = {
       val raw = new BufferedOutputStream(new LocalFileOutput(file, "the state changelog"), BlockSize)
       val header = new DataOutputStream(raw)
@@ -95,10 +78,9 @@ object Changelog {
       header.writeByte(codec.id) // buffered with the records: a full disk fails the first block's write
       new DataOutputStream(new BufferedOutputStream(codec.compress(raw), BlockSize))
     }
-    private val cfs = mutable.HashMap[String, FileCf]()
+    private val cfs = mutable.HashMap[String, Int]()
     private var nextId = 0
     private var records = 0L
-    private var tags = 0L
     private var closed = false
 
     def numRecords: Long = records
@@ -108,49 +90,32 @@ object Changelog {
       while ((rest & ~0x7f) != 0) { out.writeByte((rest & 0x7f) | 0x80); rest >>>= 7 }
       out.writeByte(rest)
     }
-    private def cf(name: String): FileCf = cfs.getOrElse(name, {
-      val rule = rules(name)
-      val c = new FileCf(nextId, rule.isDefined)
+    private def cf(name: String): Int = cfs.getOrElse(name, {
+      val id = nextId
       nextId += 1
-      out.writeByte(DefineCf); varint(c.id); out.writeUTF(name)
-      rule match {
-        case Some(r) => out.writeByte(1); bytes(r.json.getBytes(UTF_8))
-        case None => out.writeByte(0)
-      }
-      cfs(name) = c
-      c
+      out.writeByte(DefineCf); varint(id); out.writeUTF(name)
+      cfs(name) = id
+      id
     })
     private def bytes(b: Array[Byte]): Unit = { varint(b.length); out.write(b) }
-    /** A stored key: without its tag when the family's rule recomputes it. */
-    private def key(c: FileCf, k: Array[Byte]): Unit =
-      if (!c.untagged) bytes(k)
-      else {
-        val n = k.length - KeyGroups.TagBytes
-        // The tag's big-endian int, read in place (per record: no buffer, no check beyond the index).
-        tags = tagChecksum(tags, (k(n) & 0xff) << 24 | (k(n + 1) & 0xff) << 16 | (k(n + 2) & 0xff) << 8 | (k(n + 3) & 0xff))
-        varint(n); out.write(k, 0, n)
-      }
-    private def record(op: Byte, name: String)(fields: FileCf => Unit): Unit = {
-      val c = cf(name)
-      out.writeByte(op); varint(c.id)
-      fields(c)
+    private def record(op: Byte, name: String): Unit = {
+      val id = cf(name)
+      out.writeByte(op); varint(id)
       records += 1
     }
 
-    def put(name: String, k: Array[Byte], value: Array[Byte]): Unit = record(Put, name) { c => key(c, k); bytes(value) }
-    def merge(name: String, k: Array[Byte], value: Array[Byte]): Unit = record(Merge, name) { c => key(c, k); bytes(value) }
-    def delete(name: String, k: Array[Byte]): Unit = record(Delete, name)(key(_, k))
-    /** Range bounds are not stored keys: written whole. */
-    def deleteRange(name: String, begin: Array[Byte], end: Array[Byte]): Unit =
-      record(DeleteRange, name) { _ => bytes(begin); bytes(end) }
-    def createColumnFamily(name: String): Unit = record(CreateCf, name)(_ => ())
-    /** A family created again after this gets a new definition: its key schema may differ. */
-    def dropColumnFamily(name: String): Unit = { record(DropCf, name)(_ => ()); cfs.remove(name) }
+    def put(name: String, k: Array[Byte], value: Array[Byte]): Unit = { record(Put, name); bytes(k); bytes(value) }
+    def merge(name: String, k: Array[Byte], value: Array[Byte]): Unit = { record(Merge, name); bytes(k); bytes(value) }
+    def delete(name: String, k: Array[Byte]): Unit = { record(Delete, name); bytes(k) }
+    def deleteRange(name: String, begin: Array[Byte], end: Array[Byte]): Unit = {
+      record(DeleteRange, name); bytes(begin); bytes(end)
+    }
+    def createColumnFamily(name: String): Unit = record(CreateCf, name)
+    def dropColumnFamily(name: String): Unit = record(DropCf, name)
 
     /** Ends the log; the file is then complete. */
     def finish(): Unit = if (!closed) {
       out.writeByte(End)
-      out.writeLong(tags)
       out.close()
       closed = true
     }
@@ -202,14 +167,9 @@ object Changelog {
     }
   }
 
-  /**
-   * Reads the records after the header and applies them to a database, in batches; checks the
-   * recomputed key-group tags against the written checksum. `damaged` throws.
-   */
+  /** Reads the records after the header and applies them to a database, in batches. `damaged` throws. */
   private final class RecordReader(in: DataInputStream, damaged: (String, Throwable) => Nothing) {
-    // Per column family id: its name and, if its keys come without their tag, what recomputes it.
-    private val families = mutable.HashMap[Int, (String, Option[Array[Byte] => Int])]()
-    private var tags = 0L
+    private val families = mutable.HashMap[Int, String]()
 
     private def varint(): Int = {
       var v = 0
@@ -234,34 +194,6 @@ object Changelog {
       }
     }
 
-    /** A stored key, its tag recomputed when the family's keys were written without it. */
-    private def key(tagger: Option[Array[Byte] => Int]): Array[Byte] = tagger match {
-      case None => bytes()
-      case Some(tagOf) =>
-        val k = bytes()
-        val tag = try tagOf(k) catch {
-          case NonFatal(e) => damaged(s"a key of ${k.length} bytes does not decode to compute its key-group tag", e)
-        }
-        tags = tagChecksum(tags, tag)
-        KeyGroups.withTag(k, tag)
-    }
-
-    private def define(): Unit = {
-      val id = varint()
-      val name = in.readUTF()
-      val tagger = in.readByte() match {
-        case 0 => None
-        case 1 =>
-          val json = new String(bytes(), UTF_8)
-          val rule = try KeyGroupRule.fromJson(json) catch {
-            case NonFatal(e) => damaged(s"unreadable key-group rule of column family '$name'", e)
-          }
-          Some(rule.tagger())
-        case other => damaged(s"unknown key form $other of column family '$name'", null)
-      }
-      families(id) = (name, tagger)
-    }
-
     /** Applies every record up to the end marker; the number of records. */
     def applyTo(db: LocalRocksDB): Long = {
       val writes = db.batchedWrites()
@@ -269,14 +201,14 @@ object Changelog {
       try {
         var op = in.readByte()
         while (op != End) {
-          if (op == DefineCf) define()
+          if (op == DefineCf) { val id = varint(); families(id) = in.readUTF() }
           else {
             val id = varint()
-            val (cf, tagger) = families.getOrElse(id, damaged(s"record refers to undefined column family $id", null))
+            val cf = families.getOrElse(id, damaged(s"record refers to undefined column family $id", null))
             op match {
-              case Put => writes.put(cf, key(tagger), bytes())
-              case Merge => writes.merge(cf, key(tagger), bytes())
-              case Delete => writes.delete(cf, key(tagger))
+              case Put => writes.put(cf, bytes(), bytes())
+              case Merge => writes.merge(cf, bytes(), bytes())
+              case Delete => writes.delete(cf, bytes())
               case DeleteRange => writes.deleteRange(cf, bytes(), bytes())
               case CreateCf => writes.flush(); db.createColumnFamily(cf)
               case DropCf => writes.flush(); db.dropColumnFamily(cf)
@@ -288,9 +220,6 @@ object Changelog {
         }
         writes.flush()
       } finally writes.close()
-      val written = in.readLong()
-      if (written != tags) damaged(s"the key-group tags recomputed on replay (checksum $tags) differ from " +
-        s"the ones written (checksum $written)", null)
       records
     }
   }
