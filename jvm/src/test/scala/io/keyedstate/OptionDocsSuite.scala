@@ -39,7 +39,7 @@ class OptionDocsSuite extends AnyFunSuite {
       val e = intercept[IllegalArgumentException](KeyedStateConf.fromMap(Map(o.key -> "not-a-value!")))
       assert(e.getMessage.contains(o.key) && e.getMessage.contains("not-a-value!") && e.getMessage.contains(o.allowed))
     }
-    assert(KeyedStateConf.fromMap(Map.empty).compression == "lz4")
+    assert(KeyedStateConf.fromMap(Map.empty).compression == "zstd")
     assert(KeyedStateConf.fromMap(Map.empty).changelogCompression == "zstd")
   }
 }

@@ -95,10 +95,9 @@ object KeyedStateConf {
     "Memtable size per column family (two memtables at most). Commits that take a snapshot flush them (with " +
       "`changelogCheckpointing=false`, every commit); between snapshots a full memtable flushes in the background. " +
       "This bounds the memory of unflushed writes rather than SST sizes.")
-  private val Compression = new ChoiceOpt("compression", "lz4", Compressions,
-    "SST block compression. zstd makes the SST files snapshots upload about 25% smaller than lz4 (17% fewer " +
-      "checkpoint bytes in all), for about 10% less throughput and slower snapshot flushes in checkpoint_bench " +
-      "(docs/benchmarks.md).")
+  private val Compression = new ChoiceOpt("compression", "zstd", Compressions,
+    "SST block compression (zstd at level 1). In checkpoint_bench lz4 makes the SST files snapshots upload 48% " +
+      "larger (25% more checkpoint bytes in all) for 4-9% more throughput (docs/benchmarks.md).")
   private val TrackNumKeys = new BoolOpt("trackNumKeys", true,
     "Keep an exact key count per column family (a point read per write, except for keys the store read or found " +
       "by a prefix scan since the last commit). With `false`, `numRowsTotal` is RocksDB's estimate.")

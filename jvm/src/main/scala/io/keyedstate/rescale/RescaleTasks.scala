@@ -6,6 +6,7 @@ import java.nio.charset.StandardCharsets.UTF_8
 import java.util.UUID
 
 import scala.jdk.CollectionConverters._
+import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
@@ -53,8 +54,8 @@ final case class BuildResult(store: StoreRef, keys: Long, bytesUploaded: Long, f
  * The two executor-side steps of a rescale. Data moves in bulk: a split streams the source
  * RocksDB once, in key order, into one SST writer per target partition (the target is each
  * stored key's key-group tag, computed from the decoded key or read from its stored tag); a
- * build ingests those SST files into a
- * fresh RocksDB and uploads it as a full snapshot, the new store's first version.
+ * build ingests those SST files into a fresh RocksDB and uploads it as a full snapshot, the new
+ * store's first version.
  */
 object RescaleTasks {
   val MaxLevel0Files = 16
@@ -103,7 +104,12 @@ object RescaleTasks {
       throw KeyedStateErrors.badState(ErrorId.RescaleRefused, s"column family '${cf.name}' of " +
         s"${store.describe} (version $version) records no key schema: its keys' key groups are unknown")
     }
-    KeyGroups.tagReader(store.storeName, cf.keySchemaJson, cf.keySpecJson)
+    val tagOf = KeyGroups.tagReader(store.storeName, cf.keySchemaJson, cf.keySpecJson)
+    key => try tagOf(key) catch {
+      case NonFatal(e) => throw KeyedStateErrors.badState(ErrorId.RescaleRefused, s"a key of ${key.length} " +
+        s"bytes in column family '${cf.name}' of ${store.describe} (version $version) does not decode with its " +
+        s"recorded key schema and encoding (${e.getClass.getSimpleName}: ${e.getMessage})")
+    }
   }
 
   /** Opens `version` of a store in a local scratch directory, dropped afterwards. */
