@@ -36,11 +36,11 @@ final class LocalRocksDB private (
 
   // Prefix scans reuse one iterator per column family: a native iterator, its ReadOptions and
   // its bound per scan cost as much as a short scan itself. An iterator sees the database as of
-  // its creation, so a scan after any write (`mutations` moved) refreshes it first; a scan that
-  // starts while the family's iterator is still in use opens its own. A kept iterator pins its
-  // memtables and SST files until [[releaseScanIterators]] (commit and release of a store).
-  private var mutations = 0L
-  private final class ReusedIterator(val it: RocksIterator, var atMutation: Long) {
+  // its creation, so a scan after any write (RocksDB's sequence number moved) refreshes it first;
+  // ingesting files or dropping the family releases it. A scan that starts while the family's
+  // iterator is still in use opens its own. A kept iterator pins its memtables and SST files
+  // until [[releaseScanIterators]] (commit and release of a store).
+  private final class ReusedIterator(val it: RocksIterator, var atSequence: Long) {
     var inUse = false
     var retired = false // released while in use: closed when its scan ends
     def close(): Unit = if (openIterators.remove(it)) it.close()
@@ -51,7 +51,6 @@ final class LocalRocksDB private (
   def hasColumnFamily(name: String): Boolean = handles.contains(name)
 
   def createColumnFamily(name: String): Unit = if (!handles.contains(name)) {
-    mutations += 1
     handles(name) = localIo(db.createColumnFamily(new ColumnFamilyDescriptor(name.getBytes(UTF_8), cfOptions)))
   }
 
@@ -61,7 +60,6 @@ final class LocalRocksDB private (
 
   /** Drops a column family; the default one cannot be dropped, so it is emptied instead. */
   def dropColumnFamily(name: String): Boolean = {
-    mutations += 1
     releaseScanIterator(name)
     handles.get(name) match {
       case None => false
@@ -86,25 +84,17 @@ final class LocalRocksDB private (
   def get(cf: String, key: Array[Byte]): Array[Byte] = LocalRocksDB.get(db, handle(cf), key)
   // Writes go to the memtable; one fails on I/O when a flush it waits for failed (a full disk).
   // Per-record calls: the catch is written out rather than passed to `localIo` as a closure.
-  def put(cf: String, key: Array[Byte], value: Array[Byte]): Unit = {
-    mutations += 1
+  def put(cf: String, key: Array[Byte], value: Array[Byte]): Unit =
     try db.put(handle(cf), writeOptions, key, value)
     catch { case e: RocksDBException => throw LocalRocksDB.failure(dir, e) }
-  }
-  def merge(cf: String, key: Array[Byte], value: Array[Byte]): Unit = {
-    mutations += 1
+  def merge(cf: String, key: Array[Byte], value: Array[Byte]): Unit =
     try db.merge(handle(cf), writeOptions, key, value)
     catch { case e: RocksDBException => throw LocalRocksDB.failure(dir, e) }
-  }
-  def delete(cf: String, key: Array[Byte]): Unit = {
-    mutations += 1
+  def delete(cf: String, key: Array[Byte]): Unit =
     try db.delete(handle(cf), writeOptions, key)
     catch { case e: RocksDBException => throw LocalRocksDB.failure(dir, e) }
-  }
-  def deleteRange(cf: String, begin: Array[Byte], end: Array[Byte]): Unit = {
-    mutations += 1
+  def deleteRange(cf: String, begin: Array[Byte], end: Array[Byte]): Unit =
     localIo(db.deleteRange(handle(cf), writeOptions, begin, end))
-  }
 
   /**
    * Writes applied a batch at a time: one write into the memtables per batch instead of one per
@@ -134,7 +124,6 @@ final class LocalRocksDB private (
       if (ops >= LocalRocksDB.BatchOps || bytes >= LocalRocksDB.BatchBytes) flush()
     }
     def flush(): Unit = if (ops > 0) {
-      mutations += 1
       localIo(db.write(writeOptions, batch))
       batch.clear()
       ops = 0
@@ -160,27 +149,39 @@ final class LocalRocksDB private (
       case Some(l) => it.seek(l)
       case None => it.seekToFirst()
     }
-    new ClosableIterator[(Array[Byte], Array[Byte])] {
-      private var done = false
-      def close(): Unit = if (!done) {
-        done = true
-        if (openIterators.remove(it)) it.close()
-        readOptions.close()
-        upperSlice.foreach(_.close())
-      }
-      def hasNext: Boolean = {
-        if (done) return false
-        if (closed) throw new IllegalStateException(s"RocksDB at $dir was closed during a scan")
-        val valid = it.isValid
-        if (!valid) { it.status(); close() }
-        valid
-      }
-      def next(): (Array[Byte], Array[Byte]) = {
-        if (!hasNext) throw new NoSuchElementException
-        val kv = (it.key(), it.value())
-        it.next()
-        kv
-      }
+    new Entries(it, prefix = null, release = () => {
+      if (openIterators.remove(it)) it.close()
+      readOptions.close()
+      upperSlice.foreach(_.close())
+    })
+  }
+
+  /**
+   * The entries of a sought iterator, up to its bound or, with a `prefix`, the first key without
+   * it; `release` runs once, when they end or on `close()`.
+   */
+  private final class Entries(it: RocksIterator, prefix: Array[Byte], release: () => Unit)
+    extends ClosableIterator[(Array[Byte], Array[Byte])] {
+    private var done = false
+    private var key: Array[Byte] = _ // the next entry's, read by hasNext
+    def close(): Unit = if (!done) { done = true; release() }
+    def hasNext: Boolean = {
+      if (done) return false
+      if (key != null) return true
+      if (closed) throw new IllegalStateException(s"RocksDB at $dir was closed during a scan")
+      if (it.isValid) {
+        val k = it.key()
+        if (prefix == null || LocalRocksDB.startsWith(k, prefix)) { key = k; return true }
+      } else it.status()
+      close()
+      false
+    }
+    def next(): (Array[Byte], Array[Byte]) = {
+      if (!hasNext) throw new NoSuchElementException
+      val kv = (key, it.value())
+      key = null
+      it.next()
+      kv
     }
   }
 
@@ -188,37 +189,11 @@ final class LocalRocksDB private (
   def prefixScan(cf: String, prefix: Array[Byte]): ClosableIterator[(Array[Byte], Array[Byte])] = {
     val reused = acquireScanIterator(cf)
     if (reused == null) return scan(cf, Some(prefix), LocalRocksDB.prefixUpperBound(prefix))
-    val it = reused.it
-    it.seek(prefix)
-    new ClosableIterator[(Array[Byte], Array[Byte])] {
-      private var done = false
-      private var key: Array[Byte] = _ // the next entry's, read by hasNext
-      def close(): Unit = if (!done) {
-        done = true
-        prefixIterators.synchronized {
-          reused.inUse = false
-          if (reused.retired) reused.close()
-        }
-      }
-      def hasNext: Boolean = {
-        if (done) return false
-        if (key != null) return true
-        if (closed) throw new IllegalStateException(s"RocksDB at $dir was closed during a scan")
-        if (it.isValid) {
-          val k = it.key()
-          if (LocalRocksDB.startsWith(k, prefix)) { key = k; return true }
-        } else it.status()
-        close()
-        false
-      }
-      def next(): (Array[Byte], Array[Byte]) = {
-        if (!hasNext) throw new NoSuchElementException
-        val kv = (key, it.value())
-        key = null
-        it.next()
-        kv
-      }
-    }
+    reused.it.seek(prefix)
+    new Entries(reused.it, prefix, release = () => prefixIterators.synchronized {
+      reused.inUse = false
+      if (reused.retired) reused.close()
+    })
   }
 
   /** The family's reusable iterator, current and now in use; null if it is in use already. */
@@ -226,13 +201,15 @@ final class LocalRocksDB private (
     prefixIterators.get(cf) match {
       case Some(r) if r.inUse => null
       case Some(r) =>
-        if (r.atMutation != mutations) { localIo(r.it.refresh()); r.atMutation = mutations }
+        val sequence = db.getLatestSequenceNumber
+        if (r.atSequence != sequence) { localIo(r.it.refresh()); r.atSequence = sequence }
         r.inUse = true
         r
       case None =>
+        val sequence = db.getLatestSequenceNumber // read first: a write after it refreshes
         val it = db.newIterator(handle(cf))
         openIterators.add(it)
-        val r = new ReusedIterator(it, mutations)
+        val r = new ReusedIterator(it, sequence)
         r.inUse = true
         prefixIterators(cf) = r
         r
@@ -296,7 +273,7 @@ final class LocalRocksDB private (
    * them into the database. The files may overlap each other; their keys must be new.
    */
   def ingest(cf: String, files: Seq[File]): Unit = if (files.nonEmpty) {
-    mutations += 1
+    releaseScanIterator(cf) // ingested files may keep sequence number 0: a refresh would miss them
     val opts = new IngestExternalFileOptions().setMoveFiles(true).setAllowGlobalSeqNo(true)
     try localIo(db.ingestExternalFile(handle(cf), files.map(_.getAbsolutePath).asJava, opts))
     finally opts.close()
