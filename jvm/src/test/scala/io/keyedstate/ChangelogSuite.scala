@@ -104,4 +104,23 @@ class ChangelogSuite extends AnyFunSuite with ProviderFixture {
     try { raf2.seek(4); raf2.write(1) } finally raf2.close()
     replayFails(file, "format version 1")
   }
+
+  test("a column family dropped and created again in one file replays exactly") {
+    val dir = tempDir()
+    val reference = LocalRocksDB.open(new File(dir, "reference"), conf)
+    val replayed = LocalRocksDB.open(new File(dir, "replayed"), conf)
+    try {
+      val file = new File(dir, "1.changelog")
+      val w = new Changelog.Writer(file, Codec.Zstd)
+      def both(log: Changelog.Writer => Unit, db: LocalRocksDB => Unit): Unit = { log(w); db(reference) }
+      both(_.createColumnFamily("cf"), _.createColumnFamily("cf"))
+      (0 until 50).foreach(i => both(_.put("cf", b(s"first-$i"), b("1")), _.put("cf", b(s"first-$i"), b("1"))))
+      both(_.dropColumnFamily("cf"), _.dropColumnFamily("cf"))
+      both(_.createColumnFamily("cf"), _.createColumnFamily("cf"))
+      (0 until 50).foreach(i => both(_.put("cf", b(s"second-$i"), b("2")), _.put("cf", b(s"second-$i"), b("2"))))
+      w.finish()
+      Changelog.replay(file, replayed, "test", 1)
+      assert(dump(replayed) === dump(reference) && dump(replayed)("cf").size == 50)
+    } finally { replayed.close(); reference.close() }
+  }
 }
