@@ -10,8 +10,8 @@ is written, so nothing here knows about time to live.
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from operator import is_ as _is
 from typing import Any
 
 from keyedstate.state.descriptors import (
@@ -30,7 +30,7 @@ from keyedstate.state.states import (
     ReducingState,
     ValueState,
 )
-from keyedstate.state.types import StateTypeError, checker
+from keyedstate.state.types import StateTypeError, _Check, checker
 
 __all__ = ["MIN_TIME", "KeyState", "create_handle"]
 
@@ -124,6 +124,15 @@ class KeyState:
 # State objects
 
 
+def _unchecked(value: Any) -> Any:  # noqa: ANN401
+    return value
+
+
+def _one(check: _Check | None) -> Callable[[Any], Any]:
+    """The check of one value (a single call in the state methods); unchecked types pass."""
+    return _unchecked if check is None else check.one
+
+
 class _Handle:
     __slots__ = ("_b", "_name", "_refresh", "descriptor")
 
@@ -147,11 +156,11 @@ class _Handle:
 
 
 class _ValueStateImpl(_Handle, ValueState):
-    __slots__ = ("_check",)
+    __slots__ = ("_one",)
 
     def __init__(self, backend: KeyState, descriptor: ValueStateDescriptor) -> None:
         super().__init__(backend, descriptor)
-        self._check = checker(descriptor, descriptor.type_info, "holds")
+        self._one = _one(checker(descriptor, descriptor.type_info, "holds"))
 
     def value(self) -> Any:  # noqa: ANN401
         if self._refresh:
@@ -163,8 +172,7 @@ class _ValueStateImpl(_Handle, ValueState):
         if value is None:
             b.cur.pop(self._name, None)
         else:
-            check = self._check
-            b.cur[self._name] = value if check is None else check.one(value)
+            b.cur[self._name] = self._one(value)
         b.dirty.add(self._name)
 
 
@@ -240,6 +248,8 @@ class _ListStateImpl(_Handle, ListState):
         return value if check is None else check.one(value)
 
     def _elements(self, values: Iterable[Any], method: str) -> list[Any]:
+        """``values`` as a new list of checked elements (a value update() runs for every
+        element of a large batch: one call, the common case inline)."""
         if values is None:
             raise StateTypeError(f"ListState '{self._name}': {method} needs a list, got None")
         new = list(values)
@@ -248,24 +258,43 @@ class _ListStateImpl(_Handle, ListState):
             return new
         # The stored elements the new list starts with (the same objects, in order, maybe after
         # dropping some from the front: get(), append, trim, update()) were checked when they
-        # were stored; only the rest is checked.
-        checked = _stored_prefix(self._b.cur.get(self._name), new) if self._immutable else 0
-        if checked == len(new):
-            return new
+        # were stored; only the rest is checked. ``index`` finds the first in C (equality
+        # short-cuts on identity); identity then decides.
+        checked = 0
+        stored = self._b.cur.get(self._name) if self._immutable else None
+        if stored:
+            try:
+                start = stored.index(new[0])
+            except Exception:  # noqa: BLE001 - not found, or an element whose == refuses
+                start = -1
+            if start >= 0:
+                kept = len(stored) - start
+                if kept <= len(new) and all(map(_is, new, stored[start:] if start else stored)):
+                    if kept == len(new):
+                        return new
+                    checked = kept
         rest = new[checked:] if checked else new
         exact_all = check.exact_all
         if exact_all is not None and exact_all(rest):
             return new
-        return new[:checked] + [self._element(v) for v in rest]
+        one = check.one
+        for i in range(checked, len(new)):
+            value = new[i]
+            if value is None:
+                raise StateTypeError(f"ListState '{self._name}': cannot add None")
+            new[i] = one(value)
+        return new
 
     def get(self) -> list:
         stored = self._b.cur.get(self._name)
+        if stored is None:
+            return []
         if self._refresh and stored:
             b = self._b
             b.replaced.add(self._name)  # rewritten whole: every element restamped
             b.appended.pop(self._name, None)
             b.dirty.add(self._name)
-        return [] if stored is None else list(stored)
+        return stored[:]
 
     def _append(self, new: list[Any]) -> None:
         b = self._b
@@ -303,31 +332,13 @@ class _ListStateImpl(_Handle, ListState):
         self.update([])
 
 
-def _stored_prefix(stored: list[Any] | None, new: list[Any]) -> int:
-    """How many leading elements of ``new`` are the trailing elements of ``stored``, the same
-    objects (0 if none or not in that shape). ``index`` finds the candidate in C (equality
-    short-cuts on identity); identity then decides."""
-    if not stored:
-        return 0
-    try:
-        start = stored.index(new[0])
-    except Exception:  # noqa: BLE001 - not found, or an element whose == refuses (numpy arrays)
-        return 0
-    kept = len(stored) - start
-    if kept > len(new):
-        return 0
-    if start:
-        return kept if all(map(operator.is_, new, stored[start:])) else 0
-    return kept if all(map(operator.is_, new, stored)) else 0
-
-
 class _MapStateImpl(_Handle, MapState):
-    __slots__ = ("_check_key", "_check_value")
+    __slots__ = ("_key_one", "_value_one")
 
     def __init__(self, backend: KeyState, descriptor: MapStateDescriptor) -> None:
         super().__init__(backend, descriptor)
-        self._check_key = checker(descriptor, descriptor.key_type_info, "key")
-        self._check_value = checker(descriptor, descriptor.value_type_info, "value")
+        self._key_one = _one(checker(descriptor, descriptor.key_type_info, "key"))
+        self._value_one = _one(checker(descriptor, descriptor.value_type_info, "value"))
 
     def _map(self) -> dict:
         stored = self._b.cur.get(self._name)
@@ -352,20 +363,25 @@ class _MapStateImpl(_Handle, MapState):
         return stored.get(key)
 
     def put(self, key: Any, value: Any) -> None:  # noqa: ANN401
-        check = self._check_key
         if key is None:
             raise StateTypeError(f"MapState '{self._name}': a map key cannot be None")
-        key = key if check is None else check.one(key)
-        check = self._check_value
-        if check is not None and value is not None:
-            value = check.one(value)
-        cur = self._b.cur
-        stored = cur.get(self._name)
+        key = self._key_one(key)
+        if value is not None:
+            value = self._value_one(value)
+        # _changed inline: put runs for every element of a large batch.
+        b = self._b
+        name = self._name
+        stored = b.cur.get(name)
         if stored is None:
-            cur[self._name] = {key: value}
+            b.cur[name] = {key: value}
         else:
             stored[key] = value
-        self._changed(key)
+        changes = b.map_changes.get(name)
+        if changes is None:
+            b.map_changes[name] = {key}
+        else:
+            changes.add(key)
+        b.dirty.add(name)
 
     def put_all(self, dict_value: Mapping[Any, Any]) -> None:
         for key, value in dict_value.items():

@@ -250,6 +250,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       val snapshot = lineage.snapshotPlanned(newVersion, loaded.describeColumnFamilies.map(_.numKeys).sum,
         store.forceSnapshot)
       loaded.ttlCleanup.beforeCommit(snapshot)
+      loaded.db.applyPendingWrites() // a write that fails does so before the version is recorded
       loaded.db.releaseScanIterators() // they would pin the memtables the commit flushes
       filesLock.lock()
       val (_, stats) =

@@ -11,7 +11,8 @@ import io.keyedstate.rocks.LocalRocksDB
 
 /**
  * Point reads (keyMayExist first, `get` as the fallback) return exactly what `get` would; prefix
- * scans (a reused iterator) see every write made before them.
+ * scans (a reused iterator) see every write made before them; so does everything that reads the
+ * database or its files while writes wait in the batch.
  */
 class LocalRocksDBSuite extends AnyFunSuite {
   private def b(s: String): Array[Byte] = s.getBytes(UTF_8)
@@ -63,8 +64,7 @@ class LocalRocksDBSuite extends AnyFunSuite {
       assert(scan("cf", "b") === Seq("b2=2", "b3=1", "b4=m"))
       db.deleteRange("cf", b("b3"), b("b4"))
       assert(scan("cf", "b") === Seq("b2=2", "b4=m"))
-      val batch = db.batchedWrites()
-      try { batch.put("cf", b("b5"), b("5")); batch.flush() } finally batch.close()
+      db.put("cf", b("b5"), b("5")); db.put("cf", b("b6"), b("6")); db.delete("cf", b("b6"))
       assert(scan("cf", "b") === Seq("b2=2", "b4=m", "b5=5"))
       db.flush()
       assert(scan("cf", "b") === Seq("b2=2", "b4=m", "b5=5"))
@@ -84,6 +84,53 @@ class LocalRocksDBSuite extends AnyFunSuite {
       // A family dropped and created again: a scan of it sees the new, empty one.
       db.dropColumnFamily("cf"); db.createColumnFamily("cf")
       assert(scan("cf", "b").isEmpty)
+    } finally { db.close(); LocalFiles.deleteRecursively(dir) }
+  }
+
+  test("batched writes: reads, scans, properties, flushes and checkpoints see every write before them") {
+    val dir = Files.createTempDirectory("keyedstate-rocks").toFile
+    val conf = KeyedStateConf.fromMap(Map.empty)
+    val db = LocalRocksDB.open(new java.io.File(dir, "db"), conf)
+    def str(v: Array[Byte]): String = if (v == null) null else new String(v, UTF_8)
+    try {
+      db.createColumnFamily("cf"); db.createColumnFamily("gone")
+      // More writes than one batch holds, of every kind, with no read between them.
+      val n = 10000
+      (0 until n).foreach { i =>
+        db.put("cf", b(f"k$i%05d"), b(s"v$i"))
+        if (i % 3 == 0) db.merge("cf", b(f"k$i%05d"), b("+"))
+        if (i % 7 == 0) db.delete("cf", b(f"k$i%05d"))
+      }
+      db.deleteRange("cf", b("k09990"), b("k09995"))
+      val writes = n + (n + 2) / 3 + (n + 6) / 7 + 1
+      assert(db.unflushedEntries == writes) // a property: every write is in the memtable
+      Seq(0, 1, 3, 7, 21, 4095, 4096, 4097, 9989, 9990, 9994, 9995, 9999).foreach { i =>
+        val expected = if (i % 7 == 0 || (i >= 9990 && i < 9995)) null else s"v$i${if (i % 3 == 0) "+" else ""}"
+        assert(str(db.get("cf", b(f"k$i%05d"))) == expected, i)
+      }
+      // A read, then writes: the first goes in alone, the rest wait; a scan sees both.
+      db.put("cf", b("k99998"), b("a")); db.put("cf", b("k99999"), b("b"))
+      val scanned = { val it = db.prefixScan("cf", b("k9999")); try it.map(kv => str(kv._1)).toList finally it.close() }
+      assert(scanned === Seq("k99998", "k99999"))
+      val all = db.scan("cf", None, None)
+      try assert(all.size == n - (n + 6) / 7 - 5 + 2) finally all.close() // the range: k09990-k09994, none a multiple of 7
+      // Writes waiting for a family that is dropped go with it; the others stay.
+      db.put("gone", b("x"), b("1")); db.put("gone", b("y"), b("2")); db.put("cf", b("after"), b("3"))
+      db.dropColumnFamily("gone")
+      db.createColumnFamily("gone")
+      assert(db.get("gone", b("y")) == null && str(db.get("cf", b("after"))) == "3")
+      // A checkpoint and a flush hold what waited.
+      db.put("cf", b("late1"), b("4")); db.put("cf", b("late2"), b("5"))
+      db.checkpoint(new java.io.File(dir, "cp"))
+      db.put("cf", b("late3"), b("6")); db.put("cf", b("late4"), b("7"))
+      db.flush()
+      assert(db.unflushedEntries == 0)
+      val copy = LocalRocksDB.open(new java.io.File(dir, "cp"), conf)
+      try {
+        assert(str(copy.get("cf", b("late2"))) == "5" && copy.get("cf", b("late4")) == null)
+        assert(str(copy.get("cf", b("k00001"))) == "v1")
+      } finally copy.close()
+      assert(str(db.get("cf", b("late4"))) == "7")
     } finally { db.close(); LocalFiles.deleteRecursively(dir) }
   }
 }

@@ -196,30 +196,28 @@ object Changelog {
 
     /** Applies every record up to the end marker; the number of records. */
     def applyTo(db: LocalRocksDB): Long = {
-      val writes = db.batchedWrites()
+      // LocalRocksDB batches the writes; applied at the end, so a failed one fails the load.
       var records = 0L
-      try {
-        var op = in.readByte()
-        while (op != End) {
-          if (op == DefineCf) { val id = varint(); families(id) = in.readUTF() }
-          else {
-            val id = varint()
-            val cf = families.getOrElse(id, damaged(s"record refers to undefined column family $id", null))
-            op match {
-              case Put => writes.put(cf, bytes(), bytes())
-              case Merge => writes.merge(cf, bytes(), bytes())
-              case Delete => writes.delete(cf, bytes())
-              case DeleteRange => writes.deleteRange(cf, bytes(), bytes())
-              case CreateCf => writes.flush(); db.createColumnFamily(cf)
-              case DropCf => writes.flush(); db.dropColumnFamily(cf)
-              case other => damaged(s"unknown record type $other", null)
-            }
-            records += 1
+      var op = in.readByte()
+      while (op != End) {
+        if (op == DefineCf) { val id = varint(); families(id) = in.readUTF() }
+        else {
+          val id = varint()
+          val cf = families.getOrElse(id, damaged(s"record refers to undefined column family $id", null))
+          op match {
+            case Put => db.put(cf, bytes(), bytes())
+            case Merge => db.merge(cf, bytes(), bytes())
+            case Delete => db.delete(cf, bytes())
+            case DeleteRange => db.deleteRange(cf, bytes(), bytes())
+            case CreateCf => db.createColumnFamily(cf)
+            case DropCf => db.dropColumnFamily(cf)
+            case other => damaged(s"unknown record type $other", null)
           }
-          op = in.readByte()
+          records += 1
         }
-        writes.flush()
-      } finally writes.close()
+        op = in.readByte()
+      }
+      db.applyPendingWrites()
       records
     }
   }
