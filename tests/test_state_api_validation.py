@@ -308,6 +308,12 @@ def test_list_update_checks_every_element_it_has_not_stored() -> None:
     assert pairs.get() == [(3, 4), (5, 6)]
     with pytest.raises(StateTypeError, match="expected LONG"):
         pairs.update([(3, 4), (5.0, 6)])  # equal to a stored element, not the same object
+    with pytest.raises(StateTypeError, match="ListState 'pairs': cannot add None"):
+        pairs.update([*pairs.get(), None])
+    stored = pairs.get()
+    with pytest.raises(StateTypeError, match="ListState 'pairs' element"):
+        pairs.update([stored[0], (1, "y"), stored[1]])  # a bad element between stored ones
+    assert pairs.get() == [(3, 4), (5, 6)]
     nested.update([[1], [2]])
     inner = nested.get()
     inner[0].append("x")  # a mutable element changed in place is checked again

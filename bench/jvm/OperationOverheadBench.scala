@@ -27,11 +27,13 @@ import io.keyedstate.rocks.{ColumnFamilyCodec, LocalRocksDB}
  * cache included) and loaded with the very bytes the store writes.
  *
  * The raw side is handed its bytes encoded up front, so it times the RocksDB call alone: `get`
- * (rocksdbjni's plain one), `put`, `merge`, `delete` with keyedstate's write options, and for a
- * prefix scan an iterator sought to the encoded prefix, read while keys start with it. The store's
- * side includes everything it does around that call: key and value encoding, the key-group tag,
- * TTL stamps, the key count's memo (and the RocksDB lookup behind a write it cannot answer for),
- * the changelog record, decoding rows for the caller.
+ * (rocksdbjni's plain one), `put`, `merge`, `delete` with keyedstate's write options, one call
+ * per operation, and for a prefix scan an iterator sought to the encoded prefix, read while keys
+ * start with it. The store's side includes everything it does around that call: key and value
+ * encoding, TTL stamps, the key count's memo (and the RocksDB lookup behind a write it cannot
+ * answer for), the changelog record, decoding rows for the caller; its writes wait in a write
+ * batch until the next read (docs/architecture.md), so writes without reads between them are
+ * applied a batch at a time.
  *
  * Data, in three column families as `transformWithState` lays them out: `value` (single values:
  * ValueState), `list` (multiple values per key, appended by `merge`: ListState) and `map` (a
@@ -43,7 +45,7 @@ import io.keyedstate.rocks.{ColumnFamilyCodec, LocalRocksDB}
  * rounds. Warm-up rounds run until the store's total changes by less than 5% (3 to 8 rounds);
  * the median of the measured rounds is reported.
  *
- *   ./dev/sbt "Test/runMain io.keyedstate.bench.OperationOverheadBench [keys] [sample] [rounds] [scanEntries]" < /dev/null
+ *   ./dev/sbt "Test/runMain io.keyedstate.bench.OperationOverheadBench [keys] [sample] [rounds] [scanEntries] [trackNumKeys]" < /dev/null
  */
 object OperationOverheadBench {
   private val keySchema = StructType(Seq(StructField("k", StringType), StructField("n", IntegerType)))
@@ -74,16 +76,21 @@ object OperationOverheadBench {
     val sample = args.lift(1).map(_.toInt).getOrElse(100000)
     val rounds = args.lift(2).map(_.toInt).getOrElse(5)
     val scanEntries = args.lift(3).map(_.toInt).getOrElse(10)
-    println(s"keys=$n sample=$sample rounds=$rounds scanEntries=$scanEntries loadavg=${loadAvg()}")
+    // "false" measures the store without exact key counts (trackNumKeys=false): a blind write then
+    // needs no read of the key.
+    val trackNumKeys = args.lift(4).forall(_.toBoolean)
+    println(s"keys=$n sample=$sample rounds=$rounds scanEntries=$scanEntries trackNumKeys=$trackNumKeys " +
+      s"loadavg=${loadAvg()}")
     val root = Files.createTempDirectory("keyedstate-opbench").toFile
-    try run(root, n, sample, rounds, scanEntries)
+    try run(root, n, sample, rounds, scanEntries, trackNumKeys)
     finally LocalFiles.deleteRecursively(root)
     println(s"loadavg=${loadAvg()} (sink $sink)")
   }
 
-  private def run(root: File, n: Int, sample: Int, rounds: Int, scanEntries: Int): Unit = {
+  private def run(root: File, n: Int, sample: Int, rounds: Int, scanEntries: Int, trackNumKeys: Boolean): Unit = {
     val sql = new SQLConf()
     sql.setConfString("spark.sql.streaming.stateStore.commitValidation.enabled", "false")
+    sql.setConfString(KeyedStateConf.Prefix + "trackNumKeys", trackNumKeys.toString)
     sql.setConfString(KeyedStateConf.Prefix + "localDir", new File(root, "local").getAbsolutePath)
     val storeConf = new StateStoreConf(sql)
     val conf = KeyedStateConf(storeConf)
