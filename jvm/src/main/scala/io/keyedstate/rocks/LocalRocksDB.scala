@@ -99,21 +99,23 @@ final class LocalRocksDB private (
     LocalRocksDB.get(db, handle(cf), key)
   }
 
+  def put(cf: String, key: Array[Byte], value: Array[Byte]): Unit = write(cf, key, value, merge = false)
+  def merge(cf: String, key: Array[Byte], value: Array[Byte]): Unit = write(cf, key, value, merge = true)
+
   // Per-record calls: the catch is written out rather than passed to `localIo` as a closure.
-  def put(cf: String, key: Array[Byte], value: Array[Byte]): Unit = pending.synchronized {
+  private def write(cf: String, key: Array[Byte], value: Array[Byte], merge: Boolean): Unit = pending.synchronized {
     val h = handle(cf)
     try {
-      if (writeAlone) { writeAlone = false; db.put(h, writeOptions, key, value) }
-      else { pending.put(h, key, value); added(key.length + value.length) }
+      if (writeAlone) {
+        writeAlone = false
+        if (merge) db.merge(h, writeOptions, key, value) else db.put(h, writeOptions, key, value)
+      } else {
+        if (merge) pending.merge(h, key, value) else pending.put(h, key, value)
+        added(key.length + value.length)
+      }
     } catch { case e: RocksDBException => throw LocalRocksDB.failure(dir, e) }
   }
-  def merge(cf: String, key: Array[Byte], value: Array[Byte]): Unit = pending.synchronized {
-    val h = handle(cf)
-    try {
-      if (writeAlone) { writeAlone = false; db.merge(h, writeOptions, key, value) }
-      else { pending.merge(h, key, value); added(key.length + value.length) }
-    } catch { case e: RocksDBException => throw LocalRocksDB.failure(dir, e) }
-  }
+
   def delete(cf: String, key: Array[Byte]): Unit = pending.synchronized {
     val h = handle(cf)
     try {
