@@ -124,6 +124,22 @@ class KeyState:
 # State objects
 
 
+def _stored_prefix(stored: list[Any] | None, new: list[Any]) -> int:
+    """How many leading elements of ``new`` are the trailing elements of ``stored``, the same
+    objects (0 if none or not in that shape). ``index`` finds the candidate in C (equality
+    short-cuts on identity); identity then decides."""
+    if not stored:
+        return 0
+    try:
+        start = stored.index(new[0])
+    except Exception:  # noqa: BLE001 - not found, or an element whose == refuses (numpy arrays)
+        return 0
+    kept = len(stored) - start
+    if kept > len(new) or not all(map(_is, new, stored[start:] if start else stored)):
+        return 0
+    return kept
+
+
 def _unchecked(value: Any) -> Any:  # noqa: ANN401
     return value
 
@@ -156,11 +172,11 @@ class _Handle:
 
 
 class _ValueStateImpl(_Handle, ValueState):
-    __slots__ = ("_one",)
+    __slots__ = ("_value_one",)
 
     def __init__(self, backend: KeyState, descriptor: ValueStateDescriptor) -> None:
         super().__init__(backend, descriptor)
-        self._one = _one(checker(descriptor, descriptor.type_info, "holds"))
+        self._value_one = _one(checker(descriptor, descriptor.type_info, "holds"))
 
     def value(self) -> Any:  # noqa: ANN401
         if self._refresh:
@@ -172,7 +188,7 @@ class _ValueStateImpl(_Handle, ValueState):
         if value is None:
             b.cur.pop(self._name, None)
         else:
-            b.cur[self._name] = self._one(value)
+            b.cur[self._name] = self._value_one(value)
         b.dirty.add(self._name)
 
 
@@ -248,8 +264,7 @@ class _ListStateImpl(_Handle, ListState):
         return value if check is None else check.one(value)
 
     def _elements(self, values: Iterable[Any], method: str) -> list[Any]:
-        """``values`` as a new list of checked elements (a value update() runs for every
-        element of a large batch: one call, the common case inline)."""
+        """``values`` as a new list of checked elements."""
         if values is None:
             raise StateTypeError(f"ListState '{self._name}': {method} needs a list, got None")
         new = list(values)
@@ -258,31 +273,16 @@ class _ListStateImpl(_Handle, ListState):
             return new
         # The stored elements the new list starts with (the same objects, in order, maybe after
         # dropping some from the front: get(), append, trim, update()) were checked when they
-        # were stored; only the rest is checked. ``index`` finds the first in C (equality
-        # short-cuts on identity); identity then decides.
-        checked = 0
-        stored = self._b.cur.get(self._name) if self._immutable else None
-        if stored:
-            try:
-                start = stored.index(new[0])
-            except Exception:  # noqa: BLE001 - not found, or an element whose == refuses
-                start = -1
-            if start >= 0:
-                kept = len(stored) - start
-                if kept <= len(new) and all(map(_is, new, stored[start:] if start else stored)):
-                    if kept == len(new):
-                        return new
-                    checked = kept
-        rest = new[checked:] if checked else new
-        exact_all = check.exact_all
-        if exact_all is not None and exact_all(rest):
+        # were stored; only the rest is checked.
+        checked = _stored_prefix(self._b.cur.get(self._name), new) if self._immutable else 0
+        if checked == len(new):
             return new
-        one = check.one
+        exact_all = check.exact_all
+        if exact_all is not None and exact_all(new[checked:] if checked else new):
+            return new
+        element = self._element
         for i in range(checked, len(new)):
-            value = new[i]
-            if value is None:
-                raise StateTypeError(f"ListState '{self._name}': cannot add None")
-            new[i] = one(value)
+            new[i] = element(new[i])
         return new
 
     def get(self) -> list:
