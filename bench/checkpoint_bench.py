@@ -1,7 +1,11 @@
 """Checkpointing benchmark: keyedstate against Spark's own state store providers.
 
 One command runs the same stateful aggregation (count and sum per key) under each provider,
-side by side in one process, and reports absolute figures and ratios to keyedstate:
+side by side in one process, and reports absolute figures and ratios to keyedstate. Every
+provider first runs ``--warmup-batches`` update batches untimed; then each runs ``--rounds``
+times, the providers in the given order in the first round and reversed in the second, and its
+figures cover all its rounds (the JIT keeps compiling for many batches on 2 cores: the provider
+measured first would pay for the code the others made hot).
 
 * throughput (input rows per second of batch time) while a steady share of a large key space
   is updated every batch;
@@ -66,7 +70,9 @@ ALL_KEYS = sorted({k for conf in PROVIDERS.values() for k in conf})
 @dataclass
 class Result:
     provider: str
-    rows_per_s: float = 0.0
+    rows: int = 0  # input rows of the measured batches, all rounds
+    seconds: float = 0.0  # their batch time (triggerExecution)
+    round_rates: list[float] = field(default_factory=list)  # rows/s of each round
     commit_ms: list[float] = field(default_factory=list)
     update_ms: list[float] = field(default_factory=list)  # allUpdatesTimeMs, summed over partitions
     batch_ms: list[float] = field(default_factory=list)  # triggerExecution
@@ -76,6 +82,20 @@ class Result:
     restart_s: float | None = None
     # keyedstate, per batch: flush ms summed over partitions / snapshots taken / flushes started
     commit_notes: list[str] = field(default_factory=list)
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds else 0.0
+
+    def absorb(self, later: Result) -> None:
+        """Adds a later round's measurements of the same provider."""
+        self.rows += later.rows
+        self.seconds += later.seconds
+        self.round_rates += later.round_rates
+        for name in ("commit_ms", "update_ms", "batch_ms", "bytes_per_batch", "bytes_by_kind",
+                     "commit_notes"):
+            getattr(self, name).extend(getattr(later, name))
+        self.settled_bytes += later.settled_bytes
 
     def bytes_with_settled(self) -> float:
         """Bytes per batch counting what landed after the last batch too (--settle-s): Spark's
@@ -185,7 +205,6 @@ def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches:
     feed(data, "initial", inputs)
     query.processAllAvailable()
     result = Result(name)
-    rows, seconds = 0, 0.0
     before = state_files(checkpoint)
     for b in range(batches):
         feed(data, f"update-{b:03d}", inputs)
@@ -195,8 +214,8 @@ def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches:
         result.bytes_per_batch.append(written_since(before, after))
         result.bytes_by_kind.append(written_by_kind(before, after))
         before = after
-        rows += progress["numInputRows"]
-        seconds += progress["durationMs"]["triggerExecution"] / 1000
+        result.rows += progress["numInputRows"]
+        result.seconds += progress["durationMs"]["triggerExecution"] / 1000
         operator = progress["stateOperators"][0]
         result.commit_ms.append(operator["commitTimeMs"])
         result.update_ms.append(operator["allUpdatesTimeMs"])
@@ -213,7 +232,7 @@ def run_updates(spark: SparkSession, name: str, data: Path, work: Path, batches:
         time.sleep(settle_s)
         result.settled_bytes = written_since(before, state_files(checkpoint))
     query.stop()
-    result.rows_per_s = rows / seconds
+    result.round_rates.append(result.rows_per_s)
     return result
 
 
@@ -320,10 +339,14 @@ def main() -> int:
     parser.add_argument("--settle-s", type=float, default=0,
                         help="after the last batch, wait this long with the query running and "
                         "report the bytes that land meanwhile (background snapshot uploads)")
-    parser.add_argument("--warmup-batches", type=int, default=5,
+    parser.add_argument("--warmup-batches", type=int, default=20,
                         help="before the measured runs, every provider runs this many update "
-                        "batches untimed (0: none), so no provider's figures depend on its place "
-                        "in the order (the JIT compiles what the runs before it exercised)")
+                        "batches untimed (0: none): the JIT compiles what the runs before it "
+                        "exercised, so the first provider measured would pay for the others")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="measured runs of every provider, the providers in the given order "
+                        "in the first round, reversed in the second, and so on; each provider's "
+                        "figures cover all its rounds, so none gains from its place in the order")
     parser.add_argument("--keyedstate-conf", action="append", default=[], metavar="NAME=VALUE",
                         help="a keyedstate option for the keyedstate providers (repeatable), "
                         "e.g. changelogCompression=lz4")
@@ -351,9 +374,18 @@ def main() -> int:
         for name in args.providers.split(",") if args.warmup_batches else ():
             print(f"[warm-up] {name} ...", flush=True)
             run_updates(spark, name, data, work, args.warmup_batches, phase="warmup")
-        for name in args.providers.split(","):
-            print(f"[updates] {name} ...", flush=True)
-            results.append(run_updates(spark, name, data, work, args.batches, args.settle_s))
+        providers = args.providers.split(",")
+        for round_ in range(args.rounds):
+            for name in providers if round_ % 2 == 0 else providers[::-1]:
+                print(f"[updates] {name}, round {round_ + 1} ...", flush=True)
+                run = run_updates(spark, name, data, work, args.batches, args.settle_s,
+                                  phase=f"updates{round_}")
+                first = next((r for r in results if r.provider == name), None)
+                if first is None:
+                    results.append(run)
+                else:
+                    first.absorb(run)
+        results.sort(key=lambda r: providers.index(r.provider))
         for name in args.restart_providers.split(","):
             if not name or name == "none":
                 continue
@@ -371,8 +403,13 @@ def main() -> int:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nkeys={args.keys:,} updates/batch={args.updates:,} batches={args.batches} "
-          f"restart keys={args.restart_keys:,} partitions={args.partitions}\n")
+          f"rounds={args.rounds} restart keys={args.restart_keys:,} "
+          f"partitions={args.partitions}\n")
     print(report(results))
+    print("\nrows/s of each round (the first in --providers order, the next reversed):\n")
+    for r in results:
+        if r.round_rates:
+            print(f"{r.provider}: " + ", ".join(f"{rate:,.0f}" for rate in r.round_rates))
     print("\ncommit ms per batch (keyedstate: flush ms / stores that took a snapshot (s) / "
           "stores that started a background flush (b)):\n")
     for r in results:
@@ -394,7 +431,8 @@ def main() -> int:
     print("\nbytes per batch by kind of file:\n")
     print(breakdown(results))
     if args.json:
-        Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=1))
+        Path(args.json).write_text(
+            json.dumps([{**r.__dict__, "rows_per_s": r.rows_per_s} for r in results], indent=1))
     return 0
 
 

@@ -32,13 +32,15 @@ same shape (another seed; ``--warmup-rows`` events, by default as many as the ti
 keys in the same proportion), so that no timed run pays heap growth, worker start-up or most of
 the JIT compilation: a streaming query runs for hours, and its steady state is what the figures
 describe. The warm-up query runs again until the JVM's JIT compiled for less than 10% of its
-wall time, at most ``--max-warmups`` times (transformWithStateInPandas: once); the report gives
-the warm-ups run and the JIT's compilation time during the timed query (on 2 cores it competes
-with the query: it never quite settles, new code keeps becoming hot). The floor is the best of
-three runs, and so is each Spark implementation's micro-batch 1 (``--timed-runs``, 3 by default;
-transformWithStateInPandas runs once): the same rule on both sides of the ratio, since a run
-slowed by the shared machine would misstate either; the report lists every run's time and their
-median. ``BENCH_SHOW_DURATIONS=1`` prints Spark's duration breakdown of every batch.
+wall time, at most ``--max-warmups`` times (15; transformWithStateInPandas: once); the report
+gives the warm-ups run and the JIT's compilation time during the timed query (on 2 cores it
+competes with the query: it never quite settles, new code keeps becoming hot; it compiles for
+about 2 s of a 5 s query after 5 warm-ups and about 1 s after 15, docs/benchmarks.md). The
+floor is the best of three runs, and so is each Spark implementation's micro-batch 1
+(``--timed-runs``, 3 by default; transformWithStateInPandas runs once): the same rule on both
+sides of the ratio, since a run slowed by the shared machine would misstate either; the report
+lists every run's time and their median. ``BENCH_SHOW_DURATIONS=1`` prints Spark's duration
+breakdown of every batch.
 
     python bench/state_api_bench.py --rows 400000 --keys 100000      # the documented run
     python bench/state_api_bench.py --rows 40000 --keys 10000        # quick
@@ -415,7 +417,7 @@ def main() -> None:
     parser.add_argument(
         "--max-warmups",
         type=int,
-        default=5,
+        default=15,
         help="warm-up queries at most before each timed one, until the JIT settles "
         "(transformWithStateInPandas: 1)",
     )
