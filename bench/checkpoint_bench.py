@@ -351,6 +351,8 @@ def main() -> int:
                         help="a keyedstate option for the keyedstate providers (repeatable), "
                         "e.g. changelogCompression=lz4")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     for setting in args.keyedstate_conf:
         name, _, value = setting.partition("=")
         for provider, conf in PROVIDERS.items():
