@@ -139,6 +139,36 @@ def test_a_refused_rescale_is_a_rescale_error_and_a_checkpoint_operation_error(
     assert f"No checkpoint at file:{tmp_path / 'nowhere'}" in str(missing.value)
 
 
+def test_inspect_refuses_a_format_v2_join(spark: SparkSession, tmp_path: Path) -> None:
+    """A stream-stream join keeps four stores; with checkpoint format v2 the commit log records an
+    id per store whose order inspect does not rely on: refused, naming the operator."""
+    for side in ("left", "right"):
+        spark.range(10).selectExpr("id as k", f"id as {side}_v").write.parquet(
+            str(tmp_path / side)
+        )
+    key = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+    previous = spark.conf.get(key)
+    spark.conf.set(SQL_PROVIDER, keyedstate.PROVIDER_CLASS)
+    spark.conf.set(key, "2")
+    try:
+        left = spark.readStream.schema("k long, left_v long").parquet(str(tmp_path / "left"))
+        right = spark.readStream.schema("k long, right_v long").parquet(str(tmp_path / "right"))
+        query = (
+            left.join(right, "k").writeStream.format("noop").outputMode("append")
+            .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start()
+        )
+        query.awaitTermination(180)
+    finally:
+        spark.conf.set(key, previous)
+    assert (tmp_path / "ckpt" / "commits" / "0").is_file()
+    with pytest.raises(errors.QueryCheckpointError) as refused:
+        keyedstate.inspect(spark, str(tmp_path / "ckpt"))
+    message = str(refused.value)
+    assert refused.value.error_id == "KEYEDSTATE_QUERY_CHECKPOINT_INVALID", message
+    assert "operator 0 of file:" in message and "keeps several state stores" in message, message
+    assert "checkpoint format v2" in message and "\n" not in message, message
+
+
 def test_an_invalid_option_is_an_invalid_option_error(spark: SparkSession, tmp_path: Path) -> None:
     key = keyedstate.OPTION_PREFIX + "compression"
     spark.conf.set(SQL_PROVIDER, keyedstate.PROVIDER_CLASS)

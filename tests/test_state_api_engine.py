@@ -19,6 +19,7 @@ from keyedstate import (
     key_by,
     side_output,
 )
+from keyedstate import inspect as keyedstate_inspect
 from keyedstate import read_state as keyedstate_read
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
@@ -174,21 +175,26 @@ def test_chained_keyed_functions_and_side_outputs(spark: SparkSession, tmp_path:
             (1001, "keyedProcess"),
         ], (label, metadata)
         # The state, typed, one row per key (per list element, per map entry).
-        profile_ckpt = results[f"profile/{label}"].checkpoint
-        assert stored_state(spark, profile_ckpt, "count") == sorted(
-            ({"k": k, "value": n} for k, n in final["count"].items()), key=repr
-        ), label
-        assert sorted(
-            (r["k"], r["value"]) for r in stored_state(spark, profile_ckpt, "last")
-        ) == sorted((k, c) for k, cats in final["last"].items() for c in cats), label
-        assert stored_state(spark, profile_ckpt, "totals") == sorted(
-            (
-                {"k": k, "user_map_key": c, "value": t}
-                for k, m in final["totals"].items()
-                for c, t in m.items()
-            ),
-            key=repr,
-        ), label
+        assert_profile_state(spark, results[f"profile/{label}"].checkpoint, final, label)
+
+
+def assert_profile_state(spark: SparkSession, checkpoint: Path, final: dict, label: str) -> None:
+    """``read_state`` returns Profile's final state (``model()``): a row per key, per list
+    element, per map entry."""
+    assert stored_state(spark, checkpoint, "count") == sorted(
+        ({"k": k, "value": n} for k, n in final["count"].items()), key=repr
+    ), label
+    assert sorted((r["k"], r["value"]) for r in stored_state(spark, checkpoint, "last")) == sorted(
+        (k, c) for k, cats in final["last"].items() for c in cats
+    ), label
+    assert stored_state(spark, checkpoint, "totals") == sorted(
+        (
+            {"k": k, "user_map_key": c, "value": t}
+            for k, m in final["totals"].items()
+            for c, t in m.items()
+        ),
+        key=repr,
+    ), label
 
 
 class Lifecycle(KeyedProcessFunction):
@@ -307,7 +313,8 @@ def rescale_and_continue(spark: SparkSession, tmp_path: Path, rescale: Any) -> N
 
 def test_checkpoint_format_v2(spark: SparkSession, tmp_path: Path) -> None:
     """With checkpoint format v2 (state store checkpoint ids in the commit log) the keyed
-    function restarts exactly on both providers: its store reports the ids it committed."""
+    function restarts exactly on both providers: its store reports the ids it committed, and
+    ``read_state`` loads each partition by the id the last commit recorded."""
     key = "spark.sql.streaming.stateStore.checkpointFormatVersion"
     previous = spark.conf.get(key)
     spark.conf.set(key, "2")
@@ -320,9 +327,19 @@ def test_checkpoint_format_v2(spark: SparkSession, tmp_path: Path) -> None:
         results = run_jobs(spark, tmp_path, {"events": SCHEMA}, PHASES, jobs)
     finally:
         spark.conf.set(key, previous)
-    want = model()[0]
+    want, _, _, final = model()
     for label, result in results.items():
         got = {b: rows for b, rows in result.batches.items() if rows}
         assert got == {b: r for b, r in want.items() if r}, label
         commits = sorted((result.checkpoint / "commits").glob("[0-9]*"))
         assert "stateUniqueIds" in commits[-1].read_text(), (label, commits[-1].read_text())
+        assert_profile_state(spark, result.checkpoint, final, label)
+    # inspect loads each store version by its id too: one RocksDB entry per key of the value and
+    # the list state, one per map entry.
+    report = keyedstate_inspect(spark, str(results["keyedstate"].checkpoint))
+    entries = (
+        len(final["count"])
+        + sum(1 for cats in final["last"].values() if cats)
+        + sum(len(m) for m in final["totals"].values())
+    )
+    assert [(o.operator_id, o.keys) for o in report.operators] == [(1000, entries)], report

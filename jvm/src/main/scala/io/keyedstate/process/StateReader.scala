@@ -29,10 +29,6 @@ object StateReader {
     val ckpt = QueryCheckpoint.at(checkpoint, hadoopConf)
     val batch = ckpt.lastBatch("commits").getOrElse(throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
       s"${ckpt.root} has no committed batch (no file in ${ckpt.root}/commits)"))
-    if (ckpt.usesCheckpointIds(batch)) {
-      throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid,
-        s"${ckpt.root} uses checkpoint format v2; the keyed state reader reads format v1 checkpoints")
-    }
     val withSchema = ckpt.operators.filter(op => ckpt.fs.exists(schemaPath(ckpt, op)))
     val op = if (operatorId >= 0) operatorId else withSchema match {
       case Seq(only) => only
@@ -65,22 +61,28 @@ object StateReader {
         }
     }
     val schema = StructType(StructField("partition_id", IntegerType, nullable = false) +: rowSchema.fields)
-    val conf = KeyedProcessSqlBridge.sqlConfWith(spark, ckpt.pinnedConf(batch))
+    val partitions = ckpt.partitions(op)
+    // Checkpoint format v2: each partition's store is loaded by the id the commit recorded.
+    val ids = ckpt.defaultStoreCheckpointIds(batch, op, partitions)
+    // The offset log does not pin the format version; the stores must know they are loaded by id.
+    val formatConf = if (ids.isEmpty) Map.empty else Map(CheckpointFormatVersionKey -> "2")
+    val conf = KeyedProcessSqlBridge.sqlConfWith(spark, ckpt.pinnedConf(batch) ++ formatConf)
     // TTL'd states read as the query sees them at its last batch: expired entries hidden.
     val storeConf = new StateStoreConf(conf,
       if (KeyedProcessOperators.isKeyedStateProvider(conf)) StoreOptions.ttlOptions(states, op) else Map.empty)
     val serializableConf = new SerializableConfiguration(hadoopConf)
     val stateRoot = ckpt.stateRoot.toString
-    val partitions = ckpt.partitions(op)
     val version = batch + 1
     val rdd = spark.sparkContext.parallelize(partitions, math.max(1, partitions.size)).mapPartitions { ps =>
       ps.flatMap { partition =>
-        readPartition(stateRoot, op, partition, version, keySchema, family, storeConf, serializableConf.value,
-          keyFields, hasValue)
+        readPartition(stateRoot, op, partition, version, ids.get(partition), keySchema, family, storeConf,
+          serializableConf.value, keyFields, hasValue)
       }
     }
     KeyedProcessSqlBridge.internalCreateDataFrame(spark, rdd, schema)
   }
+
+  private val CheckpointFormatVersionKey = "spark.sql.streaming.stateStore.checkpointFormatVersion"
 
   private def schemaPath(ckpt: QueryCheckpoint, op: Int) =
     new org.apache.hadoop.fs.Path(ckpt.stateRoot, s"$op/_keyedstate/schema.json")
@@ -90,6 +92,7 @@ object StateReader {
       op: Int,
       partition: Int,
       version: Long,
+      checkpointId: Option[String],
       keySchema: StructType,
       family: Family,
       storeConf: StateStoreConf,
@@ -101,7 +104,7 @@ object StateReader {
       StructType(Seq(StructField("value", BooleanType))), NoPrefixKeyStateEncoderSpec(keySchema),
       useColumnFamilies = true, storeConf, hadoopConf, useMultipleValuesPerKey = true, None)
     try {
-      val store = provider.getReadStore(version)
+      val store = provider.getReadStore(version, checkpointId)
       try {
         // Registering tells the store how to decode the family (it may not exist yet).
         store.registerColFamily(family.name, family.keySchema, family.valueSchema, family.spec,

@@ -1,6 +1,7 @@
 package io.keyedstate.rescale
 
 import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
@@ -69,15 +70,17 @@ final class CheckpointInspector(spark: SparkSession, keyGroups: Int) {
     val version = batch + 1
     val tasks = for {
       op <- ckpt.operators
+      // Checkpoint format v2: each store version is named by the id the commit recorded.
+      ids = checkpointIds(ckpt, batch, op)
       store <- ckpt.storeNames(op, 0)
       p <- ckpt.partitions(op)
-    } yield StoreRef(op, store, p) -> ckpt.storeDir(StoreRef(op, store, p)).toString
+    } yield (StoreRef(op, store, p), ckpt.storeDir(StoreRef(op, store, p)).toString, ids.get(p))
     val settings = RescaleTasks.fromHadoop(hadoopConf)
     val conf = KeyedStateConf.fromMap(spark.conf.getAll)
     val groups = keyGroups
     spark.sparkContext.setJobDescription(s"keyedstate inspect ${ckpt.root}")
-    val reports = spark.sparkContext.parallelize(tasks, math.max(1, tasks.size)).map { case (ref, dir) =>
-      CheckpointInspector.scan(ref, dir, version, partitions, groups, settings, conf)
+    val reports = spark.sparkContext.parallelize(tasks, math.max(1, tasks.size)).map { case (ref, dir, id) =>
+      CheckpointInspector.scan(ref, dir, version, id, partitions, groups, settings, conf)
     }.collect().toSeq.sortBy(r => (r.operatorId, r.storeName, r.partition))
     val operators = reports.groupBy(_.operatorId).toSeq.sortBy(_._1).map { case (op, rs) =>
       val perPartition = rs.groupBy(_.partition).values.map(_.map(_.keys).sum).toSeq
@@ -86,6 +89,17 @@ final class CheckpointInspector(spark: SparkSession, keyGroups: Int) {
         rs.map(_.fileBytes).sum, InspectReport.skew(perPartition), InspectReport.skew(perGroup))
     }
     InspectReport(ckpt.root.toString, batch, version, partitions, OurProvider, keyGroups, operators, reports)
+  }
+
+  /** The default store's checkpoint id per partition (format v2); other stores are refused. */
+  private def checkpointIds(ckpt: QueryCheckpoint, batch: Long, op: Int): Map[Int, String] = {
+    val ids = ckpt.defaultStoreCheckpointIds(batch, op, ckpt.partitions(op))
+    if (ids.nonEmpty && ckpt.storeNames(op, 0).exists(_ != StateStoreId.DEFAULT_STORE_NAME)) {
+      throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid,
+        s"operator $op of ${ckpt.root} keeps several state stores (a stream-stream join) and its commits record " +
+          "state checkpoint ids (checkpoint format v2): inspect reads such an operator with format v1 only")
+    }
+    ids
   }
 
   private def operatorName(ckpt: QueryCheckpoint, op: Int): String = {
@@ -102,11 +116,12 @@ object CheckpointInspector {
       ref: StoreRef,
       dir: String,
       version: Long,
+      checkpointId: Option[String],
       partitions: Int,
       keyGroups: Int,
       settings: Map[String, String],
       conf: KeyedStateConf): PartitionReport =
-    RescaleTasks.withStoreVersion(ref, dir, version, settings, conf) { (_, manifest, db, _) =>
+    RescaleTasks.withStoreVersion(ref, dir, version, settings, conf, checkpointId) { (_, manifest, db, _) =>
       val keys = new Array[Long](keyGroups)
       val bytes = new Array[Long](keyGroups)
       var misplaced = 0L

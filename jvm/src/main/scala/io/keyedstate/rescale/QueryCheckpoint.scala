@@ -85,6 +85,49 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
     })
   }
 
+  /**
+   * The state checkpoint ids (checkpoint format v2) that the commit log entry of `batch` records
+   * for `operatorId`: per partition (the index), one per store in Spark's order (a single one for
+   * the default store); None if it records none for the operator.
+   */
+  def checkpointIds(batch: Long, operatorId: Int): Option[IndexedSeq[Seq[String]]] = {
+    val lines = readLines(commitPath(batch))
+    if (lines.size < 2) return None
+    parse(lines(1)) \ "stateUniqueIds" \ operatorId.toString match {
+      case JArray(partitions) => Some(partitions.zipWithIndex.map {
+        case (JArray(stores), partition) if stores.nonEmpty => stores.map {
+          case JString(id) => id
+          case other => throw noCheckpointId(batch, operatorId, partition, other)
+        }
+        case (other, partition) => throw noCheckpointId(batch, operatorId, partition, other)
+      }.toIndexedSeq)
+      case _ => None
+    }
+  }
+
+  /**
+   * The checkpoint id of the default store of each of `partitions` of `operatorId` at `batch`
+   * (empty with checkpoint format v1), for the tools that load one version of a query's state.
+   */
+  def defaultStoreCheckpointIds(batch: Long, operatorId: Int, partitions: Seq[Int]): Map[Int, String] =
+    checkpointIds(batch, operatorId) match {
+      case Some(recorded) =>
+        partitions.map { p =>
+          p -> recorded.lift(p).map(_.head).getOrElse(throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
+            s"${commitPath(batch)} records state checkpoint ids for ${recorded.size} partitions of operator " +
+              s"$operatorId, and the state has partition $p"))
+        }.toMap
+      case None if usesCheckpointIds(batch) =>
+        throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
+          s"${commitPath(batch)} records state checkpoint ids (checkpoint format v2), none for operator $operatorId")
+      case None => Map.empty
+    }
+
+  private def noCheckpointId(batch: Long, operatorId: Int, partition: Int, found: JValue): Exception =
+    KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
+      s"${commitPath(batch)} records no state checkpoint id for operator $operatorId, partition $partition " +
+        s"(found ${compact(render(found))})")
+
   def operators: Seq[Int] = listNames(stateRoot).flatMap(_.toIntOption).sorted
 
   def partitions(operatorId: Int): Seq[Int] =

@@ -118,11 +118,12 @@ object RescaleTasks {
       storeDir: String,
       version: Long,
       hadoopSettings: Map[String, String],
-      conf: KeyedStateConf)(f: (File, VersionManifest, LocalRocksDB, LoadStats) => T): T =
+      conf: KeyedStateConf,
+      checkpointId: Option[String] = None)(f: (File, VersionManifest, LocalRocksDB, LoadStats) => T): T =
     withWorkDir(conf) { work =>
       val source = new CheckpointStore(new Path(storeDir), toHadoop(hadoopSettings))
       val restores = new RestoreOperation(source, LocalFileCache.forStore(new File(work, "cache"), storeDir), conf)
-      val manifest = restores.latestBase(source.readManifest(version, None))
+      val manifest = restores.latestBase(source.readManifest(version, checkpointId))
       val (db, load) = restores.rebuild(manifest, new File(work, "db"), work, store.describe)
       try f(work, manifest, db, load) finally db.close()
     }
