@@ -164,6 +164,9 @@ object OperationOverheadBench {
       val missingKeys = Array.tabulate(sample)(i => key(s"absent-$i", i))
       val listKeys = Array.tabulate(math.min(sample, numLists))(_ => { val i = rnd.nextInt(numLists); key(s"list-$i", i) })
         .distinctBy(r => r.getInt(1))
+      val blindListIds = listKeys.map(_.getInt(1)).toSet
+      val readListKeys = rnd.shuffle((0 until numLists).filterNot(blindListIds)).take(listKeys.length)
+        .map(i => key(s"list-$i", i)).toArray
       val scanCount = math.min(sample / scanEntries * 2, numPrefixes)
       val prefixes = Array.tabulate(scanCount)(_ => s"map-${rnd.nextInt(numPrefixes)}")
       val prefixRows = prefixes.map(prefixRow)
@@ -173,8 +176,12 @@ object OperationOverheadBench {
         (enc(cValue, readKeys), enc(cValue, blindKeys), enc(cValue, removeKeys), enc(cValue, missingKeys))
       val valueBytes = values.map(cValue.encodeValue(_, stamp))
       val listBytes = enc(cList, listKeys)
+      val readListBytes = enc(cList, readListKeys)
       val elementBytes = values.map(v => cList.encodeValues(Array(v), stamp))
       val prefixBytes = prefixRows.map(cMap.encodePrefix)
+      val mapKeys = prefixes.zipWithIndex.map { case (p, j) => key(p, j % scanEntries) }
+      val mapKeyBytes = enc(cMap, mapKeys)
+      val mapValueBytes = values.take(mapKeys.length).map(cMap.encodeValue(_, stamp))
 
       // The store of the round being run.
       var store: StateStore = null
@@ -212,7 +219,7 @@ object OperationOverheadBench {
             loop(sample) { j => db.put(hValue, writeOptions, removeBytes(j), valueBytes(j)) }
             t
           }),
-        Op("merge, append to a list", listKeys.length,
+        Op("merge, blind append to a list", listKeys.length,
           () => loop(listKeys.length) { j => store.merge(listKeys(j), values(j), ListCf) },
           () => loop(listKeys.length) { j => db.merge(hList, writeOptions, listBytes(j), elementBytes(j)) }),
         Op("valuesIterator, whole list", listKeys.length,
@@ -221,6 +228,17 @@ object OperationOverheadBench {
             while (it.hasNext) sink += it.next().getLong(0)
           },
           () => loop(listKeys.length) { j => sink += db.get(hList, listBytes(j)).length }),
+        // The keyed-function engine's pattern: its lookup reads the key's list (untimed here), then
+        // the function appends (ListState.add). Lists of their own, so the others grow as before.
+        Op("merge, append to a list read before", readListKeys.length,
+          () => {
+            loop(readListKeys.length) { j => store.valuesIterator(readListKeys(j), ListCf).foreach(v => sink += v.getLong(0)) }
+            loop(readListKeys.length) { j => store.merge(readListKeys(j), values(j), ListCf) }
+          },
+          () => {
+            loop(readListKeys.length) { j => sink += db.get(hList, readListBytes(j)).length }
+            loop(readListKeys.length) { j => db.merge(hList, writeOptions, readListBytes(j), elementBytes(j)) }
+          }),
         Op(s"prefixScan, $scanEntries entries", prefixRows.length,
           () => loop(prefixRows.length) { j =>
             val it = store.prefixScan(prefixRows(j), MapCf)
@@ -234,7 +252,12 @@ object OperationOverheadBench {
               it.seek(p)
               while (it.isValid && startsWith(it.key(), p)) { sink += it.key().length + it.value().length; it.next() }
             } finally it.close()
-          }))
+          }),
+        // The engine's map pattern: its lookup scans the key's map, then the function puts an
+        // entry (MapState.put): the scan vouches for which entries exist.
+        Op("put, map entry under a scanned prefix", prefixRows.length,
+          () => loop(prefixRows.length) { j => store.put(mapKeys(j), values(j), MapCf) },
+          () => loop(prefixRows.length) { j => db.put(hMap, writeOptions, mapKeyBytes(j), mapValueBytes(j)) }))
 
       // ---- rounds: one batch each ----
       var version = 1L
