@@ -16,6 +16,7 @@ from typing import Any
 import keyedstate
 import pytest
 from keyedstate.runtime.failures import classify
+from py4j.protocol import Py4JError
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -431,6 +432,29 @@ def test_a_user_stop_of_the_query_ends_the_run_without_restart(
         "terminated", True,
     )
     assert supervisor.restarts == 0
+
+
+def test_an_interrupt_py4j_masks_is_still_an_interrupt(clean: SparkSession) -> None:
+    """Ctrl-C during a JVM call can reach the caller as py4j's own error, with the interrupt as
+    its context (py4j fails to shut the interrupted connection down): the supervisor stops as
+    for the interrupt, and does not count it as a failure to restart from."""
+    calls = []
+
+    def build() -> Any:  # noqa: ANN401
+        calls.append(1)
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            # As py4j raises it: implicitly chained to the interrupt.
+            raise Py4JError("Gateway must be connected to send cancel cmd.")  # noqa: B904
+
+    listener = RecordingListener()
+    supervisor = keyedstate.Supervisor(build, keyedstate.fixed_delay_restart(5, 0), listener)
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        supervisor.run()
+    assert isinstance(interrupted.value.__cause__, Py4JError)
+    assert calls == [1] and supervisor.restarts == 0 and not supervisor.failures
+    assert listener.kinds() == ["terminated"]
 
 
 def test_keyboard_interrupt_stops_the_query_and_propagates(

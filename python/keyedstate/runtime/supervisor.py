@@ -64,6 +64,20 @@ class _Outcome:
     committed: bool = False  # a batch committed during the attempt
 
 
+def _masks_interrupt(error: BaseException) -> bool:
+    """Whether ``error`` hides a KeyboardInterrupt. A Ctrl-C that lands while py4j waits on the
+    JVM makes py4j shut the call's connection down, and that can fail with an error of its own
+    (``Py4JError: Gateway must be connected to send cancel cmd.``) chained to the interrupt."""
+    seen: set[int] = set()
+    cause = error.__cause__ or error.__context__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def _label(query: StreamingQuery | None) -> str:
     if query is None:
         return "(not started)"
@@ -236,16 +250,26 @@ class Supervisor:
                 if self._stop.wait(delay):
                     return self._ended(cancelled=True)
         except KeyboardInterrupt:
-            log.warning("KeyboardInterrupt: stopping streaming query %s", _label(self._query))
-            self._stop_query()
-            self._ended(cancelled=True)
+            self._interrupted()
             raise
+        except Exception as error:
+            if not _masks_interrupt(error):
+                raise
+            self._interrupted()
+            raise KeyboardInterrupt from error
+
+    def _interrupted(self) -> None:
+        log.warning("KeyboardInterrupt: stopping streaming query %s", _label(self._query))
+        self._stop_query()
+        self._ended(cancelled=True)
 
     def _attempt(self) -> _Outcome:
         try:
             self._apply_session_settings()
             query = self._start(self._builder())
         except Exception as error:  # noqa: BLE001 - classified by the caller
+            if _masks_interrupt(error):  # Ctrl-C while starting: not a failure to restart from
+                raise KeyboardInterrupt from error
             return _Outcome(_End.FAILED, error=error, while_starting=True)
         self._query = query
         self._checkpoint = _checkpoint_root(query) or self._checkpoint
