@@ -384,6 +384,14 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       val out = sc.parallelize(tasks, math.max(1, tasks.size)).map(t => f(t, settings, c)).collect().toSeq
       progress(s"$phase: ${tasks.size}/${tasks.size} tasks done")
       out
+    } catch {
+      case NonFatal(e) =>
+        // One failed task fails the job while the others run on until Spark kills them, and they
+        // may still write files: the caller's cleanup of the output must come after them.
+        sc.cancelJobGroup(group)
+        val deadline = System.currentTimeMillis() + Rescaler.TaskStopWaitMs
+        while (Rescaler.running(sc, group) > 0 && System.currentTimeMillis() < deadline) Thread.sleep(50)
+        throw e
     } finally {
       done.set(true)
       sc.clearJobGroup()
@@ -396,11 +404,17 @@ object Rescaler {
 
   private implicit val formats: Formats = DefaultFormats
 
-  private def completed(sc: SparkContext, group: String): Int =
+  private def completed(sc: SparkContext, group: String): Int = stagesOf(sc, group).map(_.numCompletedTasks()).sum
+
+  private def running(sc: SparkContext, group: String): Int = stagesOf(sc, group).map(_.numActiveTasks()).sum
+
+  private def stagesOf(sc: SparkContext, group: String): Iterator[org.apache.spark.SparkStageInfo] =
     sc.statusTracker.getJobIdsForGroup(group).iterator
       .flatMap(id => sc.statusTracker.getJobInfo(id))
       .flatMap(_.stageIds().iterator.flatMap(s => sc.statusTracker.getStageInfo(s)))
-      .map(_.numCompletedTasks()).sum
+
+  /** How long a failed phase waits for its other tasks to stop before the output is cleaned up. */
+  private val TaskStopWaitMs = 120000L
 
   /** The entry point of the Python package and the CLI: the result as JSON. */
   def rescale(spark: SparkSession, source: String, partitions: Int, output: String, inPlace: Boolean): String = {
