@@ -76,24 +76,30 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
     lines.updated(1, compact(render(updated))).mkString("\n")
   }
 
-  /** Whether the commit log entry of `batch` carries state checkpoint ids (checkpoint format v2). */
-  def usesCheckpointIds(batch: Long): Boolean = {
+  /** The commit log entry of `batch`'s `stateUniqueIds` (checkpoint format v2), or JNothing. */
+  private def stateUniqueIds(batch: Long): JValue = {
     val lines = readLines(commitPath(batch))
-    lines.size >= 2 && (parse(lines(1)) \ "stateUniqueIds" match {
-      case JObject(fields) => fields.nonEmpty
-      case _ => false
-    })
+    if (lines.size < 2) JNothing else parse(lines(1)) \ "stateUniqueIds"
   }
+
+  private def hasIds(all: JValue): Boolean = all match {
+    case JObject(fields) => fields.nonEmpty
+    case _ => false
+  }
+
+  /** Whether the commit log entry of `batch` carries state checkpoint ids (checkpoint format v2). */
+  def usesCheckpointIds(batch: Long): Boolean = hasIds(stateUniqueIds(batch))
 
   /**
    * The state checkpoint ids (checkpoint format v2) that the commit log entry of `batch` records
    * for `operatorId`: per partition (the index), one per store in Spark's order (a single one for
    * the default store); None if it records none for the operator.
    */
-  def checkpointIds(batch: Long, operatorId: Int): Option[IndexedSeq[Seq[String]]] = {
-    val lines = readLines(commitPath(batch))
-    if (lines.size < 2) return None
-    parse(lines(1)) \ "stateUniqueIds" \ operatorId.toString match {
+  def checkpointIds(batch: Long, operatorId: Int): Option[IndexedSeq[Seq[String]]] =
+    idsOf(stateUniqueIds(batch), batch, operatorId)
+
+  private def idsOf(all: JValue, batch: Long, operatorId: Int): Option[IndexedSeq[Seq[String]]] =
+    all \ operatorId.toString match {
       case JArray(partitions) => Some(partitions.zipWithIndex.map {
         case (JArray(stores), partition) if stores.nonEmpty => stores.map {
           case JString(id) => id
@@ -103,25 +109,26 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
       }.toIndexedSeq)
       case _ => None
     }
-  }
 
   /**
    * The checkpoint id of the default store of each of `partitions` of `operatorId` at `batch`
    * (empty with checkpoint format v1), for the tools that load one version of a query's state.
    */
-  def defaultStoreCheckpointIds(batch: Long, operatorId: Int, partitions: Seq[Int]): Map[Int, String] =
-    checkpointIds(batch, operatorId) match {
+  def defaultStoreCheckpointIds(batch: Long, operatorId: Int, partitions: Seq[Int]): Map[Int, String] = {
+    val all = stateUniqueIds(batch)
+    idsOf(all, batch, operatorId) match {
       case Some(recorded) =>
         partitions.map { p =>
           p -> recorded.lift(p).map(_.head).getOrElse(throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
             s"${commitPath(batch)} records state checkpoint ids for ${recorded.size} partitions of operator " +
               s"$operatorId, and the state has partition $p"))
         }.toMap
-      case None if usesCheckpointIds(batch) =>
+      case None if hasIds(all) =>
         throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
           s"${commitPath(batch)} records state checkpoint ids (checkpoint format v2), none for operator $operatorId")
       case None => Map.empty
     }
+  }
 
   private def noCheckpointId(batch: Long, operatorId: Int, partition: Int, found: JValue): Exception =
     KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
