@@ -1,6 +1,6 @@
 package io.keyedstate.checkpoint
 
-import java.io.{File, FileInputStream, InputStream, IOException, OutputStream}
+import java.io.{BufferedOutputStream, File, FileInputStream, InputStream, IOException, OutputStream}
 import java.nio.charset.StandardCharsets.UTF_8
 import java.util.zip.CRC32C
 
@@ -36,9 +36,23 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
     case local: LocalFileSystem => local.getRawFileSystem
     case other => other
   }
-  // The java.nio shortcut only for Hadoop's own local file system: a subclass (a test file
-  // system, a wrapper) has its own rename, and its writes must go through it.
+  // The java.nio shortcuts only for Hadoop's own local file system: a subclass (a test file
+  // system, a wrapper) has its own create and rename, and its writes must go through them.
   private val isLocal = fs.getClass == classOf[RawLocalFileSystem]
+
+  /**
+   * A new file to write. On the local file system through java.nio: without Hadoop's native
+   * library (absent from a pip-installed PySpark), Hadoop's local create sets the permissions by
+   * starting a `chmod` process for every file, a few milliseconds in each commit's path.
+   */
+  private def create(path: Path, overwrite: Boolean): OutputStream =
+    if (isLocal) {
+      import java.nio.file.StandardOpenOption._
+      val file = new File(path.toUri.getPath).toPath
+      java.nio.file.Files.createDirectories(file.getParent)
+      val options = if (overwrite) Seq(CREATE, TRUNCATE_EXISTING, WRITE) else Seq(CREATE_NEW, WRITE)
+      new BufferedOutputStream(java.nio.file.Files.newOutputStream(file, options: _*), 1 << 16)
+    } else fs.create(path, overwrite)
   private lazy val fileManager = CheckpointFileManager.create(root, hadoopConf)
   // Object stores (s3a) have no atomic rename: replacing a manifest by a rename deletes the old
   // one first, and an attempt stopped between that delete and the copy leaves the version with
@@ -146,7 +160,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
   private def writeLocalAtomically(path: Path, bytes: Array[Byte], version: Long): Unit = {
     val tmp = new Path(root, s".${path.getName}.${java.util.UUID.randomUUID()}.tmp")
     try {
-      val out = fs.create(tmp, true)
+      val out = create(tmp, overwrite = true)
       try out.write(bytes) finally out.close()
       val target = new java.io.File(path.toUri.getPath).toPath
       java.nio.file.Files.move(new java.io.File(tmp.toUri.getPath).toPath, target,
@@ -212,7 +226,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
     val in = new FileInputStream(local)
     val size =
       try {
-        val out = fs.create(target, false)
+        val out = create(target, overwrite = false)
         try copy(in, out, crc) finally out.close()
       } catch {
         case NonFatal(e) => throw KeyedStateErrors.checkpointWrite(s"Cannot upload $local to $target: ${e.getMessage}", e)
