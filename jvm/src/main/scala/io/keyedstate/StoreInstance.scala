@@ -97,7 +97,16 @@ private[keyedstate] final class StoreInstance(
   }
 
   /** Called at commit: the memo serves one version's writes. */
-  def forgetKnownKeys(): Unit = memo.clear()
+  def forgetKnownKeys(): Unit = {
+    memo.clear()
+    learnEmptyFamilies()
+  }
+
+  /** The families that hold no key tell the memo so: writes into them need no lookup. */
+  private def learnEmptyFamilies(): Unit = if (conf.trackNumKeys) {
+    keyCounts.foreach { case (cf, n) => if (n == 0 && db.hasColumnFamily(cf) && db.isEmpty(cf)) memo.learnEmpty(cf) }
+  }
+  learnEmptyFamilies()
 
   private var changelog: Option[Changelog.Writer] = None
   private def log: Option[Changelog.Writer] = {
@@ -144,6 +153,7 @@ private[keyedstate] final class StoreInstance(
       db.createColumnFamily(name)
       log.foreach(_.createColumnFamily(name))
       keyCounts(name) = 0
+      if (conf.trackNumKeys) memo.learnEmpty(name)
     }
   }
 

@@ -83,4 +83,23 @@ class KeyMemoSuite extends AnyFunSuite {
     m.learnScanned("cf", b("p"), Nil, m.epoch)
     assert(m.existedBefore("cf", b("p-c"), existsNow = true) == Absent)
   }
+
+  test("an empty family answers Absent for unrecorded keys until the memo loses track") {
+    val m = new KeyMemo(4)
+    m.learnEmpty("cf")
+    assert(m.existedBefore("cf", b("a"), existsNow = true) == Absent)
+    assert(m.existedBefore("cf", b("a"), existsNow = true) == Present) // the write recorded itself
+    assert(m.existedBefore("cf", b("b"), existsNow = false) == Absent)
+    assert(m.existedBefore("other", b("a"), existsNow = true) == Unknown) // per column family
+    m.existedBefore("cf", b("c"), existsNow = true) // four entries (other/a too): full
+    // d comes to exist unrecorded: it was absent, but the family can no longer vouch for others.
+    assert(m.existedBefore("cf", b("d"), existsNow = true) == Absent)
+    assert(m.existedBefore("cf", b("d"), existsNow = true) == Unknown)
+    assert(m.existedBefore("cf", b("e"), existsNow = true) == Unknown)
+    m.clear() // a commit: what was empty must be learnt again
+    assert(m.existedBefore("cf", b("f"), existsNow = true) == Unknown)
+    m.learnEmpty("cf")
+    m.forget("cf") // a range delete or a drop
+    assert(m.existedBefore("cf", b("g"), existsNow = true) == Unknown)
+  }
 }

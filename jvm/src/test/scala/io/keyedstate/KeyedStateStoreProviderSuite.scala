@@ -121,6 +121,30 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     r.abort(); p.close(); q.close()
   }
 
+  test("numKeys stays exact when families that held nothing are written without reads") {
+    val root = tempDir()
+    val p = newProvider(root, useColumnFamilies = true)
+    val s = p.getStore(0)
+    s.createColFamilyIfAbsent("fresh", keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema))
+    s.put(key("gone"), value(1))
+    s.remove(key("gone"))
+    s.commit() // the default family is empty again: a tombstone is not a key
+    val t = p.getStore(1)
+    Seq("fresh", StateStore.DEFAULT_COL_FAMILY_NAME).foreach { cf =>
+      t.put(key("a"), value(1), cf); t.put(key("b"), value(2), cf); t.put(key("a"), value(3), cf)
+      t.remove(key("never"), cf); t.remove(key("b"), cf); t.remove(key("b"), cf)
+    }
+    t.createColFamilyIfAbsent("lists", keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema),
+      useMultipleValuesPerKey = true)
+    t.merge(key("l"), value(1), "lists"); t.mergeList(key("l"), Array(value(2)), "lists")
+    assert(t.metrics.numKeys == 3) // a in both families, l
+    t.commit()
+    val q = newProvider(root, useColumnFamilies = true)
+    val r = q.getStore(2)
+    assert(r.metrics.numKeys == 3)
+    r.abort(); p.close(); q.close()
+  }
+
   test("column families with multiple values per key: merge, putList, valuesIterator, drop") {
     val root = tempDir()
     val p = newProvider(root, useColumnFamilies = true)

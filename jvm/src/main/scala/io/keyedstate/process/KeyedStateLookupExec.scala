@@ -137,6 +137,19 @@ private final class LookupIterator(
     }
   private var leftoverTimers: Iterator[(UnsafeRow, mutable.ArrayBuffer[(Byte, Long)])] = _
 
+  // Per state variable, whether its column family stored anything when the batch started, also
+  // checked before any write: one that held nothing (a first batch, a state no key has used yet)
+  // has no value for any key, so no key's value is read from it. Each key comes once per batch
+  // (the input is sorted by key), so a write of this batch never concerns a key read after it.
+  // A TTL'd family is read as usual: finding a live entry in it could scan many expired ones.
+  private val storedAtStart: Array[Boolean] = spec.states.map { v =>
+    v.kind == StateKind.OperatorList || v.ttl.isDefined || {
+      val it = if (v.kind == StateKind.List) store.iteratorWithMultiValues(v.columnFamily)
+        else store.iterator(v.columnFamily)
+      try it.hasNext finally it.close()
+    }
+  }.toArray
+
   private def collectDue(cf: String, upTo: Long, kind: Byte,
       into: mutable.LinkedHashMap[UnsafeRow, mutable.ArrayBuffer[(Byte, Long)]]): Unit = {
     val keyOfTimer = UnsafeProjection.create(layout.keySchema.fields.indices.map(i =>
@@ -198,7 +211,7 @@ private final class LookupIterator(
     keyOrdinals.zipWithIndex.foreach { case (ordinal, i) =>
       row.update(InputOffset + ordinal, key.get(i, inputTypes(ordinal)))
     }
-    spec.keyedStates.foreach { case (v, i) => row.update(stateOffset + i, readState(v, key)) }
+    spec.keyedStates.foreach { case (v, i) => if (storedAtStart(i)) row.update(stateOffset + i, readState(v, key)) }
     emit(row)
   }
 

@@ -203,6 +203,13 @@ final class LocalRocksDB private (
     }
   }
 
+  /** Whether the family stores no entry at all (an expired one counts: it is stored). */
+  def isEmpty(cf: String): Boolean = withIterator(handle(cf)) { it =>
+    it.seekToFirst()
+    if (!it.isValid) localIo(it.status()) // an I/O error ends an iterator too: it is thrown, not read as empty
+    !it.isValid
+  }
+
   /** Key-ordered entries whose key starts with `prefix`. */
   def prefixScan(cf: String, prefix: Array[Byte]): ClosableIterator[(Array[Byte], Array[Byte])] = {
     val reused = acquireScanIterator(cf)
