@@ -6,7 +6,9 @@ import scala.collection.mutable
  * Whether keys exist, per column family, as learnt from reads, writes and complete prefix scans
  * since the last commit: operators read a key (or scan its prefix) before they write it, so exact
  * key counting needs no second lookup. Bounded to `maxEntries` keys and prefixes in all; a key the
- * memo cannot answer for is looked up in RocksDB by the caller.
+ * memo cannot answer for is looked up in RocksDB by the caller. Thread-safe: with Spark's
+ * pipelined Python runner (`spark.python.udf.pipelined.enabled`) a keyed function's lookup reads
+ * in the writer thread while its apply node writes in the task thread.
  */
 private[keyedstate] final class KeyMemo(maxEntries: Int) {
   import KeyMemo._
@@ -30,20 +32,22 @@ private[keyedstate] final class KeyMemo(maxEntries: Int) {
    * Changes whenever the memo may have lost track of a key that exists (forgotten, or written
    * while the memo was full): a prefix scan that started before cannot vouch for its prefix.
    */
-  def epoch: Long = lostTrack
+  def epoch: Long = synchronized(lostTrack)
 
   private def family(cf: String): ColumnFamilyMemo = families.getOrElseUpdate(cf, new ColumnFamilyMemo)
   private def hasRoom(n: Int): Boolean = entries + n <= maxEntries
 
   /** A read found whether `key` exists. */
-  def learn(cf: String, key: Array[Byte], exists: Boolean): Unit = record(family(cf), key, exists, hasRoom(1))
+  def learn(cf: String, key: Array[Byte], exists: Boolean): Unit = synchronized {
+    record(family(cf), key, exists, hasRoom(1))
+  }
 
   /**
    * A write makes `key` exist or not (`existsNow`): records that and answers whether the key
    * existed before, [[KeyMemo.Unknown]] if the memo does not know (then RocksDB does: the caller
    * reads it before writing).
    */
-  def existedBefore(cf: String, key: Array[Byte], existsNow: Boolean): Byte = {
+  def existedBefore(cf: String, key: Array[Byte], existsNow: Boolean): Byte = synchronized {
     val memo = family(cf)
     val room = hasRoom(1)
     val before = record(memo, key, existsNow, room)
@@ -67,29 +71,29 @@ private[keyedstate] final class KeyMemo(maxEntries: Int) {
    * under `prefix` is now known. The scan read a snapshot: what writes since recorded is newer.
    */
   def learnScanned(cf: String, prefix: Array[Byte], keys: Iterable[Array[Byte]], startEpoch: Long): Unit =
-    if (startEpoch == lostTrack && hasRoom(keys.size + 1)) {
+    synchronized { if (startEpoch == lostTrack && hasRoom(keys.size + 1)) {
       val memo = family(cf)
       keys.foreach { key =>
         if (memo.keys.put(key, Present, mayInsert = true, overwrite = false) == Unknown) entries += 1
       }
       if (memo.scanned.put(prefix, Scanned, mayInsert = true) == Unknown) entries += 1
       if (!memo.scannedLengths.contains(prefix.length)) memo.scannedLengths :+= prefix.length
-    }
+    } }
 
   /**
    * `cf` holds no key (the caller saw it empty in RocksDB): its keys need no lookup until one is
    * written, and the writes record themselves. A first batch, or a state no key has used yet,
    * then counts its keys without reading them.
    */
-  def learnEmpty(cf: String): Unit = family(cf).emptyAt = lostTrack
+  def learnEmpty(cf: String): Unit = synchronized { family(cf).emptyAt = lostTrack }
 
   /** Forgets one column family (dropped, or changed by a range delete). */
-  def forget(cf: String): Unit = {
+  def forget(cf: String): Unit = synchronized {
     lostTrack += 1
     families.remove(cf).foreach(memo => entries -= memo.keys.size + memo.scanned.size)
   }
 
-  def clear(): Unit = {
+  def clear(): Unit = synchronized {
     lostTrack += 1
     families.clear()
     entries = 0

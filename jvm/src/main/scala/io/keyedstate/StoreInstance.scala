@@ -3,6 +3,7 @@ package io.keyedstate
 import java.util.concurrent.locks.ReentrantReadWriteLock
 
 import scala.collection.mutable
+import scala.util.control.NonFatal
 
 import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, StateStore}
 import org.apache.spark.sql.types.StructType
@@ -26,6 +27,8 @@ private[keyedstate] object StoreInstance {
 
   /** At most this many keys' existence is remembered per version (about 40 bytes each and the key). */
   val MaxKnownKeys = 1000000
+
+  private val logger = org.slf4j.LoggerFactory.getLogger(classOf[StoreInstance])
 }
 
 private[keyedstate] final class StoreInstance(
@@ -102,9 +105,15 @@ private[keyedstate] final class StoreInstance(
     learnEmptyFamilies()
   }
 
-  /** The families that hold no key tell the memo so: writes into them need no lookup. */
+  /**
+   * The families that hold no key tell the memo so: writes into them need no lookup. Only an
+   * optimisation, run after a commit is published: a failure to look is logged, not thrown.
+   */
   private def learnEmptyFamilies(): Unit = if (conf.trackNumKeys) {
-    keyCounts.foreach { case (cf, n) => if (n == 0 && db.hasColumnFamily(cf) && db.isEmpty(cf)) memo.learnEmpty(cf) }
+    try keyCounts.foreach { case (cf, n) => if (n == 0 && db.hasColumnFamily(cf) && db.isEmpty(cf)) memo.learnEmpty(cf) }
+    catch {
+      case NonFatal(e) => StoreInstance.logger.warn(s"Could not check which column families of ${db.dir} are empty", e)
+    }
   }
   learnEmptyFamilies()
 

@@ -102,4 +102,19 @@ class KeyMemoSuite extends AnyFunSuite {
     m.forget("cf") // a range delete or a drop
     assert(m.existedBefore("cf", b("g"), existsNow = true) == Unknown)
   }
+
+  test("a lookup thread and an apply thread share one family's memo without losing what either recorded") {
+    // Spark's pipelined Python runner reads (the lookup) in its writer thread while the apply
+    // node writes in the task thread: both record keys of the same family, as a TTL'd one is.
+    val m = new KeyMemo(1000000)
+    m.learnEmpty("cf")
+    val n = 100000
+    val reader = new Thread(() => (0 until n).foreach(i => m.learn("cf", b(s"r-$i"), exists = false)))
+    reader.start()
+    val firstAnswers = (0 until n).map(i => m.existedBefore("cf", b(s"w-$i"), existsNow = true))
+    reader.join()
+    assert(firstAnswers.forall(_ == Absent))
+    assert((0 until n).forall(i => m.existedBefore("cf", b(s"w-$i"), existsNow = true) == Present))
+    assert((0 until n).forall(i => m.existedBefore("cf", b(s"r-$i"), existsNow = true) == Absent))
+  }
 }

@@ -8,6 +8,7 @@ import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{CommonPathCapabilities, FileStatus, FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
+import org.apache.hadoop.fs.permission.FsPermission
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.checkpointing.{CheckpointFileManager, FileContextBasedCheckpointFileManager}
 
@@ -51,8 +52,14 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
       val file = new File(path.toUri.getPath).toPath
       java.nio.file.Files.createDirectories(file.getParent)
       val options = if (overwrite) Seq(CREATE, TRUNCATE_EXISTING, WRITE) else Seq(CREATE_NEW, WRITE)
-      new BufferedOutputStream(java.nio.file.Files.newOutputStream(file, options: _*), 1 << 16)
+      val out = java.nio.file.Files.newOutputStream(file, options: _*)
+      // The mode Hadoop gives a new local file (`fs.permissions.umask-mode`), not the process umask.
+      try java.nio.file.Files.setPosixFilePermissions(file, filePermissions)
+      catch { case NonFatal(e) => out.close(); throw e }
+      new BufferedOutputStream(out, 1 << 16)
     } else fs.create(path, overwrite)
+  private lazy val filePermissions = java.nio.file.attribute.PosixFilePermissions.fromString(
+    FsPermission.getFileDefault.applyUMask(FsPermission.getUMask(hadoopConf)).toString)
   private lazy val fileManager = CheckpointFileManager.create(root, hadoopConf)
   // Object stores (s3a) have no atomic rename: replacing a manifest by a rename deletes the old
   // one first, and an attempt stopped between that delete and the copy leaves the version with

@@ -39,6 +39,24 @@ class CheckpointStoreSuite extends AnyFunSuite with CheckpointLayerFixture {
     assert(!new File(fileOf(store, entry).getParentFile, ".000012-abc.sst.crc").exists())
   }
 
+  test("local files get the mode Hadoop would give them (fs.permissions.umask-mode), not the process umask") {
+    import scala.jdk.CollectionConverters._
+    def modeOf(f: File): String =
+      java.nio.file.attribute.PosixFilePermissions.toString(Files.getPosixFilePermissions(f.toPath))
+    val default = storeAt(tempDir())
+    assert(modeOf(fileOf(default, default.upload(localFile(payload), "1.sst", "shared/1-a.sst"))) == "rw-r--r--")
+    val conf = new Configuration()
+    conf.set("fs.permissions.umask-mode", "077")
+    val strict = storeAt(tempDir(), conf)
+    assert(modeOf(fileOf(strict, strict.upload(localFile(payload), "1.sst", "shared/1-a.sst"))) == "rw-------")
+    val writer = new LayerWriter(strict, layerConf())
+    try writer.commit(Map("k" -> "v")) finally writer.close()
+    val written = Files.walk(new File(strict.root.toUri.getPath).toPath).iterator().asScala.map(_.toFile)
+      .filter(_.isFile).toSeq
+    assert(written.exists(_.getName.endsWith(".manifest")) && written.exists(_.getName.endsWith(".changelog")))
+    assert(written.forall(f => modeOf(f) == "rw-------"), written.map(f => f.getName -> modeOf(f)))
+  }
+
   test("an upload never replaces a durable file: names are unique per commit") {
     val store = storeAt(tempDir())
     store.upload(localFile(payload), "000012.sst", "shared/000012-abc.sst")
