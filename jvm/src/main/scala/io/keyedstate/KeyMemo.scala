@@ -19,9 +19,6 @@ private[keyedstate] final class KeyMemo(maxEntries: Int) {
     // A key under one of them that `keys` does not hold does not exist.
     val scanned = new ByteKeyTable
     var scannedLengths = Array.emptyIntArray
-    // The epoch at which the family held no key at all (-1: not known to be empty). While the
-    // memo keeps track (the epoch unchanged), a key it has not recorded does not exist.
-    var emptyAt = -1L
   }
 
   private val families = mutable.HashMap[String, ColumnFamilyMemo]()
@@ -53,7 +50,7 @@ private[keyedstate] final class KeyMemo(maxEntries: Int) {
     val before = record(memo, key, existsNow, room)
     if (before != Unknown) before
     else {
-      val answer = if (memo.emptyAt == lostTrack || underScanned(memo, key)) Absent else Unknown
+      val answer = if (underScanned(memo, key)) Absent else Unknown
       // A key under a scanned prefix that comes to exist unrecorded (the memo is full) would
       // later pass for absent: the scans stop answering.
       if (existsNow && !room) {
@@ -71,21 +68,24 @@ private[keyedstate] final class KeyMemo(maxEntries: Int) {
    * under `prefix` is now known. The scan read a snapshot: what writes since recorded is newer.
    */
   def learnScanned(cf: String, prefix: Array[Byte], keys: Iterable[Array[Byte]], startEpoch: Long): Unit =
-    synchronized { if (startEpoch == lostTrack && hasRoom(keys.size + 1)) {
-      val memo = family(cf)
-      keys.foreach { key =>
-        if (memo.keys.put(key, Present, mayInsert = true, overwrite = false) == Unknown) entries += 1
+    synchronized {
+      if (startEpoch == lostTrack && hasRoom(keys.size + 1)) {
+        val memo = family(cf)
+        keys.foreach { key =>
+          if (memo.keys.put(key, Present, mayInsert = true, overwrite = false) == Unknown) entries += 1
+        }
+        if (memo.scanned.put(prefix, Scanned, mayInsert = true) == Unknown) entries += 1
+        if (!memo.scannedLengths.contains(prefix.length)) memo.scannedLengths :+= prefix.length
       }
-      if (memo.scanned.put(prefix, Scanned, mayInsert = true) == Unknown) entries += 1
-      if (!memo.scannedLengths.contains(prefix.length)) memo.scannedLengths :+= prefix.length
-    } }
+    }
 
   /**
    * `cf` holds no key (the caller saw it empty in RocksDB): its keys need no lookup until one is
    * written, and the writes record themselves. A first batch, or a state no key has used yet,
-   * then counts its keys without reading them.
+   * then counts its keys without reading them. An empty family is its empty prefix scanned to its
+   * end, with no key under it: the scans' rules (and their loss of track) apply as they are.
    */
-  def learnEmpty(cf: String): Unit = synchronized { family(cf).emptyAt = lostTrack }
+  def learnEmpty(cf: String): Unit = synchronized { learnScanned(cf, Array.emptyByteArray, Nil, lostTrack) }
 
   /** Forgets one column family (dropped, or changed by a range delete). */
   def forget(cf: String): Unit = synchronized {

@@ -85,13 +85,13 @@ class KeyMemoSuite extends AnyFunSuite {
   }
 
   test("an empty family answers Absent for unrecorded keys until the memo loses track") {
-    val m = new KeyMemo(4)
+    val m = new KeyMemo(5) // the empty family takes one entry, as a scanned prefix does
     m.learnEmpty("cf")
     assert(m.existedBefore("cf", b("a"), existsNow = true) == Absent)
     assert(m.existedBefore("cf", b("a"), existsNow = true) == Present) // the write recorded itself
     assert(m.existedBefore("cf", b("b"), existsNow = false) == Absent)
     assert(m.existedBefore("other", b("a"), existsNow = true) == Unknown) // per column family
-    m.existedBefore("cf", b("c"), existsNow = true) // four entries (other/a too): full
+    m.existedBefore("cf", b("c"), existsNow = true) // five entries (other/a and the family too): full
     // d comes to exist unrecorded: it was absent, but the family can no longer vouch for others.
     assert(m.existedBefore("cf", b("d"), existsNow = true) == Absent)
     assert(m.existedBefore("cf", b("d"), existsNow = true) == Unknown)
