@@ -8,7 +8,14 @@ import decimal
 from pathlib import Path
 from typing import Any
 
-from keyedstate import RichMapFunction, RuntimeContext, Types, ValueStateDescriptor, key_by
+from keyedstate import (
+    KeyedProcessFunction,
+    RichMapFunction,
+    RuntimeContext,
+    Types,
+    ValueStateDescriptor,
+    key_by,
+)
 from pyspark.sql import SparkSession
 from pyspark.sql.types import (
     ArrayType,
@@ -23,7 +30,14 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-from state_api_support import on_both_providers, run_jobs, ship_by_value
+from state_api_support import on_both_providers, run_jobs, ship_by_value, stored_state
+from streaming_harness import (
+    PROVIDER_UNDER_TEST,
+    BatchCollector,
+    FileInput,
+    await_finished,
+    start_query,
+)
 
 ship_by_value(__name__)
 
@@ -123,9 +137,7 @@ def test_every_type_round_trips_through_state_and_outputs(
         {"events": SCHEMA},
         [{"events": FILES[:2]}, {"events": FILES[2:]}],
         on_both_providers(
-            lambda frames: key_by(frames["events"], "key").map(
-                PreviousAndCurrent(), OUTPUT
-            )
+            lambda frames: key_by(frames["events"], "key").map(PreviousAndCurrent(), OUTPUT)
         ),
     )
     names = SCHEMA.names[1:]
@@ -146,3 +158,37 @@ def test_every_type_round_trips_through_state_and_outputs(
                 want.append(out)
             want.sort(key=lambda r: (r["key"], r["seen"]))
             assert got == want, f"{label} batch {batch}:\n{got}\n!=\n{want}"
+
+
+class CountPerKey(KeyedProcessFunction):
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        count = (self.count.value() or 0) + 1
+        self.count.update(count)
+        yield repr(value.x), repr(value.item["x"]), count
+
+
+def test_keys_spark_groups_as_one_are_one_key(spark: SparkSession, tmp_path: Path) -> None:
+    """-0.0 and 0.0 (alone and inside a struct) are one key, as in Spark's groupBy: the
+    function sees one key whose count runs through every element, in one batch and the next,
+    and the state holds one entry. Keyed by their bytes they would be two keys, or one key
+    whose elements the sort interleaves with the other's, read twice from the batch's state."""
+    item = StructType([StructField("x", DoubleType())])
+    schema = StructType([StructField("x", DoubleType()), StructField("item", item)])
+    source = FileInput(tmp_path / "input", schema)
+    checkpoint = tmp_path / "ckpt"
+    signs = [-0.0, 0.0] * 40
+    for _ in range(2):
+        source.add([{"x": s, "item": {"x": -s}} for s in signs])
+        frame = key_by(source.read_stream(spark), "x", "item").process(
+            CountPerKey(), "x string, item_x string, count long"
+        )
+        collector = BatchCollector()
+        query = start_query(spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector)
+        await_finished(query)
+    rows = [r for rows in collector.batches.values() for r in rows]
+    assert sorted(r["count"] for r in rows) == list(range(81, 161)), rows
+    assert {(r["x"], r["item_x"]) for r in rows} == {("0.0", "0.0")}, rows
+    assert [r["value"] for r in stored_state(spark, checkpoint, "count")] == [160]

@@ -109,6 +109,10 @@ def test_mistakes_fail_before_the_query_starts(spark: SparkSession, stream: Data
         key_by(stream, "user").process(Counter(), "k string, n long")
     with pytest.raises(KeyedStateError, match="no column 'seq'"):
         key_by(stream, "k", order_by="seq").process(Counter(), "k string, n long")
+    # Collated strings equal under the collation differ in bytes; nested ones count too.
+    collated = stream.withColumn("c", F.struct(F.col("k").cast("string collate UTF8_LCASE")))
+    with pytest.raises(KeyedStateError, match="of collation UTF8_LCASE can be equal with differ"):
+        key_by(collated, "c").process(Counter(), "k string, n long")
     with pytest.raises(KeyedStateError, match="needs an event-time watermark"):
         keyed.process(WithTimer(), "k string, n long", timer_mode="event")
     with pytest.raises(StateTypeError, match="cannot parse output schema"):

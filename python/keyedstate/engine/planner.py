@@ -47,6 +47,18 @@ _ORDERABLE = (
 OutputSchema = T.StructType | str | Sequence[tuple[str, Any]] | Mapping[str, Any]
 
 
+def _non_binary_collations(data_type: T.DataType) -> list[str]:
+    """The collations in ``data_type`` (nested ones too) whose equal strings may differ in
+    bytes: every collation but UTF8_BINARY."""
+    if isinstance(data_type, T.StringType):
+        return [] if data_type.collation == "UTF8_BINARY" else [data_type.collation]
+    if isinstance(data_type, T.ArrayType):
+        return _non_binary_collations(data_type.elementType)
+    if isinstance(data_type, T.StructType):
+        return sorted({c for f in data_type.fields for c in _non_binary_collations(f.dataType)})
+    return []
+
+
 def output_struct(schema: OutputSchema) -> T.StructType:
     """The output schema as a StructType: a StructType, a DDL string (``"id string, n long"``),
     or ``(name, type)`` pairs / a ``{name: type}`` dict where a type is anything
@@ -327,10 +339,19 @@ def build(
         if column not in columns:
             raise KeyedStateError(f"no column {column!r} in the input; columns are {columns}")
     for column in key_columns:
-        if isinstance(df.schema[column].dataType, T.MapType):
+        key_type = df.schema[column].dataType
+        if isinstance(key_type, T.MapType):
             raise KeyedStateError(
-                f"key column {column!r} is {df.schema[column].dataType.simpleString()}; a map "
+                f"key column {column!r} is {key_type.simpleString()}; a map "
                 "cannot be a key (Spark cannot group or sort by it)"
+            )
+        collations = _non_binary_collations(key_type)
+        if collations:
+            raise KeyedStateError(
+                f"key column {column!r} is {key_type.simpleString()}: strings of collation "
+                f"{', '.join(collations)} can be equal with different bytes, and state keeps one "
+                "key per byte form; key by a UTF8_BINARY string instead (for example "
+                f"lower({column}) for a case-insensitive key)"
             )
     if order_by is not None:
         data_type = df.schema[order_by].dataType

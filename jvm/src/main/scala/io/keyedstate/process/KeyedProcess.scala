@@ -16,7 +16,7 @@ object KeyedProcess {
     val missing = spec.keyColumns.filterNot(input.fieldNames.contains)
     require(missing.isEmpty, s"no key column ${missing.mkString(", ")} in ${input.fieldNames.mkString(", ")}")
     val plan = KeyedStateLookup(specJson, KeyedProcessPlan.attributes(Exchange.inSchema(spec, input)),
-      KeyedProcessSqlBridge.logicalPlan(df))
+      KeyColumns.normalized(spec.keyColumns, KeyedProcessSqlBridge.logicalPlan(df)))
     KeyedProcessSqlBridge.ofRows(df.sparkSession, plan)
   }
 

@@ -3,13 +3,17 @@ package org.apache.spark.sql.keyedstate
 import java.util.UUID
 
 import org.apache.spark.sql.{DataFrame, SparkSession}
+import org.apache.spark.sql.catalyst.expressions.Expression
+import org.apache.spark.sql.catalyst.optimizer.NormalizeFloatingNumbers
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
 import org.apache.spark.sql.classic.{Dataset => ClassicDataset, SparkSession => ClassicSession}
 import org.apache.spark.sql.execution.streaming.runtime.{IncrementalExecution, MicroBatchExecution, StreamExecution}
+import org.apache.spark.sql.types.DataType
 
 /**
  * keyedstate's keyed-process operator uses a few `private[sql]` members: building a DataFrame
- * from a logical plan, and finding the micro-batch being planned (Spark's own stateful operators
+ * from a logical plan, normalizing float keys as Spark's grouping does, and finding the
+ * micro-batch being planned (Spark's own stateful operators
  * get their state info from rules that match only Spark's classes). Kept this small on purpose;
  * see ../shared reference "python-engine-on-spark-4.3".
  */
@@ -18,6 +22,12 @@ object KeyedProcessSqlBridge {
     ClassicDataset.ofRows(session.asInstanceOf[ClassicSession], plan)
 
   def logicalPlan(df: DataFrame): LogicalPlan = df.asInstanceOf[ClassicDataset[_]].logicalPlan
+
+  /** Whether values of `dataType` hold floats or doubles that Spark's grouping normalizes. */
+  def needsFloatNormalization(dataType: DataType): Boolean = NormalizeFloatingNumbers.needNormalize(dataType)
+
+  /** `expr` with -0.0 as 0.0 and every NaN as one NaN, nested values too (Spark's grouping keys). */
+  def normalizeFloats(expr: Expression): Expression = NormalizeFloatingNumbers.normalize(expr)
 
   /**
    * The micro-batch execution being planned on this thread, if this thread is a streaming
