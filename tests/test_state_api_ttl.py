@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +270,77 @@ class Churn(KeyedProcessFunction):
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
         self.seen.update(value.n)
         yield (value.key, value.op, 0, "null")
+
+
+class ChurnEveryRecord(Churn):
+    """As ``Churn``, with incremental cleanup on every state access (reads included)."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        seen = ValueStateDescriptor("seen", Types.LONG())
+        seen.enable_time_to_live(
+            StateTtlConfig.new_builder(Time.milliseconds(500))
+            .cleanup_incrementally(1000, True)
+            .build()
+        )
+        self.seen = runtime_context.get_state(seen)
+
+
+PIPELINED_RUNNER = "spark.python.udf.pipelined.enabled"
+
+
+@pytest.fixture
+def pipelined_runner(spark: SparkSession) -> Iterator[None]:
+    """Spark's pipelined Python runner, switched on in the running SparkContext's conf (local
+    mode's executor shares it; a user sets it when the session starts), then restored."""
+    conf = spark.sparkContext._jsc.sc().conf()  # type: ignore[union-attr]  # SparkEnv's too
+    before = conf.get(PIPELINED_RUNNER) if conf.contains(PIPELINED_RUNNER) else None
+    conf.set(PIPELINED_RUNNER, "true")
+    try:
+        yield
+    finally:
+        if before is None:
+            conf.remove(PIPELINED_RUNNER)
+        else:
+            conf.set(PIPELINED_RUNNER, before)
+
+
+def test_cleanup_on_every_record_is_refused_under_the_pipelined_python_runner(
+    spark: SparkSession, tmp_path: Path, pipelined_runner: None
+) -> None:
+    """The pipelined runner reads (the lookup) in another thread than the task's writes, and
+    cleanup on every record writes on reads: refused when the query starts, the state named."""
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add([{"key": "a", "op": "write", "n": 1}])
+    frame = key_by(source.read_stream(spark), "key").process(ChurnEveryRecord(), OUTPUT)
+    query = start_query(
+        spark, PROVIDERS["keyedstate"], frame, "append", tmp_path / "ckpt", BatchCollector()
+    )
+    with pytest.raises(
+        (StreamingQueryException, AssertionError), match="KEYED_FUNCTION_PIPELINED_RUNNER"
+    ) as failure:
+        await_finished(query)
+    assert "state 'seen' of keyed function ChurnEveryRecord" in str(failure.value)
+
+
+def test_ttl_state_that_reads_without_writing_runs_under_the_pipelined_python_runner(
+    spark: SparkSession, tmp_path: Path, pipelined_runner: None
+) -> None:
+    """Incremental cleanup at commits only: the lookup's reads write nothing, the query runs
+    and counts its keys exactly (the key count's memo is shared by both threads). The same
+    query is refused with cleanup on every record (the test above)."""
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add([{"key": f"k{i}", "op": "write", "n": i} for i in range(300)])
+    frame = key_by(source.read_stream(spark), "key").process(Churn(), OUTPUT)
+    collector = BatchCollector()
+    query = start_query(
+        spark, PROVIDERS["keyedstate"], frame, "append", tmp_path / "ckpt", collector
+    )
+    await_finished(query)
+    assert sorted(r["key"] for rows in collector.batches.values() for r in rows) == sorted(
+        f"k{i}" for i in range(300)
+    )
+    operator = next(p for p in query.recentProgress if p.numInputRows).stateOperators[0]
+    assert operator.numRowsTotal == 300, operator
 
 
 def test_expired_state_is_removed_by_the_providers_cleanup(

@@ -84,12 +84,16 @@ object ErrorId {
     KeyedFunction, "a keyed function on a state store provider it cannot use")
   case object KeyedFunctionTtlNeedsProvider extends ErrorId("KEYED_FUNCTION_TTL_NEEDS_KEYEDSTATE_PROVIDER",
     KeyedFunction, "state TTL in a keyed function without keyedstate's provider")
+  case object KeyedFunctionPipelinedRunner extends ErrorId("KEYED_FUNCTION_PIPELINED_RUNNER", KeyedFunction,
+    "a keyed function whose state reads write (TTL cleanup on every record) under Spark's pipelined " +
+      "Python runner")
 
   val all: Seq[ErrorId] = Seq(CheckpointFileMissing, CheckpointFileCorrupt, CheckpointWriteFailed,
     StateLoadFailed, CommitFailed, LocalDiskWriteFailed, InvalidOption, RescaleRefused, RescaleInProgress,
     QueryCheckpointInvalid, StoreBusy, UnsupportedOperation, InvalidStoreArgument, KeyedFunctionKeyChanged,
     KeyedFunctionStateChanged, KeyedFunctionCompleteMode, KeyedFunctionUnsupportedProvider,
-    KeyedFunctionTtlNeedsProvider, KafkaSinkFailed, KafkaInvalidRecord, KafkaBatchAlreadyCommitted)
+    KeyedFunctionTtlNeedsProvider, KeyedFunctionPipelinedRunner, KafkaSinkFailed, KafkaInvalidRecord,
+    KafkaBatchAlreadyCommitted)
 
   def named(name: String): Option[ErrorId] = all.find(_.name == name)
 }

@@ -4,7 +4,7 @@ import java.util
 
 import scala.collection.mutable
 
-import org.apache.spark.TaskContext
+import org.apache.spark.{SparkEnv, TaskContext}
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions._
@@ -65,6 +65,8 @@ final case class KeyedStateLookupExec(
     val watermark = KeyedProcessOperators.inputWatermark(session, batch)
     val layout = new StateLayout(spec, inputSchema)
     val storeConf = new StateStoreConf(conf, StoreOptions.extraOptions(spec, info.operatorId, conf))
+    StoreOptions.checkPythonRunner(spec, info.operatorId, storeConf,
+      pipelined = SparkEnv.get.conf.getBoolean(StoreOptions.PipelinedRunnerKey, defaultValue = false))
     // Broadcast, as Spark's StateStoreRDD does: in a task's closure every task would carry and
     // deserialize the whole Hadoop configuration (hundreds of entries).
     val hadoopConf = session.sparkContext.broadcast(

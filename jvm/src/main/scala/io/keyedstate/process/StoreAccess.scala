@@ -45,6 +45,32 @@ private[process] object StoreOptions {
     ttlOptions(spec.states, operatorId)
   }
 
+  /**
+   * Refuses states whose reads write under Spark's pipelined Python runner
+   * (`spark.python.udf.pipelined.enabled`): it runs the lookup, which reads every state, in its
+   * writer thread while the apply node writes in the task thread, and a store has one writer
+   * (its changelog, its write batch's order). A read writes only with incremental TTL cleanup on
+   * every record; TTL updated on read is written back by the apply node (`updateType` is always
+   * `OnCreateAndWrite` for the provider).
+   */
+  def checkPythonRunner(spec: ProcessSpec, operatorId: Long, storeConf: StateStoreConf, pipelined: Boolean): Unit =
+    if (pipelined && spec.states.exists(_.ttl.isDefined)) {
+      val ttl = KeyedStateConf(storeConf).ttl
+      val writingReads = spec.states.filter { v =>
+        val c = ttl.forColumnFamily(operatorId, v.columnFamily)
+        c.enabled && c.cleanupIncrementalEveryRecord && c.cleanupIncrementalSize > 0
+      }
+      if (writingReads.nonEmpty) {
+        throw new KeyedProcessError(ErrorId.KeyedFunctionPipelinedRunner,
+          s"state ${writingReads.map(v => s"'${v.name}'").mkString(", ")} of keyed function ${spec.functionName} " +
+            s"cleans up expired entries on every record, its reads included, and with $PipelinedRunnerKey=true " +
+            "Spark reads in the Python writer thread while the task thread writes the same store. Start the " +
+            s"session with $PipelinedRunnerKey=false (the default), or use cleanup_incrementally(size, False)")
+      }
+    }
+
+  val PipelinedRunnerKey = "spark.python.udf.pipelined.enabled"
+
   /** The provider's `ttl.operator.<id>.columnFamily.<cf>.*` options of the TTL'd states. */
   def ttlOptions(states: Seq[StateVar], operatorId: Long): Map[String, String] =
     states.flatMap { v =>
