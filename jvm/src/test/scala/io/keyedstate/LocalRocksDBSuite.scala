@@ -133,4 +133,39 @@ class LocalRocksDBSuite extends AnyFunSuite {
       assert(str(db.get("cf", b("late4"))) == "7")
     } finally { db.close(); LocalFiles.deleteRecursively(dir) }
   }
+
+  test("batched writes in random order, many of one key: each key ends as its writes in order leave it") {
+    val dir = Files.createTempDirectory("keyedstate-rocks").toFile
+    val db = LocalRocksDB.open(new java.io.File(dir, "db"), KeyedStateConf.fromMap(Map.empty))
+    def str(v: Array[Byte]): String = if (v == null) null else new String(v, UTF_8)
+    val families = Seq(LocalRocksDB.DefaultColumnFamily, "a", "b")
+    // The model: what each family holds after every write, in the order made.
+    val model = families.map(_ -> scala.collection.mutable.TreeMap[String, String]()).toMap
+    val random = new scala.util.Random(42)
+    try {
+      families.tail.foreach(db.createColumnFamily)
+      (0 until 20000).foreach { i =>
+        val cf = families(random.nextInt(families.size))
+        val key = f"k${random.nextInt(300)}%03d" // few keys: many writes of one key in one batch
+        val m = model(cf)
+        random.nextInt(20) match {
+          case n if n < 10 => db.put(cf, b(key), b(s"v$i")); m(key) = s"v$i"
+          case n if n < 16 => db.merge(cf, b(key), b(s"+$i")); m(key) = m.getOrElse(key, "") + s"+$i"
+          case n if n < 19 => db.delete(cf, b(key)); m.remove(key)
+          case _ =>
+            val (from, to) = { val x = random.nextInt(300); val y = random.nextInt(300); (x min y, x max y) }
+            db.deleteRange(cf, b(f"k$from%03d"), b(f"k$to%03d"))
+            m.keys.filter(k => k >= f"k$from%03d" && k < f"k$to%03d").toList.foreach(m.remove)
+        }
+        if (i % 5000 == 4999) { // a read now and then, as a state store's caller makes
+          val k = f"k${random.nextInt(300)}%03d"
+          assert(str(db.get(cf, b(k))) == m.get(k).orNull, s"$cf $k after write $i")
+        }
+      }
+      families.foreach { cf =>
+        val it = db.scan(cf, None, None)
+        try assert(it.map { case (k, v) => str(k) -> str(v) }.toList == model(cf).toList, cf) finally it.close()
+      }
+    } finally { db.close(); LocalFiles.deleteRecursively(dir) }
+  }
 }
