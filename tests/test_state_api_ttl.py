@@ -343,6 +343,53 @@ def test_ttl_state_that_reads_without_writing_runs_under_the_pipelined_python_ru
     assert operator.numRowsTotal == 300, operator
 
 
+class PlainCount(KeyedProcessFunction):
+    """A count per key in a state without TTL."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        count = (self.count.value() or 0) + 1
+        self.count.update(count)
+        yield (value.key, value.op, count, "null")
+
+
+SESSION_TTL = {
+    "spark.sql.streaming.stateStore.keyedstate.ttl.duration": "200ms",
+    "spark.sql.streaming.stateStore.keyedstate.ttl.cleanup.incremental.size": "1000",
+    "spark.sql.streaming.stateStore.keyedstate.ttl.cleanup.incremental.everyRecord": "true",
+}
+
+
+def test_session_ttl_defaults_do_not_reach_keyed_functions(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Session-wide ttl.* options are defaults for Spark's operators: a keyed function's state
+    without TTL keeps its values past the session's duration (its families get duration=none)."""
+    source = FileInput(tmp_path / "input", SCHEMA)
+    checkpoint = tmp_path / "ckpt"
+    counts = []
+    for key in SESSION_TTL:
+        spark.conf.set(key, SESSION_TTL[key])
+    try:
+        for _ in range(2):
+            source.add([{"key": "a", "op": "write", "n": 1}])
+            frame = key_by(source.read_stream(spark), "key").process(PlainCount(), OUTPUT)
+            collector = BatchCollector()
+            query = start_query(
+                spark, PROVIDERS["keyedstate"], frame, "append", checkpoint, collector
+            )
+            await_finished(query)
+            counts += [r["now"] for rows in collector.batches.values() for r in rows]
+            time.sleep(0.6)  # three times the session's TTL
+    finally:
+        for key in SESSION_TTL:
+            spark.conf.unset(key)
+    assert counts == [1, 2], counts
+    assert stored_state(spark, checkpoint, "count") == [{"key": "a", "value": 2}]
+
+
 def test_expired_state_is_removed_by_the_providers_cleanup(
     spark: SparkSession, tmp_path: Path
 ) -> None:

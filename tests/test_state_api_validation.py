@@ -109,6 +109,9 @@ def test_mistakes_fail_before_the_query_starts(spark: SparkSession, stream: Data
         key_by(stream, "user").process(Counter(), "k string, n long")
     with pytest.raises(KeyedStateError, match="no column 'seq'"):
         key_by(stream, "k", order_by="seq").process(Counter(), "k string, n long")
+    nested_map = stream.withColumn("m", F.struct(F.create_map("k", "v").alias("kv")))
+    with pytest.raises(KeyedStateError, match="'m' is struct<kv:map<string,bigint>>; a map cannot"):
+        key_by(nested_map, "m").process(Counter(), "k string, n long")
     # Collated strings equal under the collation differ in bytes; nested ones count too.
     collated = stream.withColumn("c", F.struct(F.col("k").cast("string collate UTF8_LCASE")))
     with pytest.raises(KeyedStateError, match="of collation UTF8_LCASE can be equal with differ"):

@@ -47,6 +47,20 @@ _ORDERABLE = (
 OutputSchema = T.StructType | str | Sequence[tuple[str, Any]] | Mapping[str, Any]
 
 
+def _unkeyable(data_type: T.DataType) -> str | None:
+    """What in ``data_type`` (nested too) Spark cannot sort or group by, if anything."""
+    if isinstance(data_type, T.MapType):
+        return "a map"
+    unorderable = (T.VariantType, T.CalendarIntervalType, T.GeometryType, T.GeographyType)
+    if isinstance(data_type, unorderable):
+        return f"a {data_type.simpleString()}"
+    if isinstance(data_type, T.ArrayType):
+        return _unkeyable(data_type.elementType)
+    if isinstance(data_type, T.StructType):
+        return next((u for f in data_type.fields if (u := _unkeyable(f.dataType))), None)
+    return None
+
+
 def _non_binary_collations(data_type: T.DataType) -> list[str]:
     """The collations in ``data_type`` (nested ones too) whose equal strings may differ in
     bytes: every collation but UTF8_BINARY."""
@@ -340,18 +354,19 @@ def build(
             raise KeyedStateError(f"no column {column!r} in the input; columns are {columns}")
     for column in key_columns:
         key_type = df.schema[column].dataType
-        if isinstance(key_type, T.MapType):
+        unkeyable = _unkeyable(key_type)
+        if unkeyable:
             raise KeyedStateError(
-                f"key column {column!r} is {key_type.simpleString()}; a map "
-                "cannot be a key (Spark cannot group or sort by it)"
+                f"key column {column!r} is {key_type.simpleString()}; {unkeyable} cannot be a key "
+                "(Spark cannot group or sort by it)"
             )
         collations = _non_binary_collations(key_type)
         if collations:
             raise KeyedStateError(
                 f"key column {column!r} is {key_type.simpleString()}: strings of collation "
                 f"{', '.join(collations)} can be equal with different bytes, and state keeps one "
-                "key per byte form; key by a UTF8_BINARY string instead (for example "
-                f"lower({column}) for a case-insensitive key)"
+                "key per byte form; key by a UTF8_BINARY string instead, for example "
+                f"F.lower({column!r}).cast('string collate UTF8_BINARY') for a case-insensitive key"
             )
     if order_by is not None:
         data_type = df.schema[order_by].dataType

@@ -7,6 +7,7 @@ import org.apache.spark.sql.internal.SQLConf
 
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.ErrorId
+import io.keyedstate.rocks.LocalRocksDB
 
 /** Opens a keyed function's store for one partition, with every column family it uses. */
 private[process] object StoreAccess {
@@ -42,7 +43,7 @@ private[process] object StoreOptions {
           s"${conf.stateStoreProviderClass} has no per-column-family TTL. Use keyedstate.configure " +
           "(io.keyedstate.KeyedStateStoreProvider) or drop enable_time_to_live")
     }
-    ttlOptions(spec.states, operatorId)
+    if (KeyedProcessOperators.isKeyedStateProvider(conf)) ttlOptions(spec.states, operatorId) else Map.empty
   }
 
   /**
@@ -50,15 +51,16 @@ private[process] object StoreOptions {
    * (`spark.python.udf.pipelined.enabled`): it runs the lookup, which reads every state, in its
    * writer thread while the apply node writes in the task thread, and a store has one writer
    * (its changelog, its write batch's order). A read writes only with incremental TTL cleanup on
-   * every record; TTL updated on read is written back by the apply node (`updateType` is always
-   * `OnCreateAndWrite` for the provider).
+   * every record: TTL updated on read is written back by the apply node (`updateType` is always
+   * `OnCreateAndWrite` for the provider, checked here all the same), and families without a
+   * declared TTL have none ([[ttlOptions]]).
    */
   def checkPythonRunner(spec: ProcessSpec, operatorId: Long, storeConf: StateStoreConf, pipelined: Boolean): Unit =
     if (pipelined && spec.states.exists(_.ttl.isDefined)) {
       val ttl = KeyedStateConf(storeConf).ttl
       val writingReads = spec.states.filter { v =>
         val c = ttl.forColumnFamily(operatorId, v.columnFamily)
-        c.enabled && c.cleanupIncrementalEveryRecord && c.cleanupIncrementalSize > 0
+        c.refreshOnRead || (c.enabled && c.cleanupIncrementalEveryRecord && c.cleanupIncrementalSize > 0)
       }
       if (writingReads.nonEmpty) {
         throw new KeyedProcessError(ErrorId.KeyedFunctionPipelinedRunner,
@@ -71,10 +73,22 @@ private[process] object StoreOptions {
 
   val PipelinedRunnerKey = "spark.python.udf.pipelined.enabled"
 
-  /** The provider's `ttl.operator.<id>.columnFamily.<cf>.*` options of the TTL'd states. */
-  def ttlOptions(states: Seq[StateVar], operatorId: Long): Map[String, String] =
-    states.flatMap { v =>
-      val prefix = s"${KeyedStateConf.Prefix}ttl.operator.$operatorId.columnFamily.${v.columnFamily}."
-      v.ttl.toSeq.flatMap(_.options.map { case (option, value) => prefix + option -> value })
-    }.toMap
+  /**
+   * The provider's `ttl.operator.<id>.columnFamily.<cf>.*` options of every column family a keyed
+   * function owns: a TTL'd state's whole declaration, and `duration=none` for the others (states
+   * without TTL, timers, the unused default family), so that session-wide `ttl.*` defaults, meant
+   * for Spark's operators, neither expire a keyed function's state nor run cleanup in its reads.
+   */
+  def ttlOptions(states: Seq[StateVar], operatorId: Long): Map[String, String] = {
+    def prefix(cf: String) = s"${KeyedStateConf.Prefix}ttl.operator.$operatorId.columnFamily.$cf."
+    val declared = states.flatMap { v =>
+      v.ttl match {
+        case Some(ttl) => ttl.options.map { case (option, value) => prefix(v.columnFamily) + option -> value }
+        case None => Seq(prefix(v.columnFamily) + "duration" -> "none")
+      }
+    }
+    val others = Seq(StateLayout.EventTimers, StateLayout.ProcTimers, LocalRocksDB.DefaultColumnFamily)
+      .map(cf => prefix(cf) + "duration" -> "none")
+    (declared ++ others).toMap
+  }
 }

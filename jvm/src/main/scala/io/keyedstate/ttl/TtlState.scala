@@ -25,15 +25,17 @@ final class TtlState(configOf: String => TtlConfig, rewrite: (String, Array[Byte
   @volatile private var time: BatchTime = _
   @volatile private var lastKnown: BatchTime = _
 
+  // Counted from the task thread and, under Spark's pipelined Python runner, a keyed function's
+  // lookup thread (hidden expired entries): the lock keeps both threads' counts.
   private var _stats = TtlStats()
-  def stats: TtlStats = _stats
-  private[ttl] def record(f: TtlStats => TtlStats): Unit = _stats = f(_stats)
+  def stats: TtlStats = synchronized(_stats)
+  private[ttl] def record(f: TtlStats => TtlStats): Unit = synchronized { _stats = f(_stats) }
 
   /** A store opened on the instance for a batch: its clock, and fresh counters. */
   def beginBatch(batchTime: () => BatchTime): Unit = {
     time = null
     timeSource = batchTime
-    _stats = TtlStats()
+    synchronized { _stats = TtlStats() }
   }
 
   def batchTime: BatchTime = {
