@@ -15,7 +15,9 @@ object KeyedProcess {
     val input = df.schema
     val missing = spec.keyColumns.filterNot(input.fieldNames.contains)
     require(missing.isEmpty, s"no key column ${missing.mkString(", ")} in ${input.fieldNames.mkString(", ")}")
-    val plan = KeyedStateLookup(specJson, KeyedProcessPlan.attributes(Exchange.inSchema(spec, input)),
+    // The input's schema as the user declared it: normalizing float keys may loosen the
+    // nullability of nested fields, and the state's key schema must not depend on that.
+    val plan = KeyedStateLookup(specJson, input, KeyedProcessPlan.attributes(Exchange.inSchema(spec, input)),
       KeyColumns.normalized(spec.keyColumns, KeyedProcessSqlBridge.logicalPlan(df)))
     KeyedProcessSqlBridge.ofRows(df.sparkSession, plan)
   }

@@ -21,8 +21,11 @@ sealed trait KeyedFunctionNode extends UnaryNode {
     s"$nodeName ${spec.functionName} by ${spec.keyColumns.mkString(", ")}"
 }
 
-final case class KeyedStateLookup(specJson: String, output: Seq[Attribute], child: LogicalPlan)
-    extends KeyedFunctionNode {
+final case class KeyedStateLookup(
+    specJson: String,
+    inputSchema: StructType,
+    output: Seq[Attribute],
+    child: LogicalPlan) extends KeyedFunctionNode {
   override protected def withNewChildInternal(newChild: LogicalPlan): KeyedStateLookup = copy(child = newChild)
 }
 

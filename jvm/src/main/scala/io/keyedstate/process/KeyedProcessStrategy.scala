@@ -93,7 +93,7 @@ final class KeyedProcessStrategy(session: SparkSession) extends SparkStrategy {
   override def apply(plan: LogicalPlan): Seq[SparkPlan] = plan match {
     case l: KeyedStateLookup =>
       val context = KeyedProcessOperators.batchContext(session, l.spec.uid)
-      KeyedStateLookupExec(l.specJson, l.child.schema, l.output, context, planLater(l.child)) :: Nil
+      KeyedStateLookupExec(l.specJson, l.inputSchema, l.output, context, planLater(l.child)) :: Nil
     case a: KeyedStateApply =>
       val context = KeyedProcessOperators.batchContext(session, a.spec.uid)
       KeyedStateApplyExec(a.specJson, a.inputSchema, a.output, context, planLater(a.child)) :: Nil
