@@ -258,11 +258,13 @@ def test_ttl_is_refused_on_a_provider_without_column_family_ttl(
 class Churn(KeyedProcessFunction):
     """One TTL'd value per key, removed by the provider's incremental cleanup once expired."""
 
+    every_record = False  # cleanup on every state access, reads included, or at commits only
+
     def open(self, runtime_context: RuntimeContext) -> None:
         seen = ValueStateDescriptor("seen", Types.LONG())
         seen.enable_time_to_live(
             StateTtlConfig.new_builder(Time.milliseconds(500))
-            .cleanup_incrementally(1000, False)
+            .cleanup_incrementally(1000, self.every_record)
             .build()
         )
         self.seen = runtime_context.get_state(seen)
@@ -273,16 +275,7 @@ class Churn(KeyedProcessFunction):
 
 
 class ChurnEveryRecord(Churn):
-    """As ``Churn``, with incremental cleanup on every state access (reads included)."""
-
-    def open(self, runtime_context: RuntimeContext) -> None:
-        seen = ValueStateDescriptor("seen", Types.LONG())
-        seen.enable_time_to_live(
-            StateTtlConfig.new_builder(Time.milliseconds(500))
-            .cleanup_incrementally(1000, True)
-            .build()
-        )
-        self.seen = runtime_context.get_state(seen)
+    every_record = True
 
 
 PIPELINED_RUNNER = "spark.python.udf.pipelined.enabled"
