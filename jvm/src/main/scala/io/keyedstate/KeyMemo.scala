@@ -9,6 +9,11 @@ import scala.collection.mutable
  * memo cannot answer for is looked up in RocksDB by the caller. Thread-safe: with Spark's
  * pipelined Python runner (`spark.python.udf.pipelined.enabled`) a keyed function's lookup reads
  * in the writer thread while its apply node writes in the task thread.
+ *
+ * It also knows which keys were written since it was cleared, as long as it recorded every write
+ * ([[mayHaveWritten]]): a key no write touched reads the same from RocksDB with or without the
+ * writes waiting in [[io.keyedstate.rocks.LocalRocksDB]]'s batch, so its read need not apply them.
+ * The caller clears the memo only when no write is waiting.
  */
 private[keyedstate] final class KeyMemo(maxEntries: Int) {
   import KeyMemo._
@@ -24,6 +29,8 @@ private[keyedstate] final class KeyMemo(maxEntries: Int) {
   private val families = mutable.HashMap[String, ColumnFamilyMemo]()
   private var entries = 0
   private var lostTrack = 0L
+  // Every write since the last clear is recorded (none dropped for want of room, no family forgotten).
+  private var allWritesRecorded = true
 
   /**
    * Changes whenever the memo may have lost track of a key that exists (forgotten, or written
@@ -36,28 +43,43 @@ private[keyedstate] final class KeyMemo(maxEntries: Int) {
 
   /** A read found whether `key` exists. */
   def learn(cf: String, key: Array[Byte], exists: Boolean): Unit = synchronized {
-    record(family(cf), key, exists, hasRoom(1))
+    val memo = family(cf)
+    val before = record(memo, key, exists, hasRoom(1), written = false)
+    // A read after a write of the key: it stays written.
+    if ((before & Written) != 0) record(memo, key, exists, room = false, written = true)
+  }
+
+  /**
+   * Whether a write since the memo was cleared may have touched `key`: false only if the memo
+   * recorded every write and none of them was to `key`.
+   */
+  def mayHaveWritten(cf: String, key: Array[Byte]): Boolean = synchronized {
+    !allWritesRecorded || families.get(cf).exists(m => (m.keys.get(key, key.length) & Written) != 0)
   }
 
   /**
    * A write makes `key` exist or not (`existsNow`): records that and answers whether the key
-   * existed before, [[KeyMemo.Unknown]] if the memo does not know (then RocksDB does: the caller
-   * reads it before writing).
+   * existed before, if the memo knows ([[KeyMemo.Present]], [[KeyMemo.Absent]]); if not, then
+   * RocksDB does (the caller reads it before writing): [[KeyMemo.Unwritten]] if no write since
+   * the memo was cleared touched it, [[KeyMemo.Unknown]] if one may have.
    */
   def existedBefore(cf: String, key: Array[Byte], existsNow: Boolean): Byte = synchronized {
     val memo = family(cf)
     val room = hasRoom(1)
-    val before = record(memo, key, existsNow, room)
-    if (before != Unknown) before
+    val before = record(memo, key, existsNow, room, written = true)
+    if (before != Unknown) (before & Existence).toByte
     else {
-      val answer = if (underScanned(memo, key)) Absent else Unknown
-      // A key under a scanned prefix that comes to exist unrecorded (the memo is full) would
-      // later pass for absent: the scans stop answering.
-      if (existsNow && !room) {
-        lostTrack += 1
-        entries -= memo.scanned.size
-        memo.scanned.clear()
-        memo.scannedLengths = Array.emptyIntArray
+      val answer = if (underScanned(memo, key)) Absent else if (allWritesRecorded) Unwritten else Unknown
+      if (!room) {
+        allWritesRecorded = false
+        // A key under a scanned prefix that comes to exist unrecorded would later pass for
+        // absent: the scans stop answering.
+        if (existsNow) {
+          lostTrack += 1
+          entries -= memo.scanned.size
+          memo.scanned.clear()
+          memo.scannedLengths = Array.emptyIntArray
+        }
       }
       answer
     }
@@ -90,18 +112,25 @@ private[keyedstate] final class KeyMemo(maxEntries: Int) {
   /** Forgets one column family (dropped, or changed by a range delete). */
   def forget(cf: String): Unit = synchronized {
     lostTrack += 1
+    allWritesRecorded = false
     families.remove(cf).foreach(memo => entries -= memo.keys.size + memo.scanned.size)
   }
 
+  /** Forgets everything; the caller has no write waiting (see the class comment). */
   def clear(): Unit = synchronized {
     lostTrack += 1
     families.clear()
     entries = 0
+    allWritesRecorded = true
   }
 
-  /** Sets what is known of `key` (inserting it if `room`); returns what was known before. */
-  private def record(memo: ColumnFamilyMemo, key: Array[Byte], exists: Boolean, room: Boolean): Byte = {
-    val before = memo.keys.put(key, if (exists) Present else Absent, mayInsert = room)
+  /**
+   * Sets what is known of `key` (inserting it if `room`), and whether a write made it so; returns
+   * what was known before, the written flag included.
+   */
+  private def record(memo: ColumnFamilyMemo, key: Array[Byte], exists: Boolean, room: Boolean, written: Boolean): Int = {
+    val state = (if (exists) Present else Absent) | (if (written) Written else 0)
+    val before = memo.keys.put(key, state.toByte, mayInsert = room)
     if (before == Unknown && room) entries += 1
     before
   }
@@ -121,5 +150,9 @@ private[keyedstate] object KeyMemo {
   final val Unknown: Byte = ByteKeyTable.Missing
   final val Absent: Byte = 1
   final val Present: Byte = 2
+  final val Unwritten: Byte = 3
+  // Stored with Absent or Present: a write since the last clear made it so.
+  private final val Written = 4
+  private final val Existence = Absent | Present
   private final val Scanned: Byte = 1
 }

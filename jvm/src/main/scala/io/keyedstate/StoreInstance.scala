@@ -73,6 +73,7 @@ private[keyedstate] final class StoreInstance(
   // Whether keys exist, as learnt since the last commit: exact key counting without a second
   // lookup per write (see KeyMemo).
   private val memo = new KeyMemo(StoreInstance.MaxKnownKeys)
+  db.applyPendingWrites() // the memo vouches for this instance's writes only: none may wait before it
 
   /** Whether writes keep exact key counts (and so whether scans are worth remembering). */
   def tracksNumKeys: Boolean = conf.trackNumKeys
@@ -89,15 +90,22 @@ private[keyedstate] final class StoreInstance(
     memo.existedBefore(cf, key, existsNow) match {
       case KeyMemo.Present => true
       case KeyMemo.Absent => false
-      case _ => db.get(cf, key) != null
+      case KeyMemo.Unwritten => db.exists(cf, key, applyWaiting = false)
+      case _ => db.exists(cf, key, applyWaiting = true)
     }
 
-  /** A point read (that also teaches the key count whether the key exists). */
-  def read(cf: String, key: Array[Byte]): Array[Byte] = {
-    val value = db.get(cf, key)
-    if (conf.trackNumKeys) memo.learn(cf, key, value != null)
-    value
-  }
+  /**
+   * A point read (that also teaches the key count whether the key exists). A key the memo knows
+   * no write since the commit touched is read without applying the waiting writes: an operator
+   * that reads each key before writing it then writes in whole batches.
+   */
+  def read(cf: String, key: Array[Byte]): Array[Byte] =
+    if (!conf.trackNumKeys) db.get(cf, key)
+    else {
+      val value = if (memo.mayHaveWritten(cf, key)) db.get(cf, key) else db.getUnwritten(cf, key)
+      memo.learn(cf, key, value != null)
+      value
+    }
 
   /** Called at commit: the memo serves one version's writes. */
   def forgetKnownKeys(): Unit = {
@@ -216,8 +224,8 @@ private[keyedstate] final class StoreInstance(
       val it = db.scan(cf, Some(begin), Some(end))
       try adjust(cf, -it.size) finally it.close()
     }
+    memo.forget(cf) // a range is not worth tracking key by key; forgotten first, as writes record first
     db.deleteRange(cf, begin, end)
-    memo.forget(cf) // a range is not worth tracking key by key
     log.foreach(_.deleteRange(cf, begin, end))
   }
 

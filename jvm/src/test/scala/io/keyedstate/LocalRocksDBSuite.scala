@@ -45,6 +45,27 @@ class LocalRocksDBSuite extends AnyFunSuite {
     } finally LocalFiles.deleteRecursively(dir)
   }
 
+  test("a batch that fails to apply fails every later read, write and apply, in any thread") {
+    // Its writes are gone: a read on the maintenance thread that met the failure (and logged it)
+    // must not leave the task to read old values and commit a version without them.
+    val dir = Files.createTempDirectory("keyedstate-rocks").toFile
+    val db = LocalRocksDB.open(dir, KeyedStateConf.fromMap(Map.empty))
+    val cf = LocalRocksDB.DefaultColumnFamily
+    try {
+      db.put(cf, b("k"), b("old"))
+      db.put(cf, b("k"), b("new")) // waits in the batch
+      db.deleteRange(cf, b("z"), b("a")) // RocksDB refuses it when the batch is applied
+      var first: Throwable = null
+      val maintenance = new Thread(() => first = intercept[Exception](db.scan(cf, None, None)))
+      maintenance.start(); maintenance.join()
+      assert(first != null && first.getMessage.contains("end key comes before start key"), first)
+      val later: Seq[() => Any] = Seq(() => db.get(cf, b("k")), () => db.getUnwritten(cf, b("other")),
+        () => db.exists(cf, b("other"), applyWaiting = false), () => db.put(cf, b("x"), b("1")),
+        () => db.applyPendingWrites(), () => db.flush())
+      later.foreach(op => assert(intercept[Exception](op()) eq first))
+    } finally { db.close(); LocalFiles.deleteRecursively(dir) }
+  }
+
   test("prefix scans see every write before them, nest, and end at the prefix, with a reused iterator") {
     val dir = Files.createTempDirectory("keyedstate-rocks").toFile
     val conf = KeyedStateConf.fromMap(Map.empty)

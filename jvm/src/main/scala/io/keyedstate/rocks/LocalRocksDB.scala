@@ -58,6 +58,11 @@ final class LocalRocksDB private (
   private val pending = new WriteBatch()
   private var pendingOps = 0
   private var pendingBytes = 0L
+  // The failure of a batch that could not be applied (a full disk): its writes are lost, so every
+  // later read, write and commit fails with it, whichever thread met it first (the maintenance
+  // thread's reads apply the task's batch too, and swallow their own errors).
+  @volatile private var lostWrites: Throwable = null
+  private def checkNoLostWrites(): Unit = if (lostWrites != null) throw lostWrites
   private var writeAlone = true
 
   /** The database with every write made so far applied: what reads and file operations use. */
@@ -100,6 +105,25 @@ final class LocalRocksDB private (
   /** The value of `key`, or null. */
   def get(cf: String, key: Array[Byte]): Array[Byte] = LocalRocksDB.get(current, handle(cf), key)
 
+  /**
+   * The value of `key`, or null, read without applying the waiting writes first: only for a key
+   * the caller knows none of them touches (see `KeyMemo.mayHaveWritten`). The waiting batch then
+   * keeps growing, instead of going into RocksDB a few writes at a time between reads.
+   */
+  def getUnwritten(cf: String, key: Array[Byte]): Array[Byte] = {
+    checkNoLostWrites()
+    LocalRocksDB.get(db, handle(cf), key)
+  }
+
+  /**
+   * Whether `key` exists, its value not copied out; `applyWaiting = false` only for a key none of
+   * the waiting writes touches (as for [[getUnwritten]]).
+   */
+  def exists(cf: String, key: Array[Byte], applyWaiting: Boolean): Boolean = {
+    if (!applyWaiting) checkNoLostWrites()
+    LocalRocksDB.exists(if (applyWaiting) current else db, handle(cf), key)
+  }
+
   def put(cf: String, key: Array[Byte], value: Array[Byte]): Unit = write(LocalRocksDB.Put, cf, key, value)
   def merge(cf: String, key: Array[Byte], value: Array[Byte]): Unit = write(LocalRocksDB.Merge, cf, key, value)
   def delete(cf: String, key: Array[Byte]): Unit = write(LocalRocksDB.Delete, cf, key, null)
@@ -107,6 +131,7 @@ final class LocalRocksDB private (
   // Per-record calls: the catch is written out rather than passed to `localIo` as a closure.
   private def write(op: Int, cf: String, key: Array[Byte], value: Array[Byte]): Unit = pending.synchronized {
     import LocalRocksDB.{Merge, Put}
+    checkNoLostWrites()
     val h = handle(cf)
     try {
       if (writeAlone) {
@@ -127,6 +152,7 @@ final class LocalRocksDB private (
     } catch { case e: RocksDBException => throw LocalRocksDB.failure(dir, e) }
   }
   def deleteRange(cf: String, begin: Array[Byte], end: Array[Byte]): Unit = pending.synchronized {
+    checkNoLostWrites()
     val h = handle(cf)
     localIo { pending.deleteRange(h, begin, end); added(begin.length + end.length) }
   }
@@ -143,9 +169,11 @@ final class LocalRocksDB private (
    * is thrown here and its batch dropped: the store that made it is dirty and is rebuilt.
    */
   def applyPendingWrites(): Unit = pending.synchronized {
+    checkNoLostWrites()
     writeAlone = true
     if (pendingOps > 0) {
       try localIo(db.write(writeOptions, pending))
+      catch { case e: Throwable => lostWrites = e; throw e }
       finally { pending.clear(); pendingOps = 0; pendingBytes = 0 }
     }
   }
@@ -435,6 +463,18 @@ object LocalRocksDB {
         buffers.fitValues(found.valueLength)
         db.get(cf, key)
       case KeyMayExist.KeyMayExistEnum.kExistsWithoutValue => db.get(cf, key)
+    }
+  }
+
+  /** Whether `key` exists: [[get]] without copying the value into a Java array. */
+  private[keyedstate] def exists(db: RocksDB, cf: ColumnFamilyHandle, key: Array[Byte]): Boolean = {
+    val buffers = readBuffers.get()
+    val v = buffers.value
+    v.clear()
+    db.keyMayExist(cf, null, buffers.keyFor(key), v).exists match {
+      case KeyMayExist.KeyMayExistEnum.kNotExist => false
+      case KeyMayExist.KeyMayExistEnum.kExistsWithValue => true
+      case KeyMayExist.KeyMayExistEnum.kExistsWithoutValue => db.get(cf, key) != null
     }
   }
 

@@ -76,8 +76,12 @@ object Changelog {
       header.writeInt(Magic)
       header.writeByte(FormatVersion)
       header.writeByte(codec.id) // buffered with the records: a full disk fails the first block's write
-      new DataOutputStream(new BufferedOutputStream(codec.compress(raw), BlockSize))
+      codec.compress(raw)
     }
+    // Records are encoded here and handed to the codec a block at a time: a record is a few
+    // single bytes, and each `write` of a byte to a JDK stream takes the stream's lock.
+    private val block = new Array[Byte](BlockSize)
+    private var used = 0
     private val cfs = mutable.HashMap[String, Int]()
     private var nextId = 0
     private var records = 0L
@@ -85,22 +89,33 @@ object Changelog {
 
     def numRecords: Long = records
 
+    private def drain(): Unit = { out.write(block, 0, used); used = 0 }
+    private def byte(b: Int): Unit = {
+      if (used == block.length) drain()
+      block(used) = b.toByte
+      used += 1
+    }
     private def varint(v: Int): Unit = {
       var rest = v
-      while ((rest & ~0x7f) != 0) { out.writeByte((rest & 0x7f) | 0x80); rest >>>= 7 }
-      out.writeByte(rest)
+      while ((rest & ~0x7f) != 0) { byte((rest & 0x7f) | 0x80); rest >>>= 7 }
+      byte(rest)
     }
+    private def raw(b: Array[Byte]): Unit =
+      if (b.length <= block.length - used) { System.arraycopy(b, 0, block, used, b.length); used += b.length }
+      else { drain(); if (b.length < block.length) raw(b) else out.write(b) }
     private def cf(name: String): Int = cfs.getOrElse(name, {
       val id = nextId
       nextId += 1
-      out.writeByte(DefineCf); varint(id); out.writeUTF(name)
+      val utf = new ByteArrayOutputStream()
+      new DataOutputStream(utf).writeUTF(name) // what replay's readUTF reads
+      byte(DefineCf); varint(id); raw(utf.toByteArray)
       cfs(name) = id
       id
     })
-    private def bytes(b: Array[Byte]): Unit = { varint(b.length); out.write(b) }
+    private def bytes(b: Array[Byte]): Unit = { varint(b.length); raw(b) }
     private def record(op: Byte, name: String): Unit = {
       val id = cf(name)
-      out.writeByte(op); varint(id)
+      byte(op); varint(id)
       records += 1
     }
 
@@ -115,7 +130,8 @@ object Changelog {
 
     /** Ends the log; the file is then complete. */
     def finish(): Unit = if (!closed) {
-      out.writeByte(End)
+      byte(End)
+      drain()
       out.close()
       closed = true
     }
