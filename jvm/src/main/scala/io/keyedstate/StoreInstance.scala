@@ -90,8 +90,7 @@ private[keyedstate] final class StoreInstance(
     memo.existedBefore(cf, key, existsNow) match {
       case KeyMemo.Present => true
       case KeyMemo.Absent => false
-      case KeyMemo.Unwritten => db.exists(cf, key, applyWaiting = false)
-      case _ => db.exists(cf, key, applyWaiting = true)
+      case answer => db.exists(cf, key, applyWaiting = answer != KeyMemo.Unwritten)
     }
 
   /**
@@ -102,7 +101,7 @@ private[keyedstate] final class StoreInstance(
   def read(cf: String, key: Array[Byte]): Array[Byte] =
     if (!conf.trackNumKeys) db.get(cf, key)
     else {
-      val value = if (memo.mayHaveWritten(cf, key)) db.get(cf, key) else db.getUnwritten(cf, key)
+      val value = db.get(cf, key, applyWaiting = memo.mayHaveWritten(cf, key))
       memo.learn(cf, key, value != null)
       value
     }

@@ -59,7 +59,7 @@ class LocalRocksDBSuite extends AnyFunSuite {
       val maintenance = new Thread(() => first = intercept[Exception](db.scan(cf, None, None)))
       maintenance.start(); maintenance.join()
       assert(first != null && first.getMessage.contains("end key comes before start key"), first)
-      val later: Seq[() => Any] = Seq(() => db.get(cf, b("k")), () => db.getUnwritten(cf, b("other")),
+      val later: Seq[() => Any] = Seq(() => db.get(cf, b("k")), () => db.get(cf, b("other"), applyWaiting = false),
         () => db.exists(cf, b("other"), applyWaiting = false), () => db.put(cf, b("x"), b("1")),
         () => db.applyPendingWrites(), () => db.flush())
       later.foreach(op => assert(intercept[Exception](op()) eq first))

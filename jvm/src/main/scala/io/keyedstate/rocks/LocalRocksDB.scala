@@ -102,27 +102,22 @@ final class LocalRocksDB private (
   private def handle(cf: String): ColumnFamilyHandle =
     handles.getOrElse(cf, throw new IllegalStateException(s"Column family '$cf' does not exist"))
 
+  /**
+   * The database as reads see it: every write made so far applied, or with `applyWaiting = false`
+   * the waiting ones left in their batch, only for a key the caller knows none of them touches
+   * (see `KeyMemo.mayHaveWritten`); the batch then keeps growing instead of going into RocksDB a
+   * few writes at a time between reads.
+   */
+  private def readable(applyWaiting: Boolean): RocksDB =
+    if (applyWaiting) current else { checkNoLostWrites(); db }
+
   /** The value of `key`, or null. */
-  def get(cf: String, key: Array[Byte]): Array[Byte] = LocalRocksDB.get(current, handle(cf), key)
+  def get(cf: String, key: Array[Byte], applyWaiting: Boolean = true): Array[Byte] =
+    LocalRocksDB.get(readable(applyWaiting), handle(cf), key)
 
-  /**
-   * The value of `key`, or null, read without applying the waiting writes first: only for a key
-   * the caller knows none of them touches (see `KeyMemo.mayHaveWritten`). The waiting batch then
-   * keeps growing, instead of going into RocksDB a few writes at a time between reads.
-   */
-  def getUnwritten(cf: String, key: Array[Byte]): Array[Byte] = {
-    checkNoLostWrites()
-    LocalRocksDB.get(db, handle(cf), key)
-  }
-
-  /**
-   * Whether `key` exists, its value not copied out; `applyWaiting = false` only for a key none of
-   * the waiting writes touches (as for [[getUnwritten]]).
-   */
-  def exists(cf: String, key: Array[Byte], applyWaiting: Boolean): Boolean = {
-    if (!applyWaiting) checkNoLostWrites()
-    LocalRocksDB.exists(if (applyWaiting) current else db, handle(cf), key)
-  }
+  /** Whether `key` exists, its value not copied out. */
+  def exists(cf: String, key: Array[Byte], applyWaiting: Boolean = true): Boolean =
+    LocalRocksDB.exists(readable(applyWaiting), handle(cf), key)
 
   def put(cf: String, key: Array[Byte], value: Array[Byte]): Unit = write(LocalRocksDB.Put, cf, key, value)
   def merge(cf: String, key: Array[Byte], value: Array[Byte]): Unit = write(LocalRocksDB.Merge, cf, key, value)
