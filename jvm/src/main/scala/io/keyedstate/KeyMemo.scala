@@ -9,11 +9,6 @@ import scala.collection.mutable
  * memo cannot answer for is looked up in RocksDB by the caller. Thread-safe: with Spark's
  * pipelined Python runner (`spark.python.udf.pipelined.enabled`) a keyed function's lookup reads
  * in the writer thread while its apply node writes in the task thread.
- *
- * It also knows which keys were written since it was cleared, as long as it recorded every write
- * ([[mayHaveWritten]]): a key no write touched reads the same from RocksDB with or without the
- * writes waiting in [[io.keyedstate.rocks.LocalRocksDB]]'s batch, so its read need not apply them.
- * The caller clears the memo only when no write is waiting.
  */
 private[keyedstate] final class KeyMemo(maxEntries: Int) {
   import KeyMemo._
@@ -29,8 +24,6 @@ private[keyedstate] final class KeyMemo(maxEntries: Int) {
   private val families = mutable.HashMap[String, ColumnFamilyMemo]()
   private var entries = 0
   private var lostTrack = 0L
-  // Every write since the last clear is recorded (none dropped for want of room, no family forgotten).
-  private var allWritesRecorded = true
 
   /**
    * Changes whenever the memo may have lost track of a key that exists (forgotten, or written
@@ -43,35 +36,22 @@ private[keyedstate] final class KeyMemo(maxEntries: Int) {
 
   /** A read found whether `key` exists. */
   def learn(cf: String, key: Array[Byte], exists: Boolean): Unit = synchronized {
-    val memo = family(cf)
-    val before = record(memo, key, exists, hasRoom(1), written = false)
-    // A read after a write of the key: it stays written.
-    if ((before & Written) != 0) record(memo, key, exists, room = false, written = true)
-  }
-
-  /**
-   * Whether a write since the memo was cleared may have touched `key`: false only if the memo
-   * recorded every write and none of them was to `key`.
-   */
-  def mayHaveWritten(cf: String, key: Array[Byte]): Boolean = synchronized {
-    !allWritesRecorded || families.get(cf).exists(m => (m.keys.get(key, key.length) & Written) != 0)
+    record(family(cf), key, exists, hasRoom(1))
   }
 
   /**
    * A write makes `key` exist or not (`existsNow`): records that and answers whether the key
-   * existed before, if the memo knows ([[KeyMemo.Present]], [[KeyMemo.Absent]]); if not, then
-   * RocksDB does (the caller reads it before writing): [[KeyMemo.Unwritten]] if no write since
-   * the memo was cleared touched it, [[KeyMemo.Unknown]] if one may have.
+   * existed before, if the memo knows ([[KeyMemo.Present]], [[KeyMemo.Absent]]); if not,
+   * [[KeyMemo.Unknown]] (the caller reads the store before writing).
    */
   def existedBefore(cf: String, key: Array[Byte], existsNow: Boolean): Byte = synchronized {
     val memo = family(cf)
     val room = hasRoom(1)
-    val before = record(memo, key, existsNow, room, written = true)
-    if (before != Unknown) (before & Existence).toByte
+    val before = record(memo, key, existsNow, room)
+    if (before != Unknown) before
     else {
-      val answer = if (underScanned(memo, key)) Absent else if (allWritesRecorded) Unwritten else Unknown
+      val answer = if (underScanned(memo, key)) Absent else Unknown
       if (!room) {
-        allWritesRecorded = false
         // A key under a scanned prefix that comes to exist unrecorded would later pass for
         // absent: the scans stop answering.
         if (existsNow) {
@@ -112,25 +92,19 @@ private[keyedstate] final class KeyMemo(maxEntries: Int) {
   /** Forgets one column family (dropped, or changed by a range delete). */
   def forget(cf: String): Unit = synchronized {
     lostTrack += 1
-    allWritesRecorded = false
     families.remove(cf).foreach(memo => entries -= memo.keys.size + memo.scanned.size)
   }
 
-  /** Forgets everything; the caller has no write waiting (see the class comment). */
+  /** Forgets everything (a commit). */
   def clear(): Unit = synchronized {
     lostTrack += 1
     families.clear()
     entries = 0
-    allWritesRecorded = true
   }
 
-  /**
-   * Sets what is known of `key` (inserting it if `room`), and whether a write made it so; returns
-   * what was known before, the written flag included.
-   */
-  private def record(memo: ColumnFamilyMemo, key: Array[Byte], exists: Boolean, room: Boolean, written: Boolean): Int = {
-    val state = (if (exists) Present else Absent) | (if (written) Written else 0)
-    val before = memo.keys.put(key, state.toByte, mayInsert = room)
+  /** Sets what is known of `key` (inserting it if `room`); returns what was known before. */
+  private def record(memo: ColumnFamilyMemo, key: Array[Byte], exists: Boolean, room: Boolean): Byte = {
+    val before = memo.keys.put(key, if (exists) Present else Absent, mayInsert = room)
     if (before == Unknown && room) entries += 1
     before
   }
@@ -150,9 +124,5 @@ private[keyedstate] object KeyMemo {
   final val Unknown: Byte = ByteKeyTable.Missing
   final val Absent: Byte = 1
   final val Present: Byte = 2
-  final val Unwritten: Byte = 3
-  // Stored with Absent or Present: a write since the last clear made it so.
-  private final val Written = 4
-  private final val Existence = Absent | Present
   private final val Scanned: Byte = 1
 }

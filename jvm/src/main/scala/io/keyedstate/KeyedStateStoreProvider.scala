@@ -204,7 +204,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   }
 
   private def load(version: Long, checkpointId: Option[String], loadEmpty: Boolean): Unit = {
-    val reuse = loaded != null && !loaded.dirty && lineage.version == version &&
+    val reuse = loaded != null && !loaded.dirty && loaded.db.healthy && lineage.version == version &&
       (checkpointId.isEmpty || checkpointId == lineage.checkpointId) && !loadEmpty
     if (reuse) {
       lastLoad = Some(LoadStats())
@@ -250,7 +250,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       val snapshot = lineage.snapshotPlanned(newVersion, loaded.describeColumnFamilies.map(_.numKeys).sum,
         store.forceSnapshot)
       loaded.ttlCleanup.beforeCommit(snapshot)
-      loaded.db.applyPendingWrites() // a write that fails does so before the version is recorded
+      loaded.db.throwIfWritesLost() // writes lost in the background fail the version before it is recorded
       loaded.db.releaseScanIterators() // they would pin the memtables the commit flushes
       filesLock.lock()
       val (_, stats) =

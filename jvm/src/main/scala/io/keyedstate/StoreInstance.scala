@@ -73,7 +73,6 @@ private[keyedstate] final class StoreInstance(
   // Whether keys exist, as learnt since the last commit: exact key counting without a second
   // lookup per write (see KeyMemo).
   private val memo = new KeyMemo(StoreInstance.MaxKnownKeys)
-  db.applyPendingWrites() // the memo vouches for this instance's writes only: none may wait before it
 
   /** Whether writes keep exact key counts (and so whether scans are worth remembering). */
   def tracksNumKeys: Boolean = conf.trackNumKeys
@@ -90,21 +89,15 @@ private[keyedstate] final class StoreInstance(
     memo.existedBefore(cf, key, existsNow) match {
       case KeyMemo.Present => true
       case KeyMemo.Absent => false
-      case answer => db.exists(cf, key, applyWaiting = answer != KeyMemo.Unwritten)
+      case _ => db.exists(cf, key)
     }
 
-  /**
-   * A point read (that also teaches the key count whether the key exists). A key the memo knows
-   * no write since the commit touched is read without applying the waiting writes: an operator
-   * that reads each key before writing it then writes in whole batches.
-   */
-  def read(cf: String, key: Array[Byte]): Array[Byte] =
-    if (!conf.trackNumKeys) db.get(cf, key)
-    else {
-      val value = db.get(cf, key, applyWaiting = memo.mayHaveWritten(cf, key))
-      memo.learn(cf, key, value != null)
-      value
-    }
+  /** A point read (that also teaches the key count whether the key exists). */
+  def read(cf: String, key: Array[Byte]): Array[Byte] = {
+    val value = db.get(cf, key)
+    if (conf.trackNumKeys) memo.learn(cf, key, value != null)
+    value
+  }
 
   /** Called at commit: the memo serves one version's writes. */
   def forgetKnownKeys(): Unit = {

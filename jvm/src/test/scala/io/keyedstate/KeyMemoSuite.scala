@@ -4,7 +4,7 @@ import java.nio.charset.StandardCharsets.UTF_8
 
 import org.scalatest.funsuite.AnyFunSuite
 
-import io.keyedstate.KeyMemo.{Absent, Present, Unknown, Unwritten}
+import io.keyedstate.KeyMemo.{Absent, Present, Unknown}
 
 /** The key count's memo answers only what it knows, and stays true when full. */
 class KeyMemoSuite extends AnyFunSuite {
@@ -30,16 +30,16 @@ class KeyMemoSuite extends AnyFunSuite {
 
   test("a write learns what it makes true and answers what was true before") {
     val m = new KeyMemo(100)
-    assert(m.existedBefore("cf", b("a"), existsNow = true) == Unwritten) // ask RocksDB
+    assert(m.existedBefore("cf", b("a"), existsNow = true) == Unknown) // ask the store
     assert(m.existedBefore("cf", b("a"), existsNow = false) == Present)
     assert(m.existedBefore("cf", b("a"), existsNow = true) == Absent)
-    assert(m.existedBefore("other", b("a"), existsNow = true) == Unwritten) // per column family
+    assert(m.existedBefore("other", b("a"), existsNow = true) == Unknown) // per column family
     m.learn("cf", b("r"), exists = false)
     assert(m.existedBefore("cf", b("r"), existsNow = true) == Absent)
     m.forget("cf") // writes to it are no longer known: RocksDB must be asked after the waiting ones
     assert(m.existedBefore("cf", b("a"), existsNow = true) == Unknown)
     m.clear()
-    assert(m.existedBefore("other", b("a"), existsNow = true) == Unwritten)
+    assert(m.existedBefore("other", b("a"), existsNow = true) == Unknown)
   }
 
   test("a scanned prefix answers for the keys under it, not for itself nor for other prefixes") {
@@ -48,9 +48,9 @@ class KeyMemoSuite extends AnyFunSuite {
     assert(m.existedBefore("cf", b("p1-x"), existsNow = true) == Present)
     assert(m.existedBefore("cf", b("p1-y"), existsNow = true) == Absent)
     assert(m.existedBefore("cf", b("p1-y"), existsNow = true) == Present)
-    assert(m.existedBefore("cf", b("p1"), existsNow = true) == Unwritten)
-    assert(m.existedBefore("cf", b("p2-y"), existsNow = true) == Unwritten)
-    assert(m.existedBefore("cf2", b("p1-y"), existsNow = true) == Unwritten)
+    assert(m.existedBefore("cf", b("p1"), existsNow = true) == Unknown)
+    assert(m.existedBefore("cf", b("p2-y"), existsNow = true) == Unknown)
+    assert(m.existedBefore("cf2", b("p1-y"), existsNow = true) == Unknown)
   }
 
   test("a scan learns nothing that writes during it made newer, nor after the memo lost track") {
@@ -72,7 +72,7 @@ class KeyMemoSuite extends AnyFunSuite {
     val m = new KeyMemo(4)
     m.learnScanned("cf", b("p"), Seq(b("p-a")), m.epoch) // two entries: p-a and the prefix
     assert(m.existedBefore("cf", b("p-b"), existsNow = true) == Absent) // three
-    assert(m.existedBefore("cf", b("x"), existsNow = true) == Unwritten) // four: full
+    assert(m.existedBefore("cf", b("x"), existsNow = true) == Unknown) // four: full
     // p-c comes to exist unrecorded: the prefix can no longer say absent keys under it are absent.
     assert(m.existedBefore("cf", b("p-c"), existsNow = true) == Absent)
     assert(m.existedBefore("cf", b("p-c"), existsNow = true) == Unknown)
@@ -90,41 +90,17 @@ class KeyMemoSuite extends AnyFunSuite {
     assert(m.existedBefore("cf", b("a"), existsNow = true) == Absent)
     assert(m.existedBefore("cf", b("a"), existsNow = true) == Present) // the write recorded itself
     assert(m.existedBefore("cf", b("b"), existsNow = false) == Absent)
-    assert(m.existedBefore("other", b("a"), existsNow = true) == Unwritten) // per column family
+    assert(m.existedBefore("other", b("a"), existsNow = true) == Unknown) // per column family
     m.existedBefore("cf", b("c"), existsNow = true) // five entries (other/a and the family too): full
     // d comes to exist unrecorded: it was absent, but the family can no longer vouch for others.
     assert(m.existedBefore("cf", b("d"), existsNow = true) == Absent)
     assert(m.existedBefore("cf", b("d"), existsNow = true) == Unknown)
     assert(m.existedBefore("cf", b("e"), existsNow = true) == Unknown)
     m.clear() // a commit: what was empty must be learnt again
-    assert(m.existedBefore("cf", b("f"), existsNow = true) == Unwritten)
+    assert(m.existedBefore("cf", b("f"), existsNow = true) == Unknown)
     m.learnEmpty("cf")
     m.forget("cf") // a range delete or a drop
     assert(m.existedBefore("cf", b("g"), existsNow = true) == Unknown)
-  }
-
-  test("it knows which keys were written since it was cleared, while it recorded every write") {
-    val m = new KeyMemo(4)
-    assert(!m.mayHaveWritten("cf", b("a")))
-    m.learn("cf", b("a"), exists = true) // a read: not a write
-    assert(!m.mayHaveWritten("cf", b("a")))
-    assert(m.existedBefore("cf", b("a"), existsNow = true) == Present)
-    assert(m.mayHaveWritten("cf", b("a")) && !m.mayHaveWritten("other", b("a")))
-    m.learn("cf", b("a"), exists = true) // a read after the write: still written
-    assert(m.mayHaveWritten("cf", b("a")))
-    assert(m.existedBefore("cf", b("b"), existsNow = false) == Unwritten)
-    assert(m.mayHaveWritten("cf", b("b")) && !m.mayHaveWritten("cf", b("c")))
-    m.learnScanned("cf", b("p"), Seq(b("p-a")), m.epoch) // four entries: full
-    assert(!m.mayHaveWritten("cf", b("p-a")))
-    // An unrecorded write (no room): Unwritten still holds for it, not for anything after it.
-    assert(m.existedBefore("cf", b("x"), existsNow = false) == Unwritten)
-    assert(m.mayHaveWritten("cf", b("c")) && m.mayHaveWritten("cf", b("p-a")))
-    assert(m.existedBefore("cf", b("y"), existsNow = true) == Unknown)
-    m.clear()
-    assert(!m.mayHaveWritten("cf", b("a")) && !m.mayHaveWritten("cf", b("x")))
-    m.learnEmpty("cf")
-    m.forget("cf")
-    assert(m.mayHaveWritten("other", b("z")))
   }
 
   test("a lookup thread and an apply thread share one family's memo without losing what either recorded") {

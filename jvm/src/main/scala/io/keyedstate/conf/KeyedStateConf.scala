@@ -17,6 +17,7 @@ final case class KeyedStateConf(
     localDir: Option[String],
     blockCacheSizeMB: Long,
     writeBufferSizeMB: Long,
+    heapWriteBufferMB: Long,
     compression: String,
     trackNumKeys: Boolean,
     transferThreads: Int,
@@ -95,6 +96,11 @@ object KeyedStateConf {
     "Memtable size per column family (two memtables at most). Commits that take a snapshot flush them (with " +
       "`changelogCheckpointing=false`, every commit); between snapshots a full memtable flushes in the background. " +
       "This bounds the memory of unflushed writes rather than SST sizes.")
+  private val HeapWriteBufferMB = new LongOpt("heapWriteBufferMB", 256, 1, 1L << 20,
+    "Writes wait in the heap, per store, until the commit before a snapshot writes them into RocksDB in the " +
+      "background (reads look there first). This bounds those buffers **for every store on an executor together**: " +
+      "past it, a store that writes moves its " +
+      "buffer into RocksDB's memtables at once. Keep it well under the executor's heap.")
   private val Compression = new ChoiceOpt("compression", "zstd", Compressions,
     "SST block compression (zstd at level 1). In checkpoint_bench lz4 makes the SST files snapshots upload 48% " +
       "larger (25% more checkpoint bytes in all) for 4-9% more throughput (docs/benchmarks.md).")
@@ -121,7 +127,7 @@ object KeyedStateConf {
 
   /** Every option, in the order of the docs. */
   val options: Seq[Opt[_]] = Seq(ChangelogCheckpointing, ChangelogCompression, LocalDir, BlockCacheSizeMB, WriteBufferSizeMB,
-    Compression, TrackNumKeys, TransferThreads, VerifyChecksumsOnLoad, OrphanFileGracePeriodMs, MaxOpenFiles)
+    HeapWriteBufferMB, Compression, TrackNumKeys, TransferThreads, VerifyChecksumsOnLoad, OrphanFileGracePeriodMs, MaxOpenFiles)
 
   /** The documented option names, for error messages and docs tests. */
   val optionNames: Seq[String] = options.map(_.name)
@@ -164,6 +170,7 @@ object KeyedStateConf {
       localDir = get(LocalDir),
       blockCacheSizeMB = get(BlockCacheSizeMB),
       writeBufferSizeMB = get(WriteBufferSizeMB),
+      heapWriteBufferMB = get(HeapWriteBufferMB),
       compression = get(Compression),
       trackNumKeys = get(TrackNumKeys),
       transferThreads = get(TransferThreads).toInt,

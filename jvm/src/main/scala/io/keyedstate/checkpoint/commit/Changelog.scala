@@ -212,7 +212,6 @@ object Changelog {
 
     /** Applies every record up to the end marker; the number of records. */
     def applyTo(db: LocalRocksDB): Long = {
-      // LocalRocksDB batches the writes; applied at the end, so a failed one fails the load.
       var records = 0L
       var op = in.readByte()
       while (op != End) {
@@ -233,7 +232,6 @@ object Changelog {
         }
         op = in.readByte()
       }
-      db.applyPendingWrites()
       records
     }
   }
