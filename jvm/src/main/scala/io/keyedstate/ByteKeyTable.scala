@@ -52,10 +52,18 @@ private[keyedstate] final class ByteKeyTable {
     }
   }
 
-  def clear(): Unit = if (count > 0 || keys.length > InitialCapacity) {
+  /**
+   * Empties the table. Up to [[ByteKeyTable.KeptCapacity]] slots it keeps its arrays: the memo is
+   * cleared at every commit and fills again with the next batch's keys, and growing to them
+   * again rehashes every key several times.
+   */
+  def clear(): Unit = if (keys.length > KeptCapacity) {
     keys = new Array[Array[Byte]](InitialCapacity)
     hashes = new Array[Int](InitialCapacity)
     states = new Array[Byte](InitialCapacity)
+    count = 0
+  } else if (count > 0) {
+    Arrays.fill(keys.asInstanceOf[Array[AnyRef]], null)
     count = 0
   }
 
@@ -91,6 +99,7 @@ private[keyedstate] object ByteKeyTable {
   /** The state of a key the table does not hold; stored states are never 0. */
   final val Missing: Byte = 0
   private val InitialCapacity = 1024 // a power of two
+  private val KeptCapacity = 1 << 18 // slots: 3.3 MB of arrays
 
   private def hash(key: Array[Byte], len: Int): Int =
     Murmur3_x86_32.hashUnsafeBytes(key, Platform.BYTE_ARRAY_OFFSET, len, 42)

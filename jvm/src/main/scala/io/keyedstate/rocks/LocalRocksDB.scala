@@ -41,7 +41,7 @@ final class LocalRocksDB private (
   // ingesting files or dropping the family releases it. A scan that starts while the family's
   // iterator is still in use opens its own. A kept iterator pins its memtables and SST files
   // until [[releaseScanIterators]] (commit and release of a store).
-  private final class ReusedIterator(val it: RocksIterator, var atSequence: Long) {
+  private final class ReusedIterator(val it: RocksIterator, var atSequence: Long, var atIngests: Long) {
     var inUse = false
     var retired = false // released while in use: closed when its scan ends
     def close(): Unit = if (openIterators.remove(it)) it.close()
@@ -75,7 +75,7 @@ final class LocalRocksDB private (
   def healthy: Boolean = lostWrites == null
 
   /** The database with every write made so far in it: what scans and file operations use. */
-  private def current: RocksDB = { lock.synchronized(spill(buffer.columnFamilies.toList)); db }
+  private def current: RocksDB = { lock.synchronized(spill(buffer.columnFamilies)); db }
 
   /** The database with every write made so far to `cf` in it. */
   private def currentFor(cf: String): RocksDB = { lock.synchronized(spill(List(cf))); db }
@@ -95,6 +95,7 @@ final class LocalRocksDB private (
   def dropColumnFamily(name: String): Boolean = {
     lock.synchronized { awaitFrozenSpill(); buffer.remove(name) } // its waiting writes go with it
     releaseScanIterator(name)
+    lastHandle = null
     handles.get(name) match {
       case None => false
       case Some(h) if name == LocalRocksDB.DefaultColumnFamily =>
@@ -105,14 +106,23 @@ final class LocalRocksDB private (
         true
       case Some(h) =>
         db.dropColumnFamily(h)
-        h.close()
         handles.remove(name)
+        lastHandle = null
+        h.close()
         true
     }
   }
 
-  private def handle(cf: String): ColumnFamilyHandle =
-    handles.getOrElse(cf, throw new IllegalStateException(s"Column family '$cf' does not exist"))
+  private def handle(cf: String): ColumnFamilyHandle = {
+    val last = lastHandle // the family of the last lookup: a store's reads and writes mostly go to one
+    if (last != null && (last._1 eq cf)) last._2
+    else {
+      val h = handles.getOrElse(cf, throw new IllegalStateException(s"Column family '$cf' does not exist"))
+      lastHandle = (cf, h)
+      h
+    }
+  }
+  @volatile private var lastHandle: (String, ColumnFamilyHandle) = _
 
   /** The value of `key`, or null. */
   def get(cf: String, key: Array[Byte]): Array[Byte] = {
@@ -173,7 +183,7 @@ final class LocalRocksDB private (
       case _ => t.delete(key)
     }
     buffer.accountFor(before, t)
-    if (WriteBuffer.overBound(buffer.heapBytes, heapBufferBytes)) spill(buffer.columnFamilies.toList)
+    if (WriteBuffer.overBound(buffer.heapBytes, heapBufferBytes)) spill(buffer.columnFamilies)
   }
 
   /** Deletes the keys from `begin` (included) to `end` (excluded), in RocksDB directly. */
@@ -182,14 +192,15 @@ final class LocalRocksDB private (
 
   /**
    * Writes the buffered writes of `cfs` into RocksDB (the frozen buffer's first: they are older),
-   * under `lock`. A failure loses them (see `lostWrites`).
+   * under `lock`: into the memtables, or `asFiles` as SST files RocksDB takes in (a flush's: the
+   * memtables would be flushed next). A failure loses them (see `lostWrites`).
    */
-  private def spill(cfs: List[String]): Unit = {
+  private def spill(cfs: Iterable[String], asFiles: Boolean = false): Unit = {
     awaitFrozenSpill()
-    cfs.foreach { cf =>
+    cfs.toList.foreach { cf =>
       val t = buffer.tableOrNull(cf)
       if (t != null) {
-        if (t.size > 0) keepingFailure(writeInto(handle(cf), t))
+        if (t.size > 0) keepingFailure(if (asFiles) ingestInto(handle(cf), t) else writeInto(handle(cf), t))
         buffer.remove(cf)
       }
     }
@@ -212,8 +223,8 @@ final class LocalRocksDB private (
       frozen = f
       frozenSpill = LocalRocksDB.spillThreads.submit((() => {
         keepingFailure {
-          tables.foreach { case (h, t) => if (t.size > 0) writeInto(h, t) }
-          flushAll(toFlush, waitForFlush = false)
+          tables.foreach { case (h, t) => if (t.size > 0) ingestInto(h, t) }
+          flushAll(toFlush, waitForFlush = false) // what scans and the bound wrote into the memtables
         }
         frozen = null // RocksDB holds it all now (after a failure reads keep using it: see lostWrites)
         f.release()
@@ -242,6 +253,43 @@ final class LocalRocksDB private (
         throw lostWrites
     }
 
+  /**
+   * One frozen table's writes as one SST file (in key order, the family's table options) that
+   * RocksDB then takes in: written once, compressed once, with no memtable insert and no flush.
+   * The file is newer than everything in the family (nothing else writes RocksDB meanwhile).
+   */
+  private def ingestInto(h: ColumnFamilyHandle, t: WriteTable): Unit = {
+    val fault = spillFault
+    if (fault != null) throw fault
+    spillDir.mkdirs()
+    val file = new File(spillDir, s"${java.util.UUID.randomUUID()}.sst")
+    val envOptions = new EnvOptions()
+    val options = new Options(dbOptions, cfOptions)
+    val writer = new SstFileWriter(envOptions, options)
+    val ingestOptions = new IngestExternalFileOptions().setMoveFiles(true).setAllowGlobalSeqNo(true)
+    try {
+      localIo {
+        writer.open(file.getAbsolutePath)
+        t.foreachInKeyOrder { (kind, key, value) =>
+          kind match {
+            case WriteTable.Put => writer.put(key, value)
+            case WriteTable.Merge => writer.merge(key, value)
+            case _ => writer.delete(key)
+          }
+        }
+        writer.finish()
+        db.ingestExternalFile(h, java.util.List.of(file.getAbsolutePath), ingestOptions)
+      }
+      ingests += 1 // a file may keep sequence number 0: reused scan iterators must not trust the sequence alone
+    } finally {
+      writer.close(); options.close(); envOptions.close(); ingestOptions.close()
+      file.delete() // moved into the database unless the ingest failed
+    }
+  }
+  // Where frozen tables' SST files are written before RocksDB takes them: beside the database.
+  private def spillDir: File = new File(dir.getParentFile, dir.getName + ".spill")
+  @volatile private var ingests = 0L
+
   /** One table's writes, in key order, in batches (a put costs 2.5 times more applied alone). */
   private def writeInto(h: ColumnFamilyHandle, t: WriteTable): Unit = {
     val fault = spillFault
@@ -249,13 +297,13 @@ final class LocalRocksDB private (
     val batch = new WriteBatch()
     try {
       var bytes = 0L
-      t.sortedKeys.foreach { key =>
-        val i = t.find(key)
-        bytes += key.length + (t.kind(i) match {
-          case WriteTable.Put => val v = t.value(i); batch.put(h, key, v); v.length
-          case WriteTable.Merge => val v = t.value(i); batch.merge(h, key, v); v.length
-          case _ => batch.delete(h, key); 0
-        })
+      t.foreachInKeyOrder { (kind, key, value) =>
+        kind match {
+          case WriteTable.Put => batch.put(h, key, value)
+          case WriteTable.Merge => batch.merge(h, key, value)
+          case _ => batch.delete(h, key)
+        }
+        bytes += key.length + (if (value == null) 0 else value.length)
         if (batch.count >= LocalRocksDB.BatchOps || bytes >= LocalRocksDB.BatchBytes) {
           db.write(writeOptions, batch)
           batch.clear()
@@ -353,15 +401,19 @@ final class LocalRocksDB private (
     prefixIterators.get(cf) match {
       case Some(r) if r.inUse => null
       case Some(r) =>
-        val sequence = db.getLatestSequenceNumber
-        if (r.atSequence != sequence) { localIo(r.it.refresh()); r.atSequence = sequence }
+        val (sequence, ingested) = (db.getLatestSequenceNumber, ingests)
+        if (r.atSequence != sequence || r.atIngests != ingested) {
+          localIo(r.it.refresh())
+          r.atSequence = sequence
+          r.atIngests = ingested
+        }
         r.inUse = true
         r
       case None =>
-        val sequence = db.getLatestSequenceNumber // read first: a write after it refreshes
+        val (sequence, ingested) = (db.getLatestSequenceNumber, ingests) // read first: a write after it refreshes
         val it = db.newIterator(handle(cf))
         openIterators.add(it)
-        val r = new ReusedIterator(it, sequence)
+        val r = new ReusedIterator(it, sequence, ingested)
         r.inUse = true
         prefixIterators(cf) = r
         r
@@ -383,7 +435,10 @@ final class LocalRocksDB private (
   }
 
   /** Writes every buffered write into RocksDB and flushes every column family's memtable to SST files. */
-  def flush(): Unit = { current; flushAll(handles.values.toList, waitForFlush = true) }
+  def flush(): Unit = {
+    lock.synchronized(spill(buffer.columnFamilies, asFiles = true))
+    flushAll(handles.values.toList, waitForFlush = true)
+  }
 
   /**
    * Flushes the memtables of `families`; without `waitForFlush` it returns at once: the memtables
@@ -463,6 +518,8 @@ final class LocalRocksDB private (
     db.close()
     dbOptions.close()
     cfOptions.close()
+    Option(spillDir.listFiles).foreach(_.foreach(_.delete())) // a spill's file, if it failed
+    spillDir.delete()
   }
 }
 

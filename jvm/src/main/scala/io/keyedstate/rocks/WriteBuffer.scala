@@ -11,11 +11,31 @@ import scala.collection.mutable
  */
 private[rocks] final class WriteBuffer {
   private val tables = mutable.HashMap[String, WriteTable]()
-  private var accounted = 0L // this generation's bytes in the executor-wide total
+  private var accounted = 0L // this generation's bytes
+  private var published = 0L // the part of them in the executor-wide total
+
+  // The family of the last lookup: a store's reads and writes mostly go to one.
+  private var lastFamily: String = _
+  private var lastTable: WriteTable = _
 
   /** The family's table, or null. */
-  def tableOrNull(cf: String): WriteTable = tables.getOrElse(cf, null)
-  def tableFor(cf: String): WriteTable = tables.getOrElseUpdate(cf, new WriteTable)
+  def tableOrNull(cf: String): WriteTable =
+    if (cf eq lastFamily) lastTable
+    else {
+      val t = tables.getOrElse(cf, null)
+      if (t != null) { lastFamily = cf; lastTable = t }
+      t
+    }
+
+  def tableFor(cf: String): WriteTable = {
+    val t = tableOrNull(cf)
+    if (t != null) t
+    else {
+      val created = new WriteTable
+      tables(cf) = created
+      created
+    }
+  }
   def columnFamilies: Iterable[String] = tables.keys
   def isEmpty: Boolean = tables.valuesIterator.forall(_.size == 0)
   def entries: Long = tables.valuesIterator.map(_.size.toLong).sum
@@ -29,24 +49,36 @@ private[rocks] final class WriteBuffer {
   }
   def heapBytes: Long = accounted
 
-  /** Brings the executor-wide total up to date after a write to `table`; its bytes before it. */
+  /**
+   * Counts a write to `table`, which held `before` bytes before it. The executor-wide total hears
+   * of it in steps of [[WriteBuffer.PublishStep]]: one shared counter updated by every write of
+   * every task costs more than the hash insert.
+   */
   def accountFor(before: Long, table: WriteTable): Unit = {
-    val delta = table.heapBytes - before
-    accounted += delta
-    WriteBuffer.total.addAndGet(delta)
+    accounted += table.heapBytes - before
+    if (math.abs(accounted - published) >= WriteBuffer.PublishStep) publish()
+  }
+
+  private def publish(): Unit = {
+    WriteBuffer.total.addAndGet(accounted - published)
+    published = accounted
   }
 
   /** Drops one family's writes (written into RocksDB, or moot: the family was dropped). */
   def remove(cf: String): Unit = tables.remove(cf).foreach { t =>
+    lastFamily = null
+    lastTable = null
     accounted -= t.heapBytes
-    WriteBuffer.total.addAndGet(-t.heapBytes)
+    publish()
   }
 
   /** Drops every family's writes; the generation leaves the executor-wide total. */
   def release(): Unit = {
     tables.clear()
-    WriteBuffer.total.addAndGet(-accounted)
+    lastFamily = null
+    lastTable = null
     accounted = 0
+    publish()
   }
 }
 
@@ -69,4 +101,5 @@ private[rocks] object WriteBuffer {
     total.get() > boundBytes && own >= math.min(MinSpillBytes, boundBytes / 8)
 
   private val MinSpillBytes = 4L * 1024 * 1024
+  private val PublishStep = 64L * 1024
 }

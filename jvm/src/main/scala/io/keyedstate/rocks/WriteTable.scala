@@ -58,8 +58,14 @@ private[rocks] final class WriteTable {
     }
   }
 
-  /** The keys in RocksDB's order (unsigned bytes), for writing into RocksDB. */
-  def sortedKeys: Array[Array[Byte]] = {
+  /** Hands every key's kind, key and value (null for a delete) to `f`, in RocksDB's key order. */
+  def foreachInKeyOrder(f: (Byte, Array[Byte], Array[Byte]) => Unit): Unit = sortedKeys.foreach { key =>
+    val i = find(key)
+    f(kinds(i), key, if (kinds(i) == Delete) null else value(i))
+  }
+
+  /** The keys in RocksDB's order (unsigned bytes). */
+  private def sortedKeys: Array[Array[Byte]] = {
     val sorted = new Array[Array[Byte]](count)
     var n = 0
     var i = 0
