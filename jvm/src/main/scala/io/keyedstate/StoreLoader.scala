@@ -56,7 +56,7 @@ private[keyedstate] final class StoreLoader(
     val manifest = restores.latestBase(resolveManifest(version, checkpointId))
     val (db, stats) = restores.rebuild(manifest, dbDir, workDir, id.toString)
     val result = try {
-      // The replayed changelogs sit in the memtables: flush them while the first batch runs, so
+      // The replayed changelogs sit in the write buffer: flush them while the first batch runs, so
       // the version's lineage starts flushed (see VersionLineage).
       if (stats.changelogRecordsReplayed > 0) db.flushInBackground()
       cache.retainOnly(manifest.allFiles)

@@ -668,6 +668,10 @@ object LocalRocksDB {
   private val BatchOps = 4096
   private val BatchBytes = 4L * 1024 * 1024
 
+  /** `heapWriteBufferMB`, at most an eighth of the JVM's heap (a small executor's default stays safe). */
+  private def heapBufferBytes(conf: KeyedStateConf): Long =
+    math.min(conf.heapWriteBufferMB * 1024 * 1024, Runtime.getRuntime.maxMemory / 8)
+
   /** Bytes the write buffers of every instance in this JVM hold (tests). */
   private[keyedstate] def bufferedBytesInJvm: Long = WriteBuffer.executorTotal
 
@@ -773,6 +777,6 @@ object LocalRocksDB {
             case _ => new IllegalStateException(s"Cannot open RocksDB at $dir: ${e.getMessage}", e)
           }
       }
-    new LocalRocksDB(dir, db, dbOptions, cfOptions, handles.asScala.toSeq, conf.heapWriteBufferMB * 1024 * 1024)
+    new LocalRocksDB(dir, db, dbOptions, cfOptions, handles.asScala.toSeq, heapBufferBytes(conf))
   }
 }

@@ -19,11 +19,11 @@ import io.keyedstate.rocks.LocalRocksDB
  * snapshot, so a load replays at most about `snapshotInterval` changelogs. Without changelog
  * checkpointing every commit is a full, incremental snapshot.
  *
- * A checkpoint needs the memtables flushed, and the versions since the last flush can hold many
- * batches of writes. So the commit before a snapshot starts that flush without waiting for it
- * (RocksDB's background threads write the SSTs while the next batch runs), and the snapshot's
- * own flush holds one version's writes: a snapshot commit's stall follows one batch, not
- * `snapshotInterval` of them (see [[SnapshotStep]]).
+ * A checkpoint needs every write in SST files, and the versions since the last flush can hold
+ * many batches of writes (in the heap's write buffer, see LocalRocksDB). So the commit before a
+ * snapshot starts that flush without waiting for it (a background thread writes the buffer as SST
+ * files while the next batch runs), and the snapshot's own flush holds one version's writes: a
+ * snapshot commit's stall follows one batch, not `snapshotInterval` of them (see [[SnapshotStep]]).
  */
 final class VersionLineage(
     store: CheckpointStore,
@@ -229,7 +229,7 @@ private sealed trait SnapshotStep
 private object SnapshotStep {
   /** Nothing: the snapshot is not due, nor due at the next version. */
   case object Skip extends SnapshotStep
-  /** Start flushing the memtables in the background, for a snapshot at the next commit. */
+  /** Start flushing in the background (the write buffer, the memtables), for a snapshot at the next commit. */
   case object Prime extends SnapshotStep
   /** Flush what is left and take the native checkpoint now; upload it in the background. */
   case object Take extends SnapshotStep
