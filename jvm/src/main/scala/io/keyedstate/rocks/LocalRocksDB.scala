@@ -237,7 +237,7 @@ final class LocalRocksDB private (
     val s = frozenSpill
     if (s != null) {
       try s.get() catch { case _: java.util.concurrent.ExecutionException => } // recorded in lostWrites
-      frozenSpill = null
+      lock.synchronized { if (frozenSpill eq s) frozenSpill = null } // not a newer one, frozen meanwhile
     }
     checkNoLostWrites()
   }

@@ -6,26 +6,28 @@ import scala.collection.mutable
 
 /**
  * One generation of a [[LocalRocksDB]]'s writes held in the heap: a [[WriteTable]] per column
- * family, and its share of the executor-wide bound ([[WriteBuffer.overBound]]). Not thread-safe:
- * LocalRocksDB guards the generation it writes, and freezes the one it spills in the background.
+ * family, and its share of the executor-wide bound ([[WriteBuffer.overBound]]). Writes are not
+ * thread-safe: LocalRocksDB guards the generation it writes; a frozen one is only read.
  */
 private[rocks] final class WriteBuffer {
   private val tables = mutable.HashMap[String, WriteTable]()
   private var accounted = 0L // this generation's bytes
   private var published = 0L // the part of them in the executor-wide total
 
-  // The family of the last lookup: a store's reads and writes mostly go to one.
-  private var lastFamily: String = _
-  private var lastTable: WriteTable = _
+  // The family of the last lookup and its table, in one reference: a store's reads and writes
+  // mostly go to one family, and a frozen generation is read by several threads at once.
+  @volatile private var last: (String, WriteTable) = _
 
   /** The family's table, or null. */
-  def tableOrNull(cf: String): WriteTable =
-    if (cf eq lastFamily) lastTable
+  def tableOrNull(cf: String): WriteTable = {
+    val l = last
+    if (l != null && (l._1 eq cf)) l._2
     else {
       val t = tables.getOrElse(cf, null)
-      if (t != null) { lastFamily = cf; lastTable = t }
+      if (t != null) last = (cf, t)
       t
     }
+  }
 
   def tableFor(cf: String): WriteTable = {
     val t = tableOrNull(cf)
@@ -66,8 +68,7 @@ private[rocks] final class WriteBuffer {
 
   /** Drops one family's writes (written into RocksDB, or moot: the family was dropped). */
   def remove(cf: String): Unit = tables.remove(cf).foreach { t =>
-    lastFamily = null
-    lastTable = null
+    last = null
     accounted -= t.heapBytes
     publish()
   }
@@ -75,8 +76,7 @@ private[rocks] final class WriteBuffer {
   /** Drops every family's writes; the generation leaves the executor-wide total. */
   def release(): Unit = {
     tables.clear()
-    lastFamily = null
-    lastTable = null
+    last = null
     accounted = 0
     publish()
   }
