@@ -2,9 +2,6 @@ package io.keyedstate.rocks
 
 import java.util.Arrays
 
-import org.apache.spark.unsafe.Platform
-import org.apache.spark.unsafe.hash.Murmur3_x86_32
-
 /**
  * The writes of one column family that are not in RocksDB yet, in the heap: for each key the
  * outcome of its writes so far, a value ([[WriteTable.Put]]), a deletion ([[WriteTable.Delete]])
@@ -12,30 +9,24 @@ import org.apache.spark.unsafe.hash.Murmur3_x86_32
  * merge operator is plain concatenation (`StringAppendOperator("")`), so a merge onto a put or a
  * delete folds into a put here, and merges onto merges into one operand.
  *
- * Open addressing with linear probing over parallel arrays (no entry objects); each slot keeps its
- * key's hash. Keys and values are copied in (callers reuse their arrays) and out. No removal: a
- * table is dropped whole once RocksDB holds its writes. Not thread-safe: [[LocalRocksDB]] guards it.
+ * The slots are [[ByteKeySlots]]; the payload is a kind, a value and its length per slot. Keys
+ * and values are copied in (callers reuse their arrays) and out. No removal: a table is dropped
+ * whole once RocksDB holds its writes. Not thread-safe: [[LocalRocksDB]] guards it.
  */
-private[rocks] final class WriteTable {
+private[rocks] final class WriteTable extends ByteKeySlots(WriteTable.InitialCapacity) {
   import WriteTable._
 
-  private var keys = new Array[Array[Byte]](InitialCapacity)
-  private var hashes = new Array[Int](InitialCapacity)
   private var kinds = new Array[Byte](InitialCapacity)
   private var values = new Array[Array[Byte]](InitialCapacity) // may be longer than the value
   private var lengths = new Array[Int](InitialCapacity)
-  private var count = 0
   private var bytes = 0L
-
-  /** Keys held. */
-  def size: Int = count
 
   /** What the table takes in the heap, about: keys, values and the slots' share. */
   def heapBytes: Long = bytes + keys.length.toLong * SlotBytes
 
   /** The slot of `key`, or -1. */
   def find(key: Array[Byte]): Int = {
-    val i = slot(key, hash(key))
+    val i = slot(key, key.length, hash(key))
     if (keys(i) == null) -1 else i
   }
 
@@ -50,7 +41,7 @@ private[rocks] final class WriteTable {
   /** Appends a merge operand to what the key's writes left so far. */
   def merge(key: Array[Byte], operand: Array[Byte]): Unit = {
     val h = hash(key)
-    val i = slot(key, h)
+    val i = slot(key, key.length, h)
     if (keys(i) == null) insert(i, key, h, Merge, operand.clone())
     else kinds(i) match {
       case Delete => replace(i, Put, operand.clone()) // a merge onto nothing: the operand alone
@@ -79,19 +70,16 @@ private[rocks] final class WriteTable {
 
   private def set(key: Array[Byte], kind: Byte, value: Array[Byte]): Unit = {
     val h = hash(key)
-    val i = slot(key, h)
+    val i = slot(key, key.length, h)
     if (keys(i) == null) insert(i, key, h, kind, value) else replace(i, kind, value)
   }
 
   private def insert(i: Int, key: Array[Byte], h: Int, kind: Byte, value: Array[Byte]): Unit = {
-    keys(i) = key.clone()
-    hashes(i) = h
     kinds(i) = kind
     values(i) = value
     lengths(i) = if (value == null) 0 else value.length
-    count += 1
     bytes += key.length + lengths(i) + ArrayBytes * 2
-    if (count * 2 > keys.length) grow() // at most half full: probe runs stay short
+    claim(i, key.clone(), h)
   }
 
   private def replace(i: Int, kind: Byte, value: Array[Byte]): Unit = {
@@ -116,32 +104,15 @@ private[rocks] final class WriteTable {
 
   private def capacityOf(i: Int): Int = if (values(i) == null) 0 else values(i).length
 
-  private def slot(key: Array[Byte], h: Int): Int = {
-    val mask = keys.length - 1
-    var i = h & mask
-    while (keys(i) != null && !(hashes(i) == h && Arrays.equals(keys(i), key))) i = (i + 1) & mask
-    i
-  }
-
-  private def grow(): Unit = {
-    val (oldKeys, oldHashes, oldKinds, oldValues, oldLengths) = (keys, hashes, kinds, values, lengths)
-    keys = new Array[Array[Byte]](oldKeys.length * 2)
-    hashes = new Array[Int](keys.length)
-    kinds = new Array[Byte](keys.length)
-    values = new Array[Array[Byte]](keys.length)
-    lengths = new Array[Int](keys.length)
-    val mask = keys.length - 1
+  protected def relocate(capacity: Int, newSlot: Array[Int]): Unit = {
+    val (oldKinds, oldValues, oldLengths) = (kinds, values, lengths)
+    kinds = new Array[Byte](capacity)
+    values = new Array[Array[Byte]](capacity)
+    lengths = new Array[Int](capacity)
     var j = 0
-    while (j < oldKeys.length) {
-      if (oldKeys(j) != null) {
-        var i = oldHashes(j) & mask
-        while (keys(i) != null) i = (i + 1) & mask
-        keys(i) = oldKeys(j)
-        hashes(i) = oldHashes(j)
-        kinds(i) = oldKinds(j)
-        values(i) = oldValues(j)
-        lengths(i) = oldLengths(j)
-      }
+    while (j < newSlot.length) {
+      val i = newSlot(j)
+      if (i >= 0) { kinds(i) = oldKinds(j); values(i) = oldValues(j); lengths(i) = oldLengths(j) }
       j += 1
     }
   }
@@ -160,6 +131,5 @@ private[rocks] object WriteTable {
   private val ArrayBytes = 16
   private val SlotBytes = 17
 
-  private def hash(key: Array[Byte]): Int =
-    Murmur3_x86_32.hashUnsafeBytes(key, Platform.BYTE_ARRAY_OFFSET, key.length, 42)
+  private def hash(key: Array[Byte]): Int = ByteKeySlots.hash(key, key.length)
 }
