@@ -218,6 +218,8 @@ class LocalRocksDBSuite extends AnyFunSuite {
           model(cf).keys.take(5).foreach(k => check(cf, k, s"while write $i's buffer goes in"))
         }
       }
+      db.flush() // every buffer in RocksDB: none of their bytes is counted any more
+      assert(LocalRocksDB.bufferedBytesInJvm == inJvmBefore, "the JVM's total after the buffers went in")
       families.foreach { cf =>
         model(cf).keys.foreach(k => check(cf, k, "at the end"))
         val it = db.scan(cf, None, None)

@@ -75,16 +75,25 @@ final class LocalRocksDB private (
   def healthy: Boolean = lostWrites == null
 
   /** The database with every write made so far in it: what scans and file operations use. */
-  private def current: RocksDB = { lock.synchronized(spill(buffer.columnFamilies)); db }
+  private def current: RocksDB = {
+    awaitFrozenSpill() // first without the lock, which the task's reads and writes need meanwhile
+    lock.synchronized(spill(buffer.columnFamilies))
+    db
+  }
 
   /** The database with every write made so far to `cf` in it. */
-  private def currentFor(cf: String): RocksDB = { lock.synchronized(spill(List(cf))); db }
+  private def currentFor(cf: String): RocksDB = {
+    awaitFrozenSpill()
+    lock.synchronized(spill(List(cf)))
+    db
+  }
 
   def columnFamilies: Set[String] = handles.keySet.toSet
   def hasColumnFamily(name: String): Boolean = handles.contains(name)
 
   def createColumnFamily(name: String): Unit = if (!handles.contains(name)) {
     handles(name) = localIo(db.createColumnFamily(new ColumnFamilyDescriptor(name.getBytes(UTF_8), cfOptions)))
+    handlesChanged += 1
   }
 
   /** RocksDB's I/O errors are the local disk's: they name the directory (see `LocalRocksDB.failure`). */
@@ -95,7 +104,6 @@ final class LocalRocksDB private (
   def dropColumnFamily(name: String): Boolean = {
     lock.synchronized { awaitFrozenSpill(); buffer.remove(name) } // its waiting writes go with it
     releaseScanIterator(name)
-    lastHandle = null
     handles.get(name) match {
       case None => false
       case Some(h) if name == LocalRocksDB.DefaultColumnFamily =>
@@ -107,22 +115,27 @@ final class LocalRocksDB private (
       case Some(h) =>
         db.dropColumnFamily(h)
         handles.remove(name)
-        lastHandle = null
+        handlesChanged += 1 // before the close: a lookup that started earlier does not cache the handle
         h.close()
         true
     }
   }
 
   private def handle(cf: String): ColumnFamilyHandle = {
-    val last = lastHandle // the family of the last lookup: a store's reads and writes mostly go to one
-    if (last != null && (last._1 eq cf)) last._2
+    // The family of the last lookup: a store's reads and writes mostly go to one. Valid only while
+    // no family was created or dropped since (another thread may look up while the task drops).
+    val last = lastHandle
+    if (last != null && (last.name eq cf) && last.atChange == handlesChanged) last.handle
     else {
+      val atChange = handlesChanged
       val h = handles.getOrElse(cf, throw new IllegalStateException(s"Column family '$cf' does not exist"))
-      lastHandle = (cf, h)
+      lastHandle = new CachedHandle(cf, h, atChange)
       h
     }
   }
-  @volatile private var lastHandle: (String, ColumnFamilyHandle) = _
+  private final class CachedHandle(val name: String, val handle: ColumnFamilyHandle, val atChange: Long)
+  @volatile private var lastHandle: CachedHandle = _
+  @volatile private var handlesChanged = 0L
 
   /** The value of `key`, or null. */
   def get(cf: String, key: Array[Byte]): Array[Byte] = {
@@ -219,16 +232,19 @@ final class LocalRocksDB private (
     else {
       val f = buffer
       val tables = f.columnFamilies.toList.map(cf => (handle(cf), f.tableOrNull(cf)))
-      buffer = new WriteBuffer
-      frozen = f
-      frozenSpill = LocalRocksDB.spillThreads.submit((() => {
+      val task = new java.util.concurrent.FutureTask[Unit](() => {
         keepingFailure {
           tables.foreach { case (h, t) => if (t.size > 0) ingestInto(h, t) }
           flushAll(toFlush, waitForFlush = false) // what scans and the bound wrote into the memtables
         }
         frozen = null // RocksDB holds it all now (after a failure reads keep using it: see lostWrites)
         f.release()
-      }): Runnable)
+      })
+      // The task is known before the frozen buffer is: a reader that finds a merge in it waits for it.
+      frozenSpill = task
+      buffer = new WriteBuffer
+      frozen = f
+      LocalRocksDB.spillThreads.execute(task)
     }
   }
 

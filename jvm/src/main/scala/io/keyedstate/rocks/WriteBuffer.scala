@@ -35,6 +35,7 @@ private[rocks] final class WriteBuffer {
     else {
       val created = new WriteTable
       tables(cf) = created
+      accountFor(0L, created) // its empty slots count: `remove` takes back all it holds
       created
     }
   }
