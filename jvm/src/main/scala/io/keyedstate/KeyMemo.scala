@@ -36,7 +36,9 @@ private[keyedstate] final class KeyMemo(maxEntries: Int) {
 
   /** A read found whether `key` exists. */
   def learn(cf: String, key: Array[Byte], exists: Boolean): Unit = synchronized {
-    record(family(cf), key, exists, hasRoom(1))
+    // What a write recorded stays: with the pipelined runner a write of the key may land between
+    // the lookup thread's read and this call, and the read's answer is then the older one.
+    record(family(cf), key, exists, hasRoom(1), overwrite = false)
   }
 
   /**
@@ -103,8 +105,9 @@ private[keyedstate] final class KeyMemo(maxEntries: Int) {
   }
 
   /** Sets what is known of `key` (inserting it if `room`); returns what was known before. */
-  private def record(memo: ColumnFamilyMemo, key: Array[Byte], exists: Boolean, room: Boolean): Byte = {
-    val before = memo.keys.put(key, if (exists) Present else Absent, mayInsert = room)
+  private def record(memo: ColumnFamilyMemo, key: Array[Byte], exists: Boolean, room: Boolean,
+      overwrite: Boolean = true): Byte = {
+    val before = memo.keys.put(key, if (exists) Present else Absent, mayInsert = room, overwrite = overwrite)
     if (before == Unknown && room) entries += 1
     before
   }

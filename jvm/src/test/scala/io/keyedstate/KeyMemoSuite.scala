@@ -103,6 +103,17 @@ class KeyMemoSuite extends AnyFunSuite {
     assert(m.existedBefore("cf", b("g"), existsNow = true) == Unknown)
   }
 
+  test("a read's answer does not override what a write recorded since (the read is older)") {
+    // The pipelined runner: the lookup thread reads k (absent), the task thread puts k, then the
+    // lookup thread records its read. The put must stay recorded, or the next put counts k again.
+    val m = new KeyMemo(100)
+    assert(m.existedBefore("cf", b("k"), existsNow = true) == Unknown) // the put (the store said absent)
+    m.learn("cf", b("k"), exists = false) // the older read's answer arrives
+    assert(m.existedBefore("cf", b("k"), existsNow = true) == Present)
+    m.learn("cf", b("new"), exists = true) // a key no write touched: learnt as read
+    assert(m.existedBefore("cf", b("new"), existsNow = false) == Present)
+  }
+
   test("a lookup thread and an apply thread share one family's memo without losing what either recorded") {
     // Spark's pipelined Python runner reads (the lookup) in its writer thread while the apply
     // node writes in the task thread: both record keys of the same family, as a TTL'd one is.
