@@ -202,8 +202,15 @@ object FaultyFileSystem {
   private val calls = new AtomicLong(0)
   @volatile private var failAt = 0L
   @volatile private var failed: Option[String] = None
+  @volatile private var unchecked = false
 
-  def armAt(n: Int): Unit = synchronized { calls.set(0); failed = None; failAt = n }
+  /**
+   * Fails the `n`th call from now: with an IOException naming the path, or `unchecked`, as an
+   * object store's client may, with an UncheckedIOException that names nothing.
+   */
+  def armAt(n: Int, unchecked: Boolean = false): Unit = synchronized {
+    calls.set(0); failed = None; failAt = n; this.unchecked = unchecked
+  }
   /** Counts calls without failing any: how many points a step has (then `disarm` returns it). */
   def countOnly(): Unit = synchronized { calls.set(0); failed = None; failAt = Long.MaxValue }
   /** Stops injecting; returns the number of calls made since the last `armAt` or `countOnly`. */
@@ -219,6 +226,7 @@ object FaultyFileSystem {
     if (failAt > 0 && calls.incrementAndGet() == failAt) {
       // Only the Nth call: calls made after it (cleanup, the retry) go through.
       failed = Some(s"$what ${path.getName}")
+      if (unchecked) throw new java.io.UncheckedIOException(new IOException("injected fault: connection closed"))
       throw new IOException(s"injected fault: $what $path")
     }
   }

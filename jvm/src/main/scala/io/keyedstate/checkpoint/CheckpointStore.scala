@@ -175,33 +175,48 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
     } catch {
       case NonFatal(e) =>
         delete(tmp)
-        throw KeyedStateErrors.checkpointWrite(s"Cannot write state manifest $path for version $version: ${e.getMessage}", e)
+        throw manifestWriteFailed(path, version, e)
     }
   }
 
   /** On an object store with abortable streams: the object is published by `close` only. */
   private def writeInPlace(path: Path, bytes: Array[Byte], version: Long): Unit = {
-    val out = fs.create(path, true)
+    val out = creatingManifest(path, version)(fs.create(path, true))
     try {
       out.write(bytes)
       out.close()
     } catch {
       case NonFatal(e) =>
         try out.abort() catch { case NonFatal(abortFailure) => e.addSuppressed(abortFailure) }
-        throw KeyedStateErrors.checkpointWrite(s"Cannot write state manifest $path for version $version: ${e.getMessage}", e)
+        throw manifestWriteFailed(path, version, e)
     }
   }
 
+  /**
+   * Opens a manifest's stream; a failure names the manifest and the version like a failed write.
+   * Creating one already talks to the store (S3A lists the key's parent), and an object store's
+   * client may fail with an unchecked exception (the AWS SDK's `UncheckedIOException` when the
+   * endpoint drops a response half-way).
+   */
+  private def creatingManifest[T](path: Path, version: Long)(create: => T): T =
+    try create catch {
+      case NonFatal(e) =>
+        throw manifestWriteFailed(path, version, e)
+    }
+
+  private def manifestWriteFailed(path: Path, version: Long, e: Throwable): Exception =
+    KeyedStateErrors.checkpointWrite(s"Cannot write state manifest $path for version $version: ${e.getMessage}", e)
+
   /** Spark's CheckpointFileManager picks the atomic write each file system supports. */
   private def writeAtomically(path: Path, bytes: Array[Byte], version: Long): Unit = {
-    val out = fileManager.createAtomic(path, true)
+    val out = creatingManifest(path, version)(fileManager.createAtomic(path, true))
     try {
       out.write(bytes)
       out.close()
     } catch {
       case NonFatal(e) =>
         out.cancel()
-        throw KeyedStateErrors.checkpointWrite(s"Cannot write state manifest $path for version $version: ${e.getMessage}", e)
+        throw manifestWriteFailed(path, version, e)
     }
     if (!renameReportsFailure) checkPublished(path, bytes, version)
   }

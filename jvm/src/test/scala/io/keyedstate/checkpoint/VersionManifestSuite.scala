@@ -85,7 +85,7 @@ class VersionManifestSuite extends AnyFunSuite with CheckpointLayerFixture {
     assert(!new File(dir, "6.manifest").exists(), "a failed publish must not leave the version visible")
   }
 
-  test("a fault at every file-system call of a manifest publish: the old manifest or the new one, whole") {
+  test("a fault at every file-system call of a manifest publish: the old manifest or the new one, whole; the error names it") {
     val dir = tempDir()
     storeAt(dir).writeManifest(manifest(5, "old"), checkpointIdsEnabled = false)
     val conf = new Configuration()
@@ -96,19 +96,26 @@ class VersionManifestSuite extends AnyFunSuite with CheckpointLayerFixture {
     store.writeManifest(manifest(5, "counted"), checkpointIdsEnabled = false)
     val calls = FaultyFileSystem.disarm()
     storeAt(dir).writeManifest(manifest(5, "old"), checkpointIdsEnabled = false)
-    val tried = (1 to calls.toInt).map { n =>
-      FaultyFileSystem.armAt(n)
-      val ok = Try(store.writeManifest(manifest(5, s"new$n"), checkpointIdsEnabled = false)).isSuccess
+    // Each call failed twice: with an IOException, and with an unchecked one that names no path
+    // (an object store's client): the failure names the manifest and the version either way.
+    val tried = for (n <- 1 to calls.toInt; unchecked <- Seq(false, true)) yield {
+      FaultyFileSystem.armAt(n, unchecked)
+      val attempt = Try(store.writeManifest(manifest(5, s"new$n"), checkpointIdsEnabled = false))
+      val ok = attempt.isSuccess
       val failed = FaultyFileSystem.failedCall
       FaultyFileSystem.disarm()
       assert(failed.isDefined, s"call $n of $calls was not made")
+      attempt.failed.foreach { e =>
+        assert(e.isInstanceOf[CheckpointFileException] && e.getMessage.contains(dir.getAbsolutePath) &&
+          e.getMessage.contains("version 5"), s"fault at ${failed.get} (unchecked: $unchecked): $e")
+      }
       val id = storeAt(dir).readManifest(5, None).checkpointId
       assert(if (ok) id == s"new$n" else id == "old" || id == s"new$n", s"fault at ${failed.get}: manifest of $id")
       storeAt(dir).writeManifest(manifest(5, "old"), checkpointIdsEnabled = false)
       failed.get
     }
     info(s"${tried.size} injection points: ${tried.mkString(", ")}")
-    assert(tried.size == calls && calls >= 2)
+    assert(tried.size == calls * 2 && calls >= 2)
   }
 
   test("a missing, truncated, misplaced or unsupported manifest is reported with its path and version") {
