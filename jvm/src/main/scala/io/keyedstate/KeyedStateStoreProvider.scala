@@ -179,7 +179,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     }
     if (activeStore != null) {
       activeStore.invalidate()
-      if (loaded != null && loaded.dirty) discardLoaded()
+      if (loaded != null && !loaded.servable) discardLoaded()
       activeStore = null
     }
   }
@@ -187,7 +187,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   private[keyedstate] def finish(store: KeyedStateStore, discardWrites: Boolean): Unit = synchronized {
     if (store eq activeStore) {
       if (loaded != null) loaded.db.releaseScanIterators()
-      if (discardWrites && loaded != null && loaded.dirty) discardLoaded()
+      if (discardWrites && loaded != null && !loaded.servable) discardLoaded()
       activeStore = null
       activeThread = null
       notifyAll()
@@ -204,7 +204,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   }
 
   private def load(version: Long, checkpointId: Option[String], loadEmpty: Boolean): Unit = {
-    val reuse = loaded != null && !loaded.dirty && loaded.db.healthy && lineage.version == version &&
+    val reuse = loaded != null && loaded.servable && lineage.version == version &&
       (checkpointId.isEmpty || checkpointId == lineage.checkpointId) && !loadEmpty
     if (reuse) {
       lastLoad = Some(LoadStats())

@@ -70,6 +70,9 @@ private[keyedstate] final class StoreInstance(
    */
   var dirty: Boolean = false
 
+  /** Whether the instance still is the version loaded or last committed: not dirty, no write lost. */
+  def servable: Boolean = !dirty && db.healthy
+
   // Whether keys exist, as learnt since the last commit: exact key counting without a second
   // lookup per write (see KeyMemo).
   private val memo = new KeyMemo(StoreInstance.MaxKnownKeys)

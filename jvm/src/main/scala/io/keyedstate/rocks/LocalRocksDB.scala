@@ -66,25 +66,23 @@ final class LocalRocksDB private (
   // for merges, may be applied twice), so every later read, write and commit fails with it,
   // whichever thread met it first, and the provider rebuilds the instance.
   @volatile private var lostWrites: Throwable = null
-  private def checkNoLostWrites(): Unit = if (lostWrites != null) throw lostWrites
 
   /** Throws the failure that lost buffered writes, if any: a commit must not record them. */
-  def throwIfWritesLost(): Unit = checkNoLostWrites()
+  def throwIfWritesLost(): Unit = if (lostWrites != null) throw lostWrites
 
   /** Whether no buffered write was lost (a failed instance must be rebuilt, not reused). */
   def healthy: Boolean = lostWrites == null
 
   /** The database with every write made so far in it: what scans and file operations use. */
-  private def current: RocksDB = {
-    awaitFrozenSpill() // first without the lock, which the task's reads and writes need meanwhile
-    lock.synchronized(spill(buffer.columnFamilies))
-    db
-  }
+  private def current: RocksDB = written(None)
 
   /** The database with every write made so far to `cf` in it. */
-  private def currentFor(cf: String): RocksDB = {
-    awaitFrozenSpill()
-    lock.synchronized(spill(List(cf)))
+  private def currentFor(cf: String): RocksDB = written(Some(cf))
+
+  /** The database once the buffered writes of `only` that family (or of all) are in it; see [[spill]]. */
+  private def written(only: Option[String], asFiles: Boolean = false): RocksDB = {
+    awaitFrozenSpill() // first without the lock, which the task's reads and writes need meanwhile
+    lock.synchronized(spill(only.fold(buffer.columnFamilies.toList)(List(_)), asFiles))
     db
   }
 
@@ -141,7 +139,7 @@ final class LocalRocksDB private (
   def get(cf: String, key: Array[Byte]): Array[Byte] = {
     val h = handle(cf)
     val buffered = lock.synchronized {
-      checkNoLostWrites()
+      throwIfWritesLost()
       val t = buffer.tableOrNull(cf)
       val i = if (t == null) -1 else t.find(key)
       if (i < 0) LocalRocksDB.NotBuffered
@@ -172,7 +170,7 @@ final class LocalRocksDB private (
   /** Whether `key` exists, its value not copied out. */
   def exists(cf: String, key: Array[Byte]): Boolean = {
     val h = handle(cf)
-    val kind = lock.synchronized { checkNoLostWrites(); buffer.kindOf(cf, key) }
+    val kind = lock.synchronized { throwIfWritesLost(); buffer.kindOf(cf, key) }
     if (kind != WriteBuffer.Missing) kind != WriteTable.Delete
     else {
       val f = frozen
@@ -186,7 +184,7 @@ final class LocalRocksDB private (
   def delete(cf: String, key: Array[Byte]): Unit = write(WriteTable.Delete, cf, key, null)
 
   private def write(kind: Byte, cf: String, key: Array[Byte], value: Array[Byte]): Unit = lock.synchronized {
-    checkNoLostWrites()
+    throwIfWritesLost()
     handle(cf) // the family exists
     val t = buffer.tableFor(cf)
     val before = t.heapBytes
@@ -196,7 +194,7 @@ final class LocalRocksDB private (
       case _ => t.delete(key)
     }
     buffer.accountFor(before, t)
-    if (WriteBuffer.overBound(buffer.heapBytes, heapBufferBytes)) spill(buffer.columnFamilies)
+    if (WriteBuffer.overBound(buffer.heapBytes, heapBufferBytes)) spill(buffer.columnFamilies.toList)
   }
 
   /** Deletes the keys from `begin` (included) to `end` (excluded), in RocksDB directly. */
@@ -208,12 +206,12 @@ final class LocalRocksDB private (
    * under `lock`: into the memtables, or `asFiles` as SST files RocksDB takes in (a flush's: the
    * memtables would be flushed next). A failure loses them (see `lostWrites`).
    */
-  private def spill(cfs: Iterable[String], asFiles: Boolean = false): Unit = {
+  private def spill(cfs: List[String], asFiles: Boolean = false): Unit = {
     awaitFrozenSpill()
-    cfs.toList.foreach { cf =>
+    cfs.foreach { cf =>
       val t = buffer.tableOrNull(cf)
       if (t != null) {
-        if (t.size > 0) keepingFailure(if (asFiles) ingestInto(handle(cf), t) else writeInto(handle(cf), t))
+        keepingFailure(if (asFiles) ingestInto(handle(cf), t) else writeInto(handle(cf), t))
         buffer.remove(cf)
       }
     }
@@ -228,13 +226,13 @@ final class LocalRocksDB private (
   def flushInBackground(): Unit = lock.synchronized {
     awaitFrozenSpill()
     val toFlush = handles.values.toList
-    if (buffer.isEmpty) { buffer.release(); flushAll(toFlush, waitForFlush = false) }
+    if (buffer.isEmpty) flushAll(toFlush, waitForFlush = false)
     else {
       val f = buffer
       val tables = f.columnFamilies.toList.map(cf => (handle(cf), f.tableOrNull(cf)))
       val task = new java.util.concurrent.FutureTask[Unit](() => {
         keepingFailure {
-          tables.foreach { case (h, t) => if (t.size > 0) ingestInto(h, t) }
+          tables.foreach { case (h, t) => ingestInto(h, t) }
           flushAll(toFlush, waitForFlush = false) // what scans and the bound wrote into the memtables
         }
         frozen = null // RocksDB holds it all now (after a failure reads keep using it: see lostWrites)
@@ -255,12 +253,16 @@ final class LocalRocksDB private (
       try s.get() catch { case _: java.util.concurrent.ExecutionException => } // recorded in lostWrites
       lock.synchronized { if (frozenSpill eq s) frozenSpill = null } // not a newer one, frozen meanwhile
     }
-    checkNoLostWrites()
+    throwIfWritesLost()
   }
 
   /** Runs `body`; a failure is kept in `lostWrites` (unless one is kept already) and thrown. */
   private def keepingFailure(body: => Unit): Unit =
-    try body catch {
+    try {
+      val fault = spillFault
+      if (fault != null) throw fault
+      body
+    } catch {
       case e: Throwable =>
         if (lostWrites == null) lostWrites = e match {
           case r: RocksDBException => LocalRocksDB.failure(dir, r)
@@ -275,17 +277,10 @@ final class LocalRocksDB private (
    * The file is newer than everything in the family (nothing else writes RocksDB meanwhile).
    */
   private def ingestInto(h: ColumnFamilyHandle, t: WriteTable): Unit = {
-    val fault = spillFault
-    if (fault != null) throw fault
     spillDir.mkdirs()
-    val file = new File(spillDir, s"${java.util.UUID.randomUUID()}.sst")
-    val envOptions = new EnvOptions()
-    val options = new Options(dbOptions, cfOptions)
-    val writer = new SstFileWriter(envOptions, options)
-    val ingestOptions = new IngestExternalFileOptions().setMoveFiles(true).setAllowGlobalSeqNo(true)
+    val writer = new SstWriter(new File(spillDir, s"${java.util.UUID.randomUUID()}.sst"), new Options(dbOptions, cfOptions))
     try {
       localIo {
-        writer.open(file.getAbsolutePath)
         t.foreachInKeyOrder { (kind, key, value) =>
           kind match {
             case WriteTable.Put => writer.put(key, value)
@@ -294,12 +289,11 @@ final class LocalRocksDB private (
           }
         }
         writer.finish()
-        db.ingestExternalFile(h, java.util.List.of(file.getAbsolutePath), ingestOptions)
       }
-      ingests += 1 // a file may keep sequence number 0: reused scan iterators must not trust the sequence alone
+      ingestFiles(h, Seq(writer.file))
     } finally {
-      writer.close(); options.close(); envOptions.close(); ingestOptions.close()
-      file.delete() // moved into the database unless the ingest failed
+      writer.close()
+      writer.file.delete() // moved into the database unless the ingest failed
     }
   }
   // Where frozen tables' SST files are written before RocksDB takes them: beside the database.
@@ -308,8 +302,6 @@ final class LocalRocksDB private (
 
   /** One table's writes, in key order, in batches (a put costs 2.5 times more applied alone). */
   private def writeInto(h: ColumnFamilyHandle, t: WriteTable): Unit = {
-    val fault = spillFault
-    if (fault != null) throw fault
     val batch = new WriteBatch()
     try {
       var bytes = 0L
@@ -389,8 +381,7 @@ final class LocalRocksDB private (
   /** Whether the family stores no entry at all (an expired one counts: it is stored). */
   def isEmpty(cf: String): Boolean = {
     // Buffered writes count as entries (deletes too): the buffer is not written in for this.
-    val buffered = lock.synchronized(buffer.entriesOf(cf)) + Option(frozen).map(_.entriesOf(cf)).getOrElse(0L)
-    buffered == 0 && {
+    bufferedEntries(_.entriesOf(cf)) == 0 && {
       val it = db.newIterator(handle(cf))
       try {
         it.seekToFirst()
@@ -452,7 +443,7 @@ final class LocalRocksDB private (
 
   /** Writes every buffered write into RocksDB and flushes every column family's memtable to SST files. */
   def flush(): Unit = {
-    lock.synchronized(spill(buffer.columnFamilies, asFiles = true))
+    written(None, asFiles = true)
     flushAll(handles.values.toList, waitForFlush = true)
   }
 
@@ -502,10 +493,16 @@ final class LocalRocksDB private (
    * them into the database. The files may overlap each other; their keys must be new.
    */
   def ingest(cf: String, files: Seq[File]): Unit = if (files.nonEmpty) {
-    releaseScanIterator(cf) // ingested files may keep sequence number 0: a refresh would miss them
+    written(None)
+    ingestFiles(handle(cf), files)
+  }
+
+  /** Moves `files` into the family; RocksDB holds everything written before them. */
+  private def ingestFiles(h: ColumnFamilyHandle, files: Seq[File]): Unit = {
     val opts = new IngestExternalFileOptions().setMoveFiles(true).setAllowGlobalSeqNo(true)
-    try localIo(current.ingestExternalFile(handle(cf), files.map(_.getAbsolutePath).asJava, opts))
+    try localIo(db.ingestExternalFile(h, files.map(_.getAbsolutePath).asJava, opts))
     finally opts.close()
+    ingests += 1 // a file may keep sequence number 0: reused scan iterators must not trust the sequence alone
   }
 
   /**
@@ -544,18 +541,25 @@ trait ClosableIterator[A] extends Iterator[A] with AutoCloseable
 /**
  * Writes one SST file of key-ordered entries for bulk ingestion ([[LocalRocksDB.ingest]]).
  * Nothing is written for an empty writer: `finish()` returns the entry count, 0 meaning no file.
+ * It closes the `options` it is given.
  */
-final class SstWriter(val file: File, conf: KeyedStateConf) extends AutoCloseable {
+final class SstWriter(val file: File, options: Options) extends AutoCloseable {
+  /** A file with the default table options and the configured compression (rescale's). */
+  def this(file: File, conf: KeyedStateConf) =
+    this(file, new Options().setCompressionType(LocalRocksDB.compressionType(conf.compression)))
+
   private val envOptions = new EnvOptions()
-  private val options = new Options().setCompressionType(LocalRocksDB.compressionType(conf.compression))
   private val writer = new SstFileWriter(envOptions, options)
   private var opened = false
   private var count = 0L
   private var bytes = 0L
 
-  def put(key: Array[Byte], value: Array[Byte]): Unit = {
-    if (!opened) { writer.open(file.getAbsolutePath); opened = true }
-    writer.put(key, value)
+  def put(key: Array[Byte], value: Array[Byte]): Unit = { open(); writer.put(key, value); added(key, value) }
+  def merge(key: Array[Byte], operand: Array[Byte]): Unit = { open(); writer.merge(key, operand); added(key, operand) }
+  def delete(key: Array[Byte]): Unit = { open(); writer.delete(key); added(key, Array.emptyByteArray) }
+
+  private def open(): Unit = if (!opened) { writer.open(file.getAbsolutePath); opened = true }
+  private def added(key: Array[Byte], value: Array[Byte]): Unit = {
     count += 1
     bytes += key.length + value.length
   }

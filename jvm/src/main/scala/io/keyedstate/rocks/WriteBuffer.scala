@@ -40,7 +40,7 @@ private[rocks] final class WriteBuffer {
     }
   }
   def columnFamilies: Iterable[String] = tables.keys
-  def isEmpty: Boolean = tables.valuesIterator.forall(_.size == 0)
+  def isEmpty: Boolean = tables.isEmpty // a table exists once a write made it
   def entries: Long = tables.valuesIterator.map(_.size.toLong).sum
   def entriesOf(cf: String): Long = tables.get(cf).map(_.size.toLong).getOrElse(0L)
 

@@ -49,10 +49,13 @@ private[rocks] final class WriteTable extends ByteKeySlots(WriteTable.InitialCap
     }
   }
 
-  /** Hands every key's kind, key and value (null for a delete) to `f`, in RocksDB's key order. */
+  /**
+   * Hands every key's kind, key and value (null for a delete) to `f`, in RocksDB's key order. The
+   * arrays are the table's own, not copies: `f` must not change them.
+   */
   def foreachInKeyOrder(f: (Byte, Array[Byte], Array[Byte]) => Unit): Unit = sortedKeys.foreach { key =>
     val i = find(key)
-    f(kinds(i), key, if (kinds(i) == Delete) null else value(i))
+    f(kinds(i), key, if (kinds(i) == Delete) null else if (lengths(i) == values(i).length) values(i) else value(i))
   }
 
   /** The keys in RocksDB's order (unsigned bytes). */
