@@ -1,10 +1,9 @@
 """Python state API benchmark: keyedstate's Flink-style API against transformWithStateInPandas.
 
-The same per-key logic runs four ways on the same input, in one process, one after the other:
+The same per-key logic runs three ways on the same input, in one process, one after the other:
 
 * ``keyedstate`` - this API (``key_by(...).process(KeyedProcessFunction)``) on keyedstate's
   provider;
-* ``keyedstate-on-spark-rocksdb`` - the same query on Spark's RocksDB provider;
 * ``transformWithStateInPandas`` - a ``StatefulProcessor`` with the same three states, on
   Spark's RocksDB provider (it refuses other providers);
 * ``plain Python loop`` - the same logic over the same rows in memory, no Spark: the floor.
@@ -429,7 +428,6 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--skip-tws", action="store_true", help="skip transformWithStateInPandas")
-    parser.add_argument("--skip-spark-rocksdb", action="store_true")
     parser.add_argument(
         "--skip-references",
         action="store_true",
@@ -511,8 +509,6 @@ def main() -> None:
                 plan.append(
                     ("keyedstate-state-in-dicts", keyedstate.PROVIDER_CLASS, in_dicts, True)
                 )
-            if not args.skip_spark_rocksdb:
-                plan.append(("keyedstate-on-spark-rocksdb", SPARK_ROCKSDB, ours, True))
             if not args.skip_tws:
                 tws = source.groupBy("user_id").transformWithStateInPandas(
                     statefulProcessor=UserActivityProcessor(),

@@ -17,7 +17,6 @@ from streaming_harness import (
     PROVIDER_CLASS_KEY,
     PROVIDER_UNDER_TEST,
     QUERY_TIMEOUT_S,
-    REFERENCE_PROVIDER,
     BatchCollector,
     FileInput,
     RunResult,
@@ -27,8 +26,8 @@ from streaming_harness import (
     start_query,
 )
 
-# Every scenario runs on the provider under test and on Spark's RocksDB provider, side by side.
-PROVIDERS = {"keyedstate": PROVIDER_UNDER_TEST, "spark-rocksdb": REFERENCE_PROVIDER}
+# Keyed functions run on keyedstate's provider only (their declaration lives in its manifests).
+PROVIDERS = {"keyedstate": PROVIDER_UNDER_TEST}
 
 Rows = list[dict[str, Any]]
 Build = Callable[[Mapping[str, DataFrame]], DataFrame]
@@ -90,7 +89,7 @@ def run_jobs(
     return results
 
 
-def on_both_providers(build: Build) -> dict[str, tuple[str, Build]]:
+def on_keyedstate(build: Build) -> dict[str, tuple[str, Build]]:
     return {label: (provider, build) for label, provider in PROVIDERS.items()}
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import keyedstate
+import pytest
 from pyspark.sql import SparkSession
 
 
@@ -56,3 +58,60 @@ def test_a_malformed_conf_option_exits_2_in_one_line() -> None:
     )
     assert done.returncode == 2
     assert done.stderr.strip() == "keyedstate: --conf expects KEY=VALUE, got 'novalue'"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "line"),
+    [
+        (["rescale", "--partitions", "0"],
+         "keyedstate rescale: [KEYEDSTATE_RESCALE_REFUSED] Invalid partition count 0 for rescale: "
+         "allowed is an integer from 1 to 100000"),
+        (["inspect", "--key-groups", "0"],
+         "keyedstate inspect: [KEYEDSTATE_INVALID_OPTION] Invalid key group count 0 for inspect: "
+         "allowed is an integer from 1 to 65536"),
+        (["inspect"], "keyedstate inspect: [KEYEDSTATE_QUERY_CHECKPOINT_INVALID] no checkpoint at "
+         "file:{missing}"),
+    ],
+)
+def test_what_can_be_refused_before_spark_starts_is_refused_at_once(
+    tmp_path: Path, arguments: list[str], line: str
+) -> None:
+    """A bad count or a local checkpoint that is not there: one line and exit 2 in the time
+    Python takes to start, not after Spark's (8-19 s before)."""
+    checkpoint = tmp_path if "--partitions" in arguments or "--key-groups" in arguments else None
+    missing = tmp_path / "missing"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "keyedstate.tools.cli", *arguments,
+         "--checkpoint", str(checkpoint or missing)],
+        capture_output=True, text=True, timeout=120,
+    )
+    elapsed = time.monotonic() - started
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip() == line.format(missing=missing), done.stderr[-2000:]
+    # No JVM was started: Spark's start alone takes several seconds on this machine.
+    assert "Spark's log" not in done.stderr and elapsed < 6, elapsed
+
+
+def test_the_tools_word_a_missing_checkpoint_and_a_bad_count_alike(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Through the Python API (no CLI checks before the JVM's): the same identifiers and words."""
+    missing = tmp_path / "missing"
+    for call in (
+        lambda: keyedstate.inspect(spark, str(missing)),
+        lambda: keyedstate.read_state(spark, str(missing), "count"),
+        lambda: keyedstate.rescale(spark, str(missing), 3),
+    ):
+        with pytest.raises(keyedstate.QueryCheckpointError) as failure:
+            call()
+        assert str(failure.value) == (
+            f"[KEYEDSTATE_QUERY_CHECKPOINT_INVALID] no checkpoint at file:{missing}"
+        ), failure.value
+    tmp_path.joinpath("empty").mkdir()
+    bad_count = (
+        r"^\[KEYEDSTATE_INVALID_OPTION\] Invalid key group count 0 for inspect: allowed is an "
+        r"integer from 1 to 65536$"
+    )
+    with pytest.raises(keyedstate.InvalidOptionError, match=bad_count):
+        keyedstate.inspect(spark, str(tmp_path / "empty"), key_groups=0)

@@ -6,26 +6,55 @@ error chained."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import keyedstate
 import pytest
-from keyedstate import errors
+from keyedstate import (
+    KeyedProcessFunction,
+    OutputTag,
+    RuntimeContext,
+    Types,
+    ValueStateDescriptor,
+    errors,
+    key_by,
+)
 from pyspark.errors import IllegalArgumentException, StreamingQueryException
 from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+from pyspark.sql.streaming import StreamingQuery
+from state_api_support import ship_by_value
+from streaming_harness import PROVIDER_UNDER_TEST, BatchCollector, FileInput, start_query
+
+ship_by_value(__name__)
 
 SQL_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 
 
-def run_counts(spark: SparkSession, source: Path, checkpoint: Path) -> None:
-    """One availableNow run of a count per key over ``source`` (20 new rows each time)."""
+def start_counts(
+    spark: SparkSession, source: Path, checkpoint: Path, foreach_batch: bool = False
+) -> StreamingQuery:
+    """An availableNow run of a count per key over ``source`` (20 new rows each time), into the
+    noop sink or, with ``foreach_batch``, a ``foreachBatch`` function (every exactly-once sink is
+    one) that collects the batch."""
     spark.range(20).selectExpr("id % 5 as k").write.mode("append").parquet(str(source))
     spark.conf.set(SQL_PROVIDER, keyedstate.PROVIDER_CLASS)
-    query = (
+    writer = (
         spark.readStream.schema("k long").parquet(str(source)).groupBy("k").count()
-        .writeStream.format("noop").outputMode("update")
-        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+        .writeStream.outputMode("update")
+        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
     )
-    query.awaitTermination(180)
+    if foreach_batch:
+        writer = writer.foreachBatch(lambda df, _batch_id: df.collect())
+    else:
+        writer = writer.format("noop")
+    return writer.start()
+
+
+def run_counts(
+    spark: SparkSession, source: Path, checkpoint: Path, foreach_batch: bool = False
+) -> None:
+    start_counts(spark, source, checkpoint, foreach_batch).awaitTermination(180)
 
 
 def manifest_of_version_1(checkpoint: Path) -> Path:
@@ -89,6 +118,139 @@ def test_the_failure_a_query_reports_afterwards_maps_the_same(
     assert error.error_id == "KEYEDSTATE_CHECKPOINT_FILE_MISSING"
 
 
+def test_a_damaged_checkpoint_under_foreach_batch_is_a_checkpoint_error(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Under ``foreachBatch`` the batch's job runs from the Python function: its failure goes
+    back to the JVM as the text of a py4j error (``FOREACH_BATCH_USER_FUNCTION_ERROR``), with
+    keyedstate's error only as a ``Caused by:`` line of the stack trace it quotes."""
+    source, checkpoint = tmp_path / "in", tmp_path / "ck"
+    run_counts(spark, source, checkpoint, foreach_batch=True)
+    manifest = manifest_of_version_1(checkpoint)
+    manifest.write_text('{"version": 1, "snapshot')
+    query = start_counts(spark, source, checkpoint, foreach_batch=True)
+    with pytest.raises(StreamingQueryException) as failure:
+        query.awaitTermination(180)
+    assert "FOREACH_BATCH_USER_FUNCTION_ERROR" in str(failure.value), str(failure.value)[:2000]
+
+    reported = query.exception()
+    assert reported is not None
+    for seen in (failure.value, reported):
+        error = errors.state_error(seen)
+        assert isinstance(error, errors.CheckpointError), str(seen)[:3000]
+        assert error.error_id == "KEYEDSTATE_CHECKPOINT_FILE_CORRUPT"
+        message = str(error)
+        # The outermost keyedstate line: the store and the version, then the file.
+        start = "[KEYEDSTATE_CHECKPOINT_FILE_CORRUPT] Cannot load version 1 of state store "
+        assert message.startswith(start), message
+        assert "State version 1 has a corrupt manifest" in message, message
+        assert str(manifest) in message and "\n" not in message, message
+        assert error.__cause__ is seen
+
+
+# keyedstate's own errors raised in the Python worker, in the keyed function's task: they reach
+# the driver as the text of Spark's PythonException, inside the py4j error under foreachBatch.
+
+
+class StateOutsideOpen(KeyedProcessFunction):
+    """Creates its state on first use instead of in ``open()``: never planned."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.context = runtime_context
+
+    def process_element(self, value: Any, ctx: Any) -> Any:  # noqa: ANN401
+        seen = self.context.get_state(ValueStateDescriptor("seen", Types.LONG()))
+        seen.update((seen.value() or 0) + 1)
+        yield (value.k, 1)
+
+
+class TextForLong(KeyedProcessFunction):
+    def process_element(self, value: Any, ctx: Any) -> Any:  # noqa: ANN401
+        yield (value.k, str(value.v))
+
+
+class UndeclaredSideOutput(KeyedProcessFunction):
+    def process_element(self, value: Any, ctx: Any) -> Any:  # noqa: ANN401
+        ctx.output(OutputTag("late"), value.v)
+        yield (value.k, value.v)
+
+
+WORKER_SCHEMA = T.StructType([T.StructField("k", T.StringType()), T.StructField("v", T.LongType())])
+STATE_NOT_PLANNED = (
+    "state 'seen' was not declared when the query was planned: keyedstate learns a function's "
+    "states by running open() once on the driver, so create every state in open() (or "
+    "initialize_state())"
+)
+
+
+def failed_keyed_query(
+    spark: SparkSession, workdir: Path, function: KeyedProcessFunction, foreach_batch: bool
+) -> tuple[StreamingQueryException, StreamingQuery]:
+    source = FileInput(workdir / "input", WORKER_SCHEMA)
+    source.add([{"k": "a", "v": 1}])
+    frame = key_by(source.read_stream(spark), "k").process(function, "k string, n long")
+    checkpoint = workdir / "checkpoint"
+    if foreach_batch:
+        collector = BatchCollector()
+        query = start_query(spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector)
+    else:
+        spark.conf.set(SQL_PROVIDER, PROVIDER_UNDER_TEST)
+        query = (
+            frame.writeStream.format("noop").option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True).start()
+        )
+    with pytest.raises(StreamingQueryException) as failure:
+        query.awaitTermination(180)
+    return failure.value, query
+
+
+@pytest.mark.parametrize(
+    ("function", "cls", "message"),
+    [
+        (StateOutsideOpen(), keyedstate.KeyedStateError, STATE_NOT_PLANNED),
+        (TextForLong(), keyedstate.StateTypeError, "output column 'n' is bigint, got str '1'"),
+        (
+            UndeclaredSideOutput(),
+            keyedstate.KeyedStateError,
+            "side output 'late' was not declared: pass side_outputs=[...] to process()",
+        ),
+    ],
+    ids=["state-not-in-open", "wrong-output-type", "undeclared-side-output"],
+)
+def test_errors_raised_in_the_python_worker_map_to_their_classes(
+    spark: SparkSession,
+    tmp_path: Path,
+    function: KeyedProcessFunction,
+    cls: type[Exception],
+    message: str,
+) -> None:
+    """Through ``foreachBatch`` (what every exactly-once sink is), as the failure raised and as
+    ``StreamingQuery.exception()`` reports it: the Python class it was raised as, its message,
+    no identifier (raised in Python), never ``None``."""
+    failure, query = failed_keyed_query(spark, tmp_path, function, foreach_batch=True)
+    assert "FOREACH_BATCH_USER_FUNCTION_ERROR" in str(failure), str(failure)[:2000]
+    reported = query.exception()
+    assert reported is not None
+    for seen in (failure, reported):
+        error = errors.state_error(seen)
+        assert isinstance(error, cls), str(seen)[:3000]
+        assert isinstance(error, keyedstate.KeyedStateException)
+        assert error.error_id is None
+        assert str(error) == message
+        assert error.__cause__ is seen
+
+
+def test_an_error_raised_in_the_python_worker_is_found_without_foreach_batch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Into a sink that is not Python (noop): the failure is Spark's PythonException itself."""
+    failure, _ = failed_keyed_query(spark, tmp_path, StateOutsideOpen(), foreach_batch=False)
+    assert "PYTHON_EXCEPTION" in str(failure), str(failure)[:2000]
+    error = errors.state_error(failure)
+    assert isinstance(error, keyedstate.KeyedStateError), str(failure)[:3000]
+    assert str(error) == STATE_NOT_PLANNED and error.__cause__ is failure
+
+
 def test_the_decorator_raises_the_mapped_class_from_the_original(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -136,7 +298,7 @@ def test_a_refused_rescale_is_a_rescale_error_and_a_checkpoint_operation_error(
         keyedstate.inspect(spark, str(tmp_path / "nowhere"))
     assert isinstance(missing.value, keyedstate.CheckpointOperationError)
     assert missing.value.error_id == "KEYEDSTATE_QUERY_CHECKPOINT_INVALID"
-    assert f"No checkpoint at file:{tmp_path / 'nowhere'}" in str(missing.value)
+    assert f"no checkpoint at file:{tmp_path / 'nowhere'}" in str(missing.value)
 
 
 def test_inspect_refuses_a_format_v2_join(spark: SparkSession, tmp_path: Path) -> None:

@@ -413,6 +413,7 @@ FRESH_AGG = [
     "bad-partitions",
     "running-same-session",
     "running-other-session",
+    "lease-refusal",
     "rocksdb",
 ]
 
@@ -1130,3 +1131,118 @@ def test_source_untouched(case: Case, matrix: Callable[[str], MatrixRun]) -> Non
         assert source.runs[1] == run.reference.runs[1]
         assert_same_batches(run.reference.batches, source.batches, f"{case.scenario} source")
         assert source.state_partitions(1) == {case.n}
+
+
+# ---------------------------------------------------------------------------------------------
+# Store leases: released when the query stops, and a refusal that says when one expires
+
+
+def lease_files(checkpoint: Path) -> list[Path]:
+    return sorted(p for p in (checkpoint / "state").rglob(".keyedstate-lease"))
+
+
+def test_a_stopped_query_of_a_live_application_does_not_block_a_rescale(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Another application ran an availableNow query and stopped its session, and lives on (a
+    notebook): its leases went with the query, so a rescale is accepted at once (they stayed
+    about three minutes when only the providers' close released them)."""
+    schema = StructType.fromJson(
+        {
+            "type": "struct",
+            "fields": [
+                {"name": "key", "type": "string", "nullable": True, "metadata": {}},
+                {"name": "v", "type": "long", "nullable": True, "metadata": {}},
+            ],
+        }
+    )
+    source = FileInput(tmp_path / "input", schema)
+    source.add([{"key": f"k{i % 5}", "v": i} for i in range(20)])
+    checkpoint = tmp_path / "checkpoint"
+    driver = Driver.script(
+        ["query", str(source.directory), str(checkpoint), "2", "--once"], tmp_path / "driver.log"
+    )
+    try:
+        driver.wait_for(r"DRIVER stopped")
+        assert committed_batches(checkpoint), driver.tail()
+        assert lease_files(checkpoint) == [], driver.tail()
+        result = keyedstate.rescale(spark, str(checkpoint), 3, str(tmp_path / "rescaled"))
+        assert (result.from_partitions, result.to_partitions) == (2, 3)
+    finally:
+        driver.kill_group()
+
+
+def test_a_refusal_for_a_lease_says_how_old_it_is_and_when_it_expires(
+    spark: SparkSession, agg_lines: AggLines, tmp_path: Path
+) -> None:
+    checkpoint = agg_lines.fresh["lease-refusal"].line.path
+    lease = checkpoint / "state" / "0" / "0" / ".keyedstate-lease"
+    refreshed = int(time.time() * 1000) - 20_000
+    lease.write_text(
+        json.dumps(
+            {
+                "applicationId": "app-elsewhere",
+                "queryRunId": "6f1c0e5e-0000-4000-8000-000000000000",
+                "executorId": "3",
+                "host": "worker-7",
+                "refreshedAtMs": refreshed,
+            }
+        )
+    )
+    os.utime(lease, (refreshed / 1000, refreshed / 1000))
+    message = assert_refused(
+        lambda: keyedstate.rescale(spark, str(checkpoint), 5, str(tmp_path / "out")),
+        r"in use by application app-elsewhere",
+        checkpoint,
+        tmp_path / "out",
+    )
+    assert re.search(r"refreshed 2\d s ago", message), message
+    expires = re.search(r"this one in (\d+) s \(([^)]+)\)", message)
+    assert expires and 150 <= int(expires.group(1)) <= 160, message
+    lease.unlink()
+
+
+# ---------------------------------------------------------------------------------------------
+# Operator state (a keyed function's CheckpointedFunction lists) across a rescale
+
+
+def test_operator_state_is_rescaled(spark: SparkSession, tmp_path: Path) -> None:
+    """The docs' CheckpointCount: its operator lists are keyed by the partition that wrote them,
+    which no key group check applies to (the rescale refused every such checkpoint). After
+    2 -> 3 and 3 -> 1 the restored counts add up to every element seen, before and after."""
+    from keyedstate import examples
+
+    source = FileInput(tmp_path / "pairs", examples.PAIRS)
+    checkpoint = tmp_path / "checkpoint"
+    batches = [[{"key": k, "value": k * 10 + i} for k in range(8)] for i in range(3)]
+
+    def run(at: Path, rows: Rows) -> BatchCollector:
+        source.add(rows)
+        frame = keyedstate.key_by(source.read_stream(spark), "key").flat_map(
+            examples.CheckpointCount(), "key long, keyed_count long, operator_count long"
+        )
+        collector = BatchCollector()
+        await_finished(start_query(spark, PROVIDER_UNDER_TEST, frame, "append", at, collector))
+        return collector
+
+    def operator_total(at: Path) -> int:
+        rows = keyedstate.read_state(spark, str(at), "operatorState").collect()
+        return sum(sum(r["value"]) for r in rows)
+
+    run(checkpoint, batches[0])
+    assert operator_total(checkpoint) == 8
+    to_three = tmp_path / "three"
+    keyedstate.rescale(spark, str(checkpoint), 3, str(to_three))
+    assert operator_total(to_three) == 8
+    collector = run(to_three, batches[1])
+    assert operator_total(to_three) == 16
+    # Each new partition restored the counts of the old partitions whose ids hash to it.
+    assert len({r["operator_count"] for r in collector.batches[1]}) > 1
+    to_one = tmp_path / "one"
+    keyedstate.rescale(spark, str(to_three), 1, str(to_one))
+    assert operator_total(to_one) == 16
+    collector = run(to_one, batches[2])
+    # One partition: its first element continues from every element seen so far.
+    assert sorted(r["operator_count"] for r in collector.batches[2]) == list(range(17, 25))
+    report = keyedstate.inspect(spark, str(to_one))
+    assert sum(p.misplaced_keys for p in report.partition_reports) == 0

@@ -16,6 +16,11 @@ from pyspark.sql import functions as F
 from state_api_support import ship_by_value
 
 
+def state_files(directory: Path) -> list[str]:
+    """The files under a state directory, but the store leases: a stopped run releases its own."""
+    return sorted(p.name for p in directory.rglob("*") if "keyedstate-lease" not in p.name)
+
+
 @pytest.mark.parametrize(
     ("change", "error", "existing", "new"),
     [
@@ -48,12 +53,12 @@ def test_an_incompatible_state_schema_on_restart_fails_naming_both_schemas(
 
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", keyedstate.PROVIDER_CLASS)
     run(F.count("*"), F.col("k"))
-    state_before = sorted(p.name for p in (checkpoint / "state" / "0" / "0").rglob("*"))
+    state_before = state_files(checkpoint / "state" / "0" / "0")
     with pytest.raises(StreamingQueryException) as failure:
         run(aggregate, key)
     message = str(failure.value)
     assert error in message and existing in message and new in message, (change, message)
-    assert sorted(p.name for p in (checkpoint / "state" / "0" / "0").rglob("*")) == state_before
+    assert state_files(checkpoint / "state" / "0" / "0") == state_before
     # Spark's message does not name the operator; given the checkpoint, keyedstate does.
     assert keyedstate.state_error(failure.value) is None
     # Read as a listener or another thread would: with no session active in this thread.
@@ -120,7 +125,8 @@ def test_a_keyed_function_restarted_with_another_state_or_key_type_fails_naming_
         )
         rows = spark.readStream.schema("k long, v long").parquet(str(source))
         rows = rows.select(F.col("k").cast(key_type).alias("k"), "v")
-        out = keyedstate.key_by(rows, "k").process(function, f"k {key_type}, n long")
+        # One uid: the same operator, whose class was changed with its state.
+        out = keyedstate.key_by(rows, "k").process(function, f"k {key_type}, n long", uid="count")
         query = (
             out.writeStream.format("noop").outputMode("append")
             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
@@ -130,7 +136,7 @@ def test_a_keyed_function_restarted_with_another_state_or_key_type_fails_naming_
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", keyedstate.PROVIDER_CLASS)
     run(LongCount(), "long")
     # Keyed functions are stateful operators 1000 + n (Spark numbers its own from 0).
-    state_before = sorted(p.name for p in (checkpoint / "state" / "1000").rglob("*"))
+    state_before = state_files(checkpoint / "state" / "1000")
     assert state_before
     with pytest.raises(StreamingQueryException) as failure:
         if change == "state type":
@@ -143,7 +149,7 @@ def test_a_keyed_function_restarted_with_another_state_or_key_type_fails_naming_
     message = str(error)
     operator = re.escape(
         "stateful operator 1000 (KeyedStateApplyExec / keyed function "
-    ) + r"[\w.<>]*Count, state store 'default'\)"
+    ) + r"[\w.<>]*Count \(uid 'count'\), state store 'default'\)"
     assert message.startswith(f"[{error_id}] "), message
     assert re.search(says.format(operator=operator), message), message
-    assert sorted(p.name for p in (checkpoint / "state" / "1000").rglob("*")) == state_before
+    assert state_files(checkpoint / "state" / "1000") == state_before

@@ -5,10 +5,12 @@ Spark's commit log, a failure mid-write, bad settings, and the database killed m
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import keyedstate
 import pytest
 from keyedstate.sinks import (
     PostgresSink,
@@ -227,6 +229,53 @@ def test_failure_mid_write_leaves_nothing_and_the_retry_writes_once(
     assert rows(postgres_server, f"SELECT id, word, n FROM {table}") == events_of(inputs)
 
 
+def test_a_task_failing_mid_copy_fails_the_batch_with_its_own_error(
+    spark: SparkSession,
+    postgres_server: PostgresServer,
+    table: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A task of the batch's plan fails while its rows stream into COPY. Spark's error quotes
+    executor stack traces, far over the 10,000 bytes PostgreSQL takes as COPY's failure message
+    (psycopg sends the exception's text): the COPY must still end cleanly (no "error ignored
+    terminating" warning from psycopg, no connection dropped by the server), the batch fail
+    with the task's error, nothing of it be written, and the retry write it once."""
+    create_events_table(postgres_server, table)
+    inputs = batches(2)
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add_all(inputs)
+    marker = tmp_path / "fail-once"
+    marker.touch()
+    fail_at = inputs[1][10]["id"]
+
+    @F.udf(returnType="long", useArrow=False)  # a plain Python UDF, no type-hint inference
+    def n_or_fail(row_id: int, n: int) -> int:
+        import os
+
+        if row_id == fail_at and os.path.exists(marker):
+            os.remove(marker)
+            raise ValueError(f"injected task failure at id {row_id}")
+        return n
+
+    def stream() -> DataFrame:
+        return source.read_stream(spark).withColumn("n", n_or_fail("id", "n"))
+
+    sink = postgres(table, **postgres_server.params())
+    checkpoint = tmp_path / "checkpoint"
+    logged = len(postgres_server.log_path.read_text(errors="replace"))
+    with caplog.at_level(logging.WARNING, logger="psycopg"):
+        failure = run(spark, stream(), sink, checkpoint)
+    assert failure is not None and f"injected task failure at id {fail_at}" in str(failure)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+    server_log = postgres_server.log_path.read_text(errors="replace")[logged:]
+    assert "protocol synchronization was lost" not in server_log, server_log
+    assert rows(postgres_server, f"SELECT id, word, n FROM {table}") == events_of(inputs[:1])
+
+    assert run(spark, stream(), sink, checkpoint) is None
+    assert rows(postgres_server, f"SELECT id, word, n FROM {table}") == events_of(inputs)
+
+
 def test_database_killed_mid_batch_then_restarted(
     spark: SparkSession, postgres_server: PostgresServer, table: str, tmp_path: Path
 ) -> None:
@@ -267,6 +316,11 @@ def test_user_sink_id_and_a_reset_checkpoint_is_refused(
         failure
     )
     assert "has batch 1 committed" in str(failure)
+    # Raised in the foreachBatch function, it reached Spark as text: found, as its class.
+    error = keyedstate.state_error(failure)
+    assert isinstance(error, PostgresSinkError), str(failure)[:3000]
+    assert str(error).startswith(f"postgres sink {name}: the query replays batch 0 but ")
+    assert error.error_id is None
     assert rows(postgres_server, f"SELECT id, word, n FROM {table}") == events_of(inputs)
     postgres_server.execute(f"DELETE FROM keyedstate_sink_progress WHERE sink_id = '{name}'")
 

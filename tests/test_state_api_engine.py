@@ -25,7 +25,7 @@ from pyspark import TaskContext
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
-from state_api_support import on_both_providers, run_jobs, ship_by_value, stored_state
+from state_api_support import on_keyedstate, run_jobs, ship_by_value, stored_state
 from streaming_harness import (
     PROVIDER_UNDER_TEST,
     BatchCollector,
@@ -155,7 +155,7 @@ def test_chained_keyed_functions_and_side_outputs(spark: SparkSession, tmp_path:
         "big": lambda frames: side_output(profile(frames), Profile.BIG),
         "chained": chained,
     }.items():
-        for label, job in on_both_providers(build).items():
+        for label, job in on_keyedstate(build).items():
             jobs[f"{name}/{label}"] = job
     results = run_jobs(spark, tmp_path, {"events": SCHEMA}, PHASES, jobs)
 
@@ -166,7 +166,7 @@ def test_chained_keyed_functions_and_side_outputs(spark: SparkSession, tmp_path:
         got = {b: rows for b, rows in result.batches.items() if rows or want[name].get(b)}
         assert got == {b: r for b, r in want[name].items() if r}, job
 
-    for label in ("keyedstate", "spark-rocksdb"):
+    for label in ("keyedstate",):
         checkpoint = results[f"chained/{label}"].checkpoint
         # Two stateful operators, one per keyed function, in plan order.
         metadata = spark.read.format("state-metadata").load(str(checkpoint)).collect()
@@ -221,7 +221,7 @@ class Lifecycle(KeyedProcessFunction):
 
 def test_close_is_called_once_per_task_after_open(spark: SparkSession, tmp_path: Path) -> None:
     log = tmp_path / "lifecycle.log"
-    jobs = on_both_providers(
+    jobs = on_keyedstate(
         lambda frames: key_by(frames["events"], "k").process(
             Lifecycle(str(log)), "k string, v long"
         )
@@ -319,7 +319,7 @@ def test_checkpoint_format_v2(spark: SparkSession, tmp_path: Path) -> None:
     previous = spark.conf.get(key)
     spark.conf.set(key, "2")
     try:
-        jobs = on_both_providers(
+        jobs = on_keyedstate(
             lambda frames: key_by(frames["events"], "k").process(
                 Profile(), PROFILE_OUT, side_outputs=[Profile.BIG]
             )

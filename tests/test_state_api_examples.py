@@ -129,7 +129,7 @@ def test_tutorial_examples_across_a_restart(spark: SparkSession, tmp_path: Path)
     assert 1 < len(set(partition_of.values())) < len(keys), partition_of
     want = expected(partition_of)
     for job, result in results.items():
-        name = job.rsplit("-", 2)[0] if job.endswith("spark-rocksdb") else job.rsplit("-", 1)[0]
+        name = job.rsplit("-", 1)[0]
         assert result.batches == want[name], f"{job}:\n" + diff_batches(want[name], result.batches)
     # Readings from before the restart were used after it (batches 2 and 3 alert).
     assert want["alert"][2] and want["alert"][3]

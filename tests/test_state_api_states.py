@@ -30,7 +30,7 @@ from keyedstate import (
 )
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
-from state_api_support import on_both_providers, run_jobs, ship_by_value
+from state_api_support import on_keyedstate, run_jobs, ship_by_value
 from streaming_harness import diff_batches, sort_rows
 
 ship_by_value(__name__)
@@ -242,7 +242,7 @@ def test_every_state_type_and_method_across_a_restart(spark: SparkSession, tmp_p
         tmp_path,
         {"events": SCHEMA},
         [{"events": all_files[:2]}, {"events": all_files[2:]}],
-        on_both_providers(
+        on_keyedstate(
             lambda frames: key_by(
                 frames["events"], "key", "part", order_by="seq"
             ).process(AllStates(), OUTPUT)

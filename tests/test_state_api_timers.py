@@ -33,7 +33,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from state_api_support import (
     TimedRun,
     batch_metadata,
-    on_both_providers,
+    on_keyedstate,
     run_jobs,
     ship_by_value,
     stored_state,
@@ -118,7 +118,7 @@ def test_event_time_timers_fire_once_at_the_first_watermark_past_them(
         tmp_path,
         {"events": SCHEMA},
         [{"events": EVENT_FILES[:3]}, {"events": EVENT_FILES[3:]}],
-        on_both_providers(build),
+        on_keyedstate(build),
     )
     for label, result in results.items():
         meta = batch_metadata(result.checkpoint)
@@ -183,7 +183,7 @@ def test_processing_time_timers_fire_once_and_leave_the_store(
         spark,
         tmp_path,
         SCHEMA,
-        on_both_providers(
+        on_keyedstate(
             lambda frames: key_by(frames["events"], "key").process(
                 ProcessingTimers(), OUTPUT, timer_mode="processing"
             )

@@ -34,9 +34,9 @@ from keyedstate import (
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
-from state_api_support import PROVIDERS, TimedRun, ship_by_value, stored_state
+from state_api_support import TimedRun, ship_by_value, stored_state
 from streaming_harness import (
-    REFERENCE_PROVIDER,
+    PROVIDER_UNDER_TEST,
     BatchCollector,
     FileInput,
     await_finished,
@@ -186,7 +186,7 @@ def test_ttl_update_types_and_visibility(spark: SparkSession, tmp_path: Path) ->
         SCHEMA,
         {
             "keyedstate": (
-                PROVIDERS["keyedstate"],
+                PROVIDER_UNDER_TEST,
                 lambda frames: key_by(frames["events"], "key").process(TtlProbe(), OUTPUT),
             )
         },
@@ -242,19 +242,6 @@ def test_ttl_update_types_and_visibility(spark: SparkSession, tmp_path: Path) ->
     } <= coverage, coverage  # fmt: skip
 
 
-def test_ttl_is_refused_on_a_provider_without_column_family_ttl(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    source = FileInput(tmp_path / "input", SCHEMA)
-    source.add([{"key": "a", "op": "write", "n": 1}])
-    frame = key_by(source.read_stream(spark), "key").process(TtlProbe(), OUTPUT)
-    query = start_query(spark, REFERENCE_PROVIDER, frame, "append", tmp_path / "ckpt", print)
-    with pytest.raises(
-        (StreamingQueryException, AssertionError), match="KEYED_FUNCTION_TTL_NEEDS_KEYEDSTATE"
-    ):
-        await_finished(query)
-
-
 class Churn(KeyedProcessFunction):
     """One TTL'd value per key, removed by the provider's incremental cleanup once expired."""
 
@@ -306,7 +293,7 @@ def test_cleanup_on_every_record_is_refused_under_the_pipelined_python_runner(
     source.add([{"key": "a", "op": "write", "n": 1}])
     frame = key_by(source.read_stream(spark), "key").process(ChurnEveryRecord(), OUTPUT)
     query = start_query(
-        spark, PROVIDERS["keyedstate"], frame, "append", tmp_path / "ckpt", BatchCollector()
+        spark, PROVIDER_UNDER_TEST, frame, "append", tmp_path / "ckpt", BatchCollector()
     )
     with pytest.raises(
         (StreamingQueryException, AssertionError), match="KEYED_FUNCTION_PIPELINED_RUNNER"
@@ -326,7 +313,7 @@ def test_ttl_state_that_reads_without_writing_runs_under_the_pipelined_python_ru
     frame = key_by(source.read_stream(spark), "key").process(Churn(), OUTPUT)
     collector = BatchCollector()
     query = start_query(
-        spark, PROVIDERS["keyedstate"], frame, "append", tmp_path / "ckpt", collector
+        spark, PROVIDER_UNDER_TEST, frame, "append", tmp_path / "ckpt", collector
     )
     await_finished(query)
     assert sorted(r["key"] for rows in collector.batches.values() for r in rows) == sorted(
@@ -371,7 +358,7 @@ def test_session_ttl_defaults_do_not_reach_keyed_functions(
             frame = key_by(source.read_stream(spark), "key").process(PlainCount(), OUTPUT)
             collector = BatchCollector()
             query = start_query(
-                spark, PROVIDERS["keyedstate"], frame, "append", checkpoint, collector
+                spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector
             )
             await_finished(query)
             counts += [r["now"] for rows in collector.batches.values() for r in rows]
@@ -396,7 +383,7 @@ def test_expired_state_is_removed_by_the_providers_cleanup(
         source.add([{"key": k, "op": "write", "n": phase} for k in rows])
         frame = key_by(source.read_stream(spark), "key").process(Churn(), OUTPUT)
         collector = BatchCollector()
-        query = start_query(spark, PROVIDERS["keyedstate"], frame, "append", checkpoint, collector)
+        query = start_query(spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector)
         await_finished(query)
         progresses += [p for p in query.recentProgress if p.numInputRows]
         time.sleep(0.8)  # past the TTL of everything written so far

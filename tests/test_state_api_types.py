@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ from keyedstate import (
     ValueStateDescriptor,
     key_by,
 )
-from pyspark.sql import SparkSession
+from pyspark.sql import Row, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
@@ -30,7 +32,13 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-from state_api_support import on_both_providers, run_jobs, ship_by_value, stored_state
+from state_api_support import (
+    batch_metadata,
+    on_keyedstate,
+    run_jobs,
+    ship_by_value,
+    stored_state,
+)
 from streaming_harness import (
     PROVIDER_UNDER_TEST,
     BatchCollector,
@@ -136,7 +144,7 @@ def test_every_type_round_trips_through_state_and_outputs(
         tmp_path,
         {"events": SCHEMA},
         [{"events": FILES[:2]}, {"events": FILES[2:]}],
-        on_both_providers(
+        on_keyedstate(
             lambda frames: key_by(frames["events"], "key").map(PreviousAndCurrent(), OUTPUT)
         ),
     )
@@ -192,3 +200,89 @@ def test_keys_spark_groups_as_one_are_one_key(spark: SparkSession, tmp_path: Pat
     assert sorted(r["count"] for r in rows) == list(range(81, 161)), rows
     assert {(r["x"], r["item_x"]) for r in rows} == {("0.0", "0.0")}, rows
     assert [r["value"] for r in stored_state(spark, checkpoint, "count")] == [160]
+
+
+# Flink's CountWithTimeoutFunction (the ProcessFunction documentation's example): its state is a
+# row with a field named `count`, which a tuple also has as a method.
+COUNT_WITH_TIMESTAMP = Types.ROW_NAMED(
+    ["key", "count", "last_modified"], [Types.STRING(), Types.LONG(), Types.LONG()]
+)
+
+
+class CountWithTimeout(KeyedProcessFunction):
+    """A count per key and the event time of its last element; a key silent for a minute of event
+    time emits (key, count, last_modified)."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.state = runtime_context.get_state(
+            ValueStateDescriptor("my_state", COUNT_WITH_TIMESTAMP)
+        )
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> None:  # noqa: ANN401
+        current = self.state.value()
+        count = 0 if current is None else current.count
+        self.state.update((value.key, count + 1, ctx.timestamp()))
+        current = self.state.value()
+        # Still a Row for everything else: by name, by position, as a dict, equal to a tuple.
+        assert isinstance(current, Row) and isinstance(current.count, int)
+        assert current["count"] == current[1] == count + 1
+        assert current.asDict() == {"key": value.key, "count": count + 1,
+                                    "last_modified": ctx.timestamp()}
+        assert current == (value.key, count + 1, ctx.timestamp())
+        ctx.timer_service().register_event_time_timer(current.last_modified + 60_000)
+
+    def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext) -> Any:  # noqa: ANN401
+        result = self.state.value()
+        if timestamp == result.last_modified + 60_000:
+            yield (result.key, result.count, result.last_modified)
+
+
+TIMEOUT_SCHEMA = StructType([StructField("key", StringType()), StructField("t", LongType())])
+
+
+def test_a_row_field_named_count_reads_as_the_field(spark: SparkSession, tmp_path: Path) -> None:
+    """Across a restart: the state row comes back from the store with ``count`` its field; a
+    minute of event time after a key's last element, its timer emits the key's count."""
+
+    def build(frames: Any) -> Any:  # noqa: ANN401
+        events = frames["events"].withColumn("ts", F.timestamp_seconds("t"))
+        events = events.withWatermark("ts", "0 seconds")
+        return key_by(events, "key", order_by="t").process(
+            CountWithTimeout(), "key string, count long, last_modified long"
+        )
+
+    phases = [
+        {"events": [[{"key": "a", "t": 0}, {"key": "a", "t": 10}, {"key": "b", "t": 5}],
+                    [{"key": "a", "t": 30}]]},
+        {"events": [[{"key": "b", "t": 100}, {"key": "c", "t": 200}]]},
+    ]
+    result = run_jobs(
+        spark, tmp_path, {"events": TIMEOUT_SCHEMA}, phases,
+        {"keyedstate": (PROVIDER_UNDER_TEST, build)},
+    )["keyedstate"]
+    # The last batch is the no-data batch at watermark 200 s: a's timer at 90 s and b's at
+    # 160 s find their key silent since; b's at 65 s and c's at 260 s emit nothing or are not due.
+    assert batch_metadata(result.checkpoint)[3][0] == 200_000
+    assert result.collector.non_empty() == {
+        3: [  # in the harness's order (sort_rows)
+            {"key": "b", "count": 2, "last_modified": 100_000},
+            {"key": "a", "count": 3, "last_modified": 30_000},
+        ]
+    }
+    assert stored_state(spark, result.checkpoint, "my_state") == [
+        {"key": "a", "value": {"key": "a", "count": 3, "last_modified": 30_000}},
+        {"key": "b", "value": {"key": "b", "count": 2, "last_modified": 100_000}},
+        {"key": "c", "value": {"key": "c", "count": 1, "last_modified": 200_000}},
+    ]
+
+
+def test_row_fields_named_like_tuple_methods_read_as_the_fields() -> None:
+    """``count`` and ``index`` are fields of the row, in a dict or a tuple given to the state, and
+    after pickling (a row kept in a pickled state, or shipped)."""
+    info = Types.ROW_NAMED(["index", "count"], [Types.LONG(), Types.STRING()])
+    for given in ((7, "x"), [7, "x"], {"count": "x", "index": 7}):
+        row = info.coerce(given)
+        assert (row.index, row.count) == (7, "x"), row
+        assert isinstance(row, Row) and row == (7, "x") and repr(row) == "Row(index=7, count='x')"
+        again = pickle.loads(pickle.dumps(row))
+        assert (again.index, again.count, type(again)) == (7, "x", type(row))

@@ -217,6 +217,42 @@ def test_changing_the_key_columns_of_a_checkpoint_is_refused(
     assert committed_batches(checkpoint) == [0]
 
 
+class Buggy(Counter):
+    def process_element(self, value: Any, ctx: Any) -> Any:  # noqa: ANN401
+        yield (value.k, value.v // 0)  # the user's bug
+
+
+def worker_traceback(message: str) -> list[str]:
+    """The Python worker's traceback in a failure's text: its lines from the worker's
+    ``Traceback (most recent call last):`` to the exception's line."""
+    lines = message.splitlines()
+    start = next(
+        i for i, line in enumerate(lines)
+        if line.endswith("Traceback (most recent call last):") and "runner.py" in lines[i + 1]
+    )
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("ZeroDivisionError"))
+    return lines[start : end + 1]
+
+
+def test_a_failing_function_shows_its_own_frame(spark: SparkSession, tmp_path: Path) -> None:
+    """Each frame of the traceback a user reads shows the line it was at when the function
+    failed: the engine's frames the calls that led to the function, then the function's line;
+    never the engine's clean-up after it (``gc.unfreeze()`` was the first frame)."""
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add([{"k": "a", "v": 1}])
+    frame = key_by(source.read_stream(spark), "k").process(Buggy(), "k string, n long")
+    message = failure_of(spark, tmp_path, frame)
+    assert "gc.unfreeze" not in message, message
+    traceback = worker_traceback(message)
+    frames = [(line.strip(), traceback[i + 1].strip()) for i, line in enumerate(traceback)
+              if line.lstrip().startswith('File "')]
+    assert frames[0][0].endswith("in __call__"), traceback
+    assert frames[0][1] == "yield from task.run(batches)", traceback
+    assert frames[-1][0].endswith("in process_element"), traceback
+    assert frames[-1][1] == "yield (value.k, value.v // 0)  # the user's bug", traceback
+    assert traceback[-1] == "ZeroDivisionError: integer division or modulo by zero", traceback
+
+
 class FailOnce(Counter):
     """Fails the first time it meets a row with v == 99 (the marker file says it has not yet)."""
 
@@ -358,20 +394,25 @@ def test_ttl_config_builder_mirrors_pyflink() -> None:
         StateTtlConfig.new_builder(Time.seconds(0)).build()
 
 
-def test_a_provider_without_column_families_is_refused(
-    spark: SparkSession, tmp_path: Path
-) -> None:
+@pytest.mark.parametrize(
+    "provider",
+    [
+        "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+        # Column families and scans, but no manifest to keep the declaration with the state.
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    ],
+)
+def test_other_providers_are_refused(spark: SparkSession, tmp_path: Path, provider: str) -> None:
     source = FileInput(tmp_path / "input", SCHEMA)
     source.add([{"k": "a", "v": 1}])
     frame = key_by(source.read_stream(spark), "k").process(Counter(), "k string, n long")
-    hdfs = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
     collector = BatchCollector()
-    query = start_query(spark, hdfs, frame, "append", tmp_path / "checkpoint", collector)
+    query = start_query(spark, provider, frame, "append", tmp_path / "checkpoint", collector)
     with pytest.raises(StreamingQueryException) as failure:
         await_finished(query)
     message = str(failure.value)
-    assert "KEYED_FUNCTION_UNSUPPORTED_PROVIDER" in message and hdfs in message, message
-    assert "column families" in message and collector.batches == {}
+    assert "KEYED_FUNCTION_UNSUPPORTED_PROVIDER" in message and provider in message, message
+    assert "io.keyedstate.KeyedStateStoreProvider" in message and collector.batches == {}
 
 
 @pytest.mark.parametrize("name", ["default", "_hidden", "$op", " padded", "trailing "])

@@ -17,6 +17,11 @@ original error as ``__cause__``::
         if isinstance(error, keyedstate.errors.CheckpointError):
             ...  # error.error_id == "KEYEDSTATE_CHECKPOINT_FILE_MISSING", str(error) names the file
 
+keyedstate's errors raised in Python (the state API's ``KeyedStateError`` and
+``StateTypeError``, the sinks' errors) are ``KeyedStateException`` subclasses too, with
+``error_id`` ``None``; raised in a Python worker or a ``foreachBatch`` function they reach the
+driver only as text, where :func:`state_error` finds them by class name.
+
 This module imports no other keyedstate module, and py4j and pyspark only when a JVM error is
 mapped.
 """
@@ -226,30 +231,80 @@ def _python_chain(error: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-# How pyspark shows a JVM error it has no class for (``UnknownException``: the JVM object is
-# gone, its ``toString`` stays): keyedstate's class, then its ``[ID]`` line.
-_JVM_TEXT = re.compile(r"io\.keyedstate\.[\w.$]+: \[((?:KEYEDSTATE|KEYED_FUNCTION)_[A-Z_]+)\] ")
+# keyedstate's errors that reach the driver only as text, one line each. A JVM error pyspark has
+# no class for (``UnknownException``: the JVM object is gone, its ``toString`` stays), or one in
+# a stack trace quoted in another error's message (under ``foreachBatch`` the batch's failure
+# goes back to the JVM as the text of a py4j error): keyedstate's class and its ``[ID]`` line,
+# alone, after "Caused by: " or after py4j's ": ".
+_JVM_LINE = re.compile(
+    r"^(?:Caused by: |: )?io\.keyedstate\.[\w.$]+: "
+    r"\[((?:KEYEDSTATE|KEYED_FUNCTION)_[A-Z_]+)\] (.*)$",
+    re.MULTILINE,
+)
+# A Python error, raised in a Python worker (a keyed function's task: Spark's PythonException
+# quotes the worker's traceback) or in a ``foreachBatch`` function: the traceback's last line,
+# the class by module and name, then the message.
+_PYTHON_LINE = re.compile(r"^(keyedstate(?:\.\w+)+): (.*)$", re.MULTILINE)
+_ID_PREFIX = re.compile(r"\[([A-Z][A-Z0-9_.]*)\] ")
 
 
-def _from_text(error: BaseException, operation: bool) -> KeyedStateException | None:
-    """The keyedstate error among the captured causes pyspark kept only as text
-    (``StreamingQuery.exception()`` converts the failure's causes so)."""
+def _texts(error: BaseException) -> Iterator[str]:
+    """The text of ``error`` and its causes, outermost first: the captured causes pyspark kept
+    only as text (``StreamingQuery.exception()`` converts the failure's causes so), and any
+    other error's message."""
     for link in _python_chain(error):
         captured: Any = link
         for _ in range(MAX_CAUSES):
             if captured is None:
                 break
-            desc = str(getattr(captured, "_desc", "") or "")
-            lines = desc.splitlines()
-            found = _JVM_TEXT.match(lines[0]) if lines else None
-            if found is not None:
-                error_id = found.group(1)
-                cls = error_class(error_id)
-                if operation:
-                    cls = _operation_class(cls)
-                line = " ".join(lines[0][found.start(0) :].split(": ", 1)[1].split())
-                return cls(line, error_id)
+            desc = getattr(captured, "_desc", None)
+            if desc:
+                yield str(desc)
             captured = getattr(captured, "_cause", None)
+        if not hasattr(link, "_desc"):
+            # A Py4JJavaError's text comes from the JVM, which may be gone by now.
+            try:
+                text = str(link)
+            except Exception:
+                continue
+            yield text
+
+
+def _python_classes() -> dict[str, type[KeyedStateException]]:
+    """keyedstate's exception classes by the name a traceback gives them (``module.Name``),
+    the family's own class before the tools' combined ones of the same name."""
+    found: dict[str, type[KeyedStateException]] = {}
+    pending: list[type[KeyedStateException]] = [KeyedStateException]
+    while pending:
+        cls = pending.pop(0)
+        found.setdefault(f"{cls.__module__}.{cls.__qualname__}", cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def _from_text(error: BaseException, operation: bool) -> KeyedStateException | None:
+    """The keyedstate error found in the text of ``error`` and its causes: a JVM one by its
+    ``[ID]`` line, else a Python one by its class's name."""
+    texts = list(_texts(error))
+    for text in texts:
+        jvm = _JVM_LINE.search(text)
+        if jvm is not None:
+            error_id = jvm.group(1)
+            cls = error_class(error_id)
+            if operation:
+                cls = _operation_class(cls)
+            return cls(" ".join(f"[{error_id}] {jvm.group(2)}".split()), error_id)
+    classes = _python_classes()
+    for text in texts:
+        for python in _PYTHON_LINE.finditer(text):
+            cls = classes.get(python.group(1))
+            if cls is None:
+                continue
+            message = " ".join(python.group(2).split())
+            prefix = _ID_PREFIX.match(message)
+            if operation:
+                cls = _operation_class(cls)
+            return cls(message, None if prefix is None else prefix.group(1))
     return None
 
 
@@ -281,6 +336,11 @@ def state_error(
     ``Py4JJavaError``, any Python error raised from one), or ``None`` when keyedstate raised
     none. Its message is keyedstate's one line, ``error_id`` the identifier, ``__cause__``
     ``error``. A ``KeyedStateException`` is returned as it is.
+
+    Where only text is left (under ``foreachBatch`` the batch's failure goes back to the JVM as
+    a py4j error's text; a Python worker's error is Spark's ``PythonException`` quoting its
+    traceback), a JVM error is found by its ``[ID]`` line and a Python one (``KeyedStateError``,
+    ``StateTypeError``, a sink's error) by its class's name on the traceback's last line.
 
     With the query's ``checkpoint``, Spark's refusal of a changed state schema on restart is a
     ``StateSchemaError`` naming the stateful operator whose stored schema it is (Spark's check

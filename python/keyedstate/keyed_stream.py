@@ -106,6 +106,7 @@ class KeyedStream:
         timer_mode: str = "auto",
         output_mode: str = "append",
         side_outputs: Mapping[OutputTag, Any] | Sequence[OutputTag] | None = None,
+        uid: str | None = None,
     ) -> DataFrame:
         """Run a :class:`KeyedProcessFunction`.
 
@@ -115,6 +116,10 @@ class KeyedStream:
         to with ``ctx.output(tag, value)``, each with its schema (``{tag: schema}``) or typed
         (``OutputTag("late", Types.ROW_NAMED(...))``); ``keyedstate.side_output(result, tag)``
         is the DataFrame of one.
+
+        ``uid`` (every method takes it): the operator's name, Flink's ``uid``. It is kept with the
+        function's state: tools find the operator by it (``read_state(..., uid=...)``,
+        ``inspect``) and a run that puts another function at its place is refused.
         """
         return self._build(
             "process",
@@ -123,6 +128,7 @@ class KeyedStream:
             timer_mode=timer_mode,
             output_mode=output_mode,
             side_outputs=side_outputs,
+            uid=uid,
         )
 
     def map(
@@ -131,11 +137,12 @@ class KeyedStream:
         output_schema: Any,
         *,
         output_mode: str = "append",
+        uid: str | None = None,
     ) -> DataFrame:
         """One output per element (a :class:`RichMapFunction` or a plain callable)."""
         if not isinstance(function, MapFunction) and callable(function):
             function = _CallableMap(function)
-        return self._build("map", function, output_schema, output_mode=output_mode)
+        return self._build("map", function, output_schema, output_mode=output_mode, uid=uid)
 
     def flat_map(
         self,
@@ -143,25 +150,31 @@ class KeyedStream:
         output_schema: Any,
         *,
         output_mode: str = "append",
+        uid: str | None = None,
     ) -> DataFrame:
         """Any number of outputs per element (a :class:`RichFlatMapFunction` or a callable)."""
         if not hasattr(function, "flat_map") and callable(function):
             function = _CallableFlatMap(function)
-        return self._build("flat_map", function, output_schema, output_mode=output_mode)
+        return self._build("flat_map", function, output_schema, output_mode=output_mode, uid=uid)
 
     def filter(
         self,
         function: FilterFunction | Callable[[Any], bool],
         *,
         output_mode: str = "append",
+        uid: str | None = None,
     ) -> DataFrame:
         """The elements for which the function returns True (same columns as the input)."""
         if not isinstance(function, FilterFunction) and callable(function):
             function = _CallableFilter(function)
-        return self._build("filter", function, None, output_mode=output_mode)
+        return self._build("filter", function, None, output_mode=output_mode, uid=uid)
 
     def reduce(
-        self, function: ReduceFunction | Callable[[Any, Any], Any], *, output_mode: str = "append"
+        self,
+        function: ReduceFunction | Callable[[Any, Any], Any],
+        *,
+        output_mode: str = "append",
+        uid: str | None = None,
     ) -> DataFrame:
         """Flink's rolling reduce: per element, the reduction of the key's elements so far
         (outputs have the input's columns; both arguments of ``reduce(a, b)`` are rows of the
@@ -171,6 +184,7 @@ class KeyedStream:
             _RunningReduce(function, tuple(self._df.schema.names)),
             self._df.schema,
             output_mode=output_mode,
+            uid=uid,
         )
 
     def map_with_state(
@@ -180,6 +194,7 @@ class KeyedStream:
         state_type: Any = None,  # noqa: ANN401
         *,
         output_mode: str = "append",
+        uid: str | None = None,
     ) -> DataFrame:
         """Flink Scala's ``mapWithState``: ``fun(value, state_or_None) -> (output, new_state)``;
         a ``None`` new state clears it. The state type is ``state_type`` or the annotation of
@@ -190,6 +205,7 @@ class KeyedStream:
             _MapWithState(fun, _state_type(fun, state_type)),
             output_schema,
             output_mode=output_mode,
+            uid=uid,
         )
 
     def flat_map_with_state(
@@ -199,6 +215,7 @@ class KeyedStream:
         state_type: Any = None,  # noqa: ANN401
         *,
         output_mode: str = "append",
+        uid: str | None = None,
     ) -> DataFrame:
         """``fun(value, state_or_None) -> (outputs, new_state)``."""
         return self._build(
@@ -206,6 +223,7 @@ class KeyedStream:
             _FlatMapWithState(fun, _state_type(fun, state_type)),
             output_schema,
             output_mode=output_mode,
+            uid=uid,
         )
 
     def filter_with_state(
@@ -214,6 +232,7 @@ class KeyedStream:
         state_type: Any = None,  # noqa: ANN401
         *,
         output_mode: str = "append",
+        uid: str | None = None,
     ) -> DataFrame:
         """``fun(value, state_or_None) -> (keep, new_state)``."""
         return self._build(
@@ -221,6 +240,7 @@ class KeyedStream:
             _FilterWithState(fun, _state_type(fun, state_type)),
             None,
             output_mode=output_mode,
+            uid=uid,
         )
 
 

@@ -3,7 +3,7 @@
 usage:
   python3 rescale_driver.py rescale CHECKPOINT PARTITIONS [--output DST] [--in-place]
   python3 rescale_driver.py wait GO_FILE
-  python3 rescale_driver.py query INPUT_DIR CHECKPOINT PARTITIONS
+  python3 rescale_driver.py query INPUT_DIR CHECKPOINT PARTITIONS [--once]
 
 ``rescale`` builds a SparkSession through ``keyedstate.configure`` (the tests' session builder),
 prints ``DRIVER session`` once the session is up, calls ``keyedstate.rescale`` and prints
@@ -16,7 +16,10 @@ so that the JVM's start-up overlaps other tests, and let it go when the checkpoi
 
 ``query`` runs a count/sum per key (update mode, keyedstate's provider) over the JSON files of
 INPUT_DIR with a short processing-time trigger and never stops by itself: the tests use it as a
-query that is running in another application while they try to rescale its checkpoint.
+query that is running in another application while they try to rescale its checkpoint. With
+``--once`` it processes what is there (availableNow, Spark's default maintenance interval),
+stops the session, prints ``DRIVER stopped`` and stays alive until killed: an application that
+ran the query and goes on (a notebook, say).
 """
 
 from __future__ import annotations
@@ -81,11 +84,12 @@ def rescale(args: argparse.Namespace) -> int:
 
 
 def query(args: argparse.Namespace) -> int:
-    spark = (
-        session_builder("keyedstate-rescale-query-driver")
-        .config("spark.sql.shuffle.partitions", str(args.partitions))
-        .getOrCreate()
+    builder = session_builder("keyedstate-rescale-query-driver").config(
+        "spark.sql.shuffle.partitions", str(args.partitions)
     )
+    if args.once:  # Spark's default: its maintenance would not unload the stopped query's stores
+        builder = builder.config("spark.sql.streaming.stateStore.maintenanceInterval", "60s")
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.conf.set(PROVIDER_CLASS_KEY, keyedstate.PROVIDER_CLASS)
     counts = (
@@ -95,13 +99,18 @@ def query(args: argparse.Namespace) -> int:
         .groupBy("key")
         .agg(F.count(F.lit(1)).alias("cnt"), F.sum("v").alias("total"))
     )
-    q = (
+    writer = (
         counts.writeStream.outputMode("update")
         .option("checkpointLocation", args.checkpoint)
         .format("noop")
-        .trigger(processingTime="100 milliseconds")
-        .start()
     )
+    if args.once:
+        writer.trigger(availableNow=True).start().awaitTermination()
+        spark.stop()
+        print("DRIVER stopped", flush=True)
+        time.sleep(WAIT_LIMIT_S)
+        return 0
+    q = writer.trigger(processingTime="100 milliseconds").start()
     print("DRIVER query started", flush=True)
     while q.isActive:
         time.sleep(0.5)
@@ -123,6 +132,7 @@ def main(argv: list[str]) -> int:
     q.add_argument("input")
     q.add_argument("checkpoint")
     q.add_argument("partitions", type=int)
+    q.add_argument("--once", action="store_true")
     args = parser.parse_args(argv[1:])
     return query(args) if args.command == "query" else rescale(args)
 

@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 from pyspark.sql import Row
 from pyspark.sql import types as T
 
-from keyedstate.state.types import TypeInformation
+from keyedstate.state.types import TypeInformation, row_class
 
 __all__ = ["Codec", "column_decoder", "state_codec"]
 
@@ -102,13 +102,14 @@ def state_codec(info: TypeInformation, time_zone: str) -> Codec:
         fields = [state_codec(c, time_zone) for c in info.children]
         decoders = [_nullable(f.decode) for f in fields]
         encoders = [_nullable(f.encode) for f in fields]
-        row_class = Row(*names) if name == "ROW_NAMED" else tuple
+        # A ROW_NAMED value is a Row whose fields win over tuple's methods (types.row_class).
+        cls = row_class(tuple(names)) if name == "ROW_NAMED" else tuple
 
         def decode_struct(value: dict) -> Any:  # noqa: ANN401
             values = [
                 value[n] if d is None else d(value[n]) for n, d in zip(names, decoders, strict=True)
             ]
-            return row_class(*values) if name == "ROW_NAMED" else tuple(values)
+            return tuple.__new__(cls, values)
 
         def encode_struct(value: Any) -> tuple:  # noqa: ANN401
             return tuple(v if e is None else e(v) for v, e in zip(value, encoders, strict=True))

@@ -319,8 +319,11 @@ def build(
     timer_mode: str = "auto",
     output_mode: str = "append",
     side_outputs: SideOutputs = None,
+    uid: str | None = None,
 ) -> DataFrame:
     """Checks everything that can be checked before the query starts, then plans it."""
+    if uid is not None and (not isinstance(uid, str) or not uid.strip()):
+        raise KeyedStateError(f"uid must be a non-empty string, got {uid!r}")
     if not isinstance(df, DataFrame) and type(df).__name__ != "DataFrame":
         raise TypeError(f"key_by needs a DataFrame, got {type(df).__name__}")
     if not hasattr(df, "_jdf"):
@@ -414,7 +417,8 @@ def build(
 
     spark = df.sparkSession
     spec = {
-        "uid": uuid.uuid4().hex,
+        "nodeId": uuid.uuid4().hex,
+        "uid": uid,
         "function": type(function).__name__,
         "keyColumns": list(key_columns),
         "orderBy": order_by,

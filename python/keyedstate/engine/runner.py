@@ -96,19 +96,41 @@ class KeyedRunner:
         self.plan = plan
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        # The objects alive when the task starts (modules, Spark's and pyarrow's, the plan) are
-        # left out of cyclic garbage collection while it runs: the task allocates millions of
-        # small containers, and every full collection rescanned that whole heap (a fifth of the
-        # Python time of a large batch). What the task itself allocates is collected as usual.
-        gc.freeze()
-        task = _Task(self.plan)
-        try:
+        # The clean-up is a with statement's, not a finally's: pyspark's worker prints each frame
+        # of a failure's traceback at the line the frame is at when it reports (its simplified
+        # traceback reads the frames, not the traceback), and a with statement puts this frame
+        # back on the line that failed, where a finally leaves it on its last line.
+        with _TaskScope(self.plan) as task:
             yield from task.run(batches)
+
+
+class _TaskScope:
+    """One task's set-up and clean-up: ``close()`` of the function, then the collector.
+
+    The objects alive when the task starts (modules, Spark's and pyarrow's, the plan) are left
+    out of cyclic garbage collection while it runs: the task allocates millions of small
+    containers, and every full collection rescanned that whole heap (a fifth of the Python time
+    of a large batch). What the task itself allocates is collected as usual."""
+
+    def __init__(self, plan: RunnerPlan) -> None:
+        self.plan = plan
+        self.task: _Task | None = None
+
+    def __enter__(self) -> _Task:
+        gc.freeze()
+        try:
+            self.task = _Task(self.plan)
+        except BaseException:
+            gc.unfreeze()
+            raise
+        return self.task
+
+    def __exit__(self, *_failure: object) -> None:
+        try:
+            if self.task is not None:
+                self.task.close()
         finally:
-            try:
-                task.close()
-            finally:
-                gc.unfreeze()
+            gc.unfreeze()
 
 
 class _Task:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from keyedstate.errors import KeyedStateException
 from keyedstate.sinks.two_phase_commit import (
     BatchAlreadyCommitted,
     TransactionContext,
@@ -42,9 +43,9 @@ _STAGE = "keyedstate_stage"
 _SEQ = "keyedstate_seq"
 
 
-class PostgresSinkError(RuntimeError):
+class PostgresSinkError(KeyedStateException, RuntimeError):
     """A PostgreSQL sink could not be set up or could not write a batch; the message names the
-    server, the object and the fix."""
+    server, the object and the fix. Raised in Python, so ``error_id`` is ``None``."""
 
 
 @dataclass
@@ -431,6 +432,7 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         return transaction
 
     def invoke(self, transaction: PostgresTransaction, rows: Iterable[Row]) -> None:
+        import psycopg
         from psycopg import sql
 
         target = sql.Identifier(_STAGE) if self.mode == "upsert" else self._table_sql()
@@ -439,19 +441,32 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         )
         converters = self._converters
         count = 0
-        with self._errors(transaction.context, "copying the rows"):
-            with transaction.connection.cursor().copy(statement) as copy:
-                if converters:
-                    for row in rows:
-                        values = list(row)
-                        for index, convert in converters:
-                            values[index] = convert(values[index])
-                        copy.write_row(values)
-                        count += 1
-                else:
-                    for row in rows:
-                        copy.write_row(row)
-                        count += 1
+        failed: Exception | None = None
+        try:
+            with self._errors(transaction.context, "copying the rows"):
+                with transaction.connection.cursor().copy(statement) as copy:
+                    try:
+                        if converters:
+                            for row in rows:
+                                values = list(row)
+                                for index, convert in converters:
+                                    values[index] = convert(values[index])
+                                copy.write_row(values)
+                                count += 1
+                        else:
+                            for row in rows:
+                                copy.write_row(row)
+                                count += 1
+                    except psycopg.Error:
+                        raise
+                    except Exception as error:
+                        raise _RowsFailed(error) from None
+        except _RowsFailed as stopped:
+            failed = stopped.error
+        if failed is not None:
+            # Raised here, outside the handler: the batch fails with the rows' own error, its
+            # causes as they were.
+            raise failed
         transaction.rows = count
 
     def pre_commit(self, transaction: PostgresTransaction) -> None:
@@ -529,6 +544,19 @@ class PostgresSink(TwoPhaseCommitSink[PostgresTransaction]):
         state = dict(self.__dict__)
         state["_connection"] = None
         return state
+
+
+class _RowsFailed(Exception):  # noqa: N818 - a signal inside invoke, never raised out of it
+    """Ends a COPY whose rows failed (a Spark task of the batch, a conversion) with a short
+    reason. psycopg sends the text of the exception that leaves the COPY block to the server as
+    COPY's failure message, and the server takes at most 10,000 bytes there: a Spark job
+    failure's text, with its executor stack traces, made the server drop the connection ("protocol
+    synchronization was lost") and psycopg log "error ignored terminating ...: too many values to
+    unpack"."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(f"the batch's rows failed: {type(error).__name__}: {_first_line(error)}")
+        self.error = error
 
 
 class _ErrorTranslator:

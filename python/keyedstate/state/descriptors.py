@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from keyedstate.errors import KeyedStateException
 from keyedstate.state.ttl import StateTtlConfig
 from keyedstate.state.types import TypeInformation, Types, to_type_info
 
@@ -18,8 +19,10 @@ __all__ = [
 ]
 
 
-class KeyedStateError(ValueError):
-    """A misuse of the state API that the engine can detect (names, kinds, modes)."""
+class KeyedStateError(KeyedStateException, ValueError):
+    """A misuse of the state API that the engine can detect (names, kinds, modes). Raised in
+    Python, so ``error_id`` is ``None``; ``keyedstate.state_error`` finds it behind a query
+    that failed with it in a Python worker."""
 
 
 @runtime_checkable

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import numbers
+import operator
 import types as pytypes
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -19,8 +21,12 @@ from typing import Any
 from pyspark.sql import Row
 from pyspark.sql import types as T
 
+from keyedstate.errors import KeyedStateException
+
 __all__ = [
     "StateTypeError",
+    "named_row",
+    "row_class",
     "checker",
     "TypeInformation",
     "Types",
@@ -35,8 +41,34 @@ _SHORT = (-(2**15), 2**15 - 1)
 _BYTE = (-(2**7), 2**7 - 1)
 
 
-class StateTypeError(TypeError):
-    """A value does not match the declared type of a state, an output column or a key."""
+class StateTypeError(KeyedStateException, TypeError):
+    """A value does not match the declared type of a state, an output column or a key (or a
+    type cannot be declared). Raised in Python, so ``error_id`` is ``None``."""
+
+
+@functools.lru_cache(maxsize=256)
+def row_class(names: tuple[str, ...]) -> type[Row]:
+    """The class of ``ROW_NAMED`` values with these field names: a pyspark ``Row`` (a tuple)
+    whose fields are also attributes of the class.
+
+    ``Row`` looks a field up by name only when nothing else has the name, so a field named like
+    a tuple method (``count``, ``index``: Flink's CountWithTimeoutFunction keeps a ``count``)
+    read as the method. Here every field wins, except Row's own ``asDict`` and dunder names
+    (reached as ``row["asDict"]``). Instances pickle by field names and values."""
+    namespace: dict[str, Any] = {
+        "__fields__": list(names),
+        "__module__": __name__,
+        "__reduce__": lambda self: (named_row, (names, tuple(self))),
+    }
+    for position, name in enumerate(names):
+        if not name.startswith("__") and name not in vars(Row):
+            namespace[name] = property(operator.itemgetter(position), doc=f"field {name!r}")
+    return type("Row", (Row,), namespace)
+
+
+def named_row(names: tuple[str, ...], values: Sequence[Any]) -> Row:
+    """A ``ROW_NAMED`` value: ``values`` in :func:`row_class` of ``names``."""
+    return tuple.__new__(row_class(names), values)
 
 
 def python_type_name(value: object) -> str:
@@ -423,7 +455,7 @@ class Types:
         names = list(field_names)
         fields = [to_type_info(t) for t in field_types]
         coercers = [_nullable(f._coerce) for f in fields]
-        row_class = Row(*names)
+        cls = row_class(tuple(names))
 
         def coerce(value: Any) -> Row:  # noqa: ANN401
             if isinstance(value, Mapping):
@@ -435,7 +467,7 @@ class Types:
                 values = list(value)
             else:
                 raise _fail(f"a row with fields {names}", value)
-            return row_class(*(c(v) for c, v in zip(coercers, values, strict=True)))
+            return tuple.__new__(cls, [c(v) for c, v in zip(coercers, values, strict=True)])
 
         spark = T.StructType(
             [T.StructField(n, f.spark_type()) for n, f in zip(names, fields, strict=True)]

@@ -89,6 +89,33 @@ def _has_master() -> bool:
     return "--master" in os.environ.get("PYSPARK_SUBMIT_ARGS", "")
 
 
+# The JVM's own bounds (Rescaler.MaxPartitions, CheckpointInspector.MaxKeyGroups), checked here
+# too so that a bad argument fails in a moment, before Spark starts.
+MAX_PARTITIONS = 100_000
+MAX_KEY_GROUPS = 1 << 16
+
+
+def _checked_before_spark(args: argparse.Namespace) -> str | None:
+    """What can be refused without Spark: counts out of range, and a local checkpoint that does
+    not exist (other file systems are checked by the job). The refusal's one line, or None."""
+    if args.command == "rescale" and not 1 <= args.partitions <= MAX_PARTITIONS:
+        return (
+            f"[KEYEDSTATE_RESCALE_REFUSED] Invalid partition count {args.partitions} for rescale: "
+            f"allowed is an integer from 1 to {MAX_PARTITIONS}"
+        )
+    if args.command == "inspect" and not 1 <= args.key_groups <= MAX_KEY_GROUPS:
+        return (
+            f"[KEYEDSTATE_INVALID_OPTION] Invalid key group count {args.key_groups} for inspect: "
+            f"allowed is an integer from 1 to {MAX_KEY_GROUPS}"
+        )
+    location = args.checkpoint
+    local = location.removeprefix("file:") if location.startswith("file:/") else location
+    if "://" not in local and ":" not in local.split("/")[0] and not os.path.exists(local):
+        where = os.path.abspath(local)
+        return f"[KEYEDSTATE_QUERY_CHECKPOINT_INVALID] no checkpoint at file:{where}"
+    return None
+
+
 def _rescale(args: argparse.Namespace) -> int:
     from keyedstate.tools.ops import rescale
 
@@ -128,8 +155,11 @@ def _inspect(args: argparse.Namespace) -> int:
         f"{report.partitions} partitions, {report.key_groups} key groups"
     )
     for op in report.operators:
+        # A keyed function's operator also names its function and uid.
+        name = " ".join(n for n in (op.operator_name, op.function) if n)
+        uid = f" (uid {op.uid!r})" if op.uid else ""
         print(
-            f"\noperator {op.operator_id} {op.operator_name} ({', '.join(op.stores)}): "
+            f"\noperator {op.operator_id} {name}{uid} ({', '.join(op.stores)}): "
             f"{op.keys} keys, {op.file_bytes} bytes, partition skew {op.partition_skew:.2f}, "
             f"key-group skew {op.key_group_skew:.2f}"
         )
@@ -194,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         settings.append((key, value))
     args.conf = settings
+    refused = _checked_before_spark(args)
+    if refused is not None:
+        print(f"keyedstate {args.command}: {refused}", file=sys.stderr)
+        return 2
     with contextlib.ExitStack() as stack:
         log = None if args.verbose else stack.enter_context(_spark_output_to_log(args.command))
         where = f" (Spark's log: {log.path})" if log else ""

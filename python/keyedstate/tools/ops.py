@@ -93,6 +93,8 @@ class PartitionReport:
 class OperatorReport:
     operator_id: int
     operator_name: str
+    function: str  # the keyed function that wrote the state ("" for Spark's operators)
+    uid: str  # the uid it was given ("" if none)
     stores: list[str]
     keys: int
     file_bytes: int
@@ -171,16 +173,20 @@ def read_state(
     checkpoint: str,
     state_name: str,
     operator_id: int | None = None,
+    *,
+    uid: str | None = None,
 ) -> Any:  # noqa: ANN401 - a pyspark DataFrame
     """The stored values of one state of a keyed function, at the checkpoint's last committed
     batch: a DataFrame with ``partition_id``, the key columns and ``value`` (one row per key, per
     list element, or per map entry with ``user_map_key``). ``state_name`` may also be
     ``"$eventTimers"`` or ``"$procTimers"`` (``timestamp`` and the key columns). Values have the
-    state's Spark type (pickled types are ``binary``). ``operator_id`` picks the keyed function
-    when a query has several (they are numbered 1000, 1001, ... in plan order)."""
+    state's Spark type (pickled types are ``binary``). When a query has several keyed functions,
+    ``uid`` (the name given with ``process(..., uid=...)``) or ``operator_id`` picks one: they
+    are numbered 1000, 1001, ... in the order the query applies them (a chain's first function
+    is 1000)."""
     from pyspark.sql import DataFrame
 
     reader = spark._jvm.io.keyedstate.process.StateReader  # type: ignore[attr-defined]
     operator = -1 if operator_id is None else int(operator_id)
-    jdf = _call(reader.read, spark._jsparkSession, checkpoint, state_name, operator)
+    jdf = _call(reader.read, spark._jsparkSession, checkpoint, state_name, operator, uid)
     return DataFrame(jdf, spark)

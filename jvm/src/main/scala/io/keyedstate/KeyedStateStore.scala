@@ -2,9 +2,11 @@ package io.keyedstate
 
 import scala.collection.mutable
 
+import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
+import org.json4s.JValue
 
 import io.keyedstate.conf.KeyedStateErrors
 import io.keyedstate.errors.ErrorId
@@ -299,6 +301,20 @@ final class KeyedStateStore private[keyedstate] (
     val codec = rangeCodec(colFamilyName, "deleteRange")
     state.deleteRange(colFamilyName, codec.encodeBound(beginKey), codec.encodeBound(endKey))
   }
+
+  // ---- the operator's declaration (kept in each version's manifest) ----
+
+  /** What the operator declared about its state when this version was committed (None: nothing). */
+  def declaration: Option[JValue] = state.declaration
+
+  /** Declares the operator's state layout; committed with the next version, dropped by an abort. */
+  def declare(d: JValue): Unit = {
+    checkWritable("declare the operator's state")
+    state.declare(d)
+  }
+
+  /** The manifest of the loaded version (for errors that name it). */
+  def loadedManifest: Path = provider.loadedManifest
 
   // ---- lifecycle ----
 

@@ -106,6 +106,11 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 
   override def stateStoreId: StateStoreId = id
 
+  /** The manifest of the loaded version, as errors name it. */
+  private[keyedstate] def loadedManifest: Path = synchronized {
+    checkpointStore.manifestPath(lineage.version, if (conf.checkpointIdsEnabled) lineage.checkpointId else None)
+  }
+
   // ---- opening stores ----
 
   override def getStore(
@@ -257,7 +262,8 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
         try {
           val columnFamilies = loaded.describeColumnFamilies
           lineage.commit(loaded.db, loaded.takeChangelog(), columnFamilies, columnFamilies.map(_.numKeys).sum,
-            newVersion, commitId, store.forceSnapshot || snapshot, loaded.ttlCleanup.cursorsForManifest)
+            newVersion, commitId, store.forceSnapshot || snapshot, loaded.ttlCleanup.cursorsForManifest,
+            loaded.declaration)
         } finally filesLock.unlock()
       lastTtl = loaded.ttl.stats
       loaded.dirty = false
@@ -333,7 +339,9 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
    * to Spark, which unloads this store alone.
    */
   override def doCleanupMaintenance(): Unit = {
-    if (leaseRefreshedMs > 0) claimLease()
+    if (leaseRefreshedMs > 0) {
+      leaseRefreshedMs = StoreLease.refresh(checkpointStore.root, hadoopConf, leaseRefreshedMs, keepAliveOnly = true)
+    }
     if (filesLock.tryLock()) {
       val stats =
         try {

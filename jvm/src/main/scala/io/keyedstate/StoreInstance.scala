@@ -7,6 +7,7 @@ import scala.util.control.NonFatal
 
 import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, StateStore}
 import org.apache.spark.sql.types.StructType
+import org.json4s.JValue
 
 import io.keyedstate.checkpoint.ManifestColumnFamily
 import io.keyedstate.checkpoint.commit.Changelog
@@ -39,7 +40,8 @@ private[keyedstate] final class StoreInstance(
     knownColumnFamilies: Seq[ManifestColumnFamily],
     newChangelog: Option[() => Changelog.Writer],
     ttlOf: String => TtlConfig = _ => TtlConfig.Disabled,
-    ttlCursors: Map[String, String] = Map.empty) extends TtlCleanupTarget with AutoCloseable {
+    ttlCursors: Map[String, String] = Map.empty,
+    committedDeclaration: Option[JValue] = None) extends TtlCleanupTarget with AutoCloseable {
 
   private val codecs = mutable.Map[String, ColumnFamilyCodec]()
   private val keyCounts = mutable.Map[String, Long]()
@@ -69,6 +71,20 @@ private[keyedstate] final class StoreInstance(
    * the instance dirty, so it is dropped and rebuilt rather than served as the loaded version.
    */
   var dirty: Boolean = false
+
+  private var _declaration: Option[JValue] = committedDeclaration
+
+  /** What the operator declared about its state, as the next manifest records it (see VersionManifest). */
+  def declaration: Option[JValue] = _declaration
+
+  /**
+   * A new declaration, committed with the next version. A change makes the instance dirty: an
+   * aborted version's declaration is dropped with it, never kept by a version that did not commit.
+   */
+  def declare(d: JValue): Unit = if (!_declaration.contains(d)) {
+    dirty = true
+    _declaration = Some(d)
+  }
 
   /** Whether the instance still is the version loaded or last committed: not dirty, no write lost. */
   def servable: Boolean = !dirty && db.healthy

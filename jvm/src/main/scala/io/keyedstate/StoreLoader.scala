@@ -8,6 +8,7 @@ import scala.util.control.NonFatal
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, StateStore, StateStoreConf, StateStoreId}
 import org.apache.spark.sql.types.StructType
+import org.json4s.JValue
 
 import io.keyedstate.checkpoint.{ChangelogFile, CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, VersionManifest}
 import io.keyedstate.checkpoint.commit.{Changelog, SnapshotStrategy, VersionLineage}
@@ -47,7 +48,7 @@ private[keyedstate] final class StoreLoader(
   /** The empty state at `version` (version 0, or `loadEmpty`). */
   def empty(version: Long): LoadedVersion = {
     LocalFiles.deleteRecursively(dbDir)
-    loaded(LocalRocksDB.open(dbDir, conf), Nil, Map.empty,
+    loaded(LocalRocksDB.open(dbDir, conf), Nil, Map.empty, None,
       lineage(version, None, snapshotVersion = version, Nil, Vector.empty))
   }
 
@@ -60,7 +61,7 @@ private[keyedstate] final class StoreLoader(
       // the version's lineage starts flushed (see VersionLineage).
       if (stats.changelogRecordsReplayed > 0) db.flushInBackground()
       cache.retainOnly(manifest.allFiles)
-      loaded(db, manifest.columnFamilies, manifest.ttlCursors, lineage(manifest.version,
+      loaded(db, manifest.columnFamilies, manifest.ttlCursors, manifest.declaration, lineage(manifest.version,
         Some(manifest.checkpointId), manifest.snapshotVersion, manifest.files, manifest.changelogs.toVector))
     } catch {
       case NonFatal(e) =>
@@ -84,6 +85,7 @@ private[keyedstate] final class StoreLoader(
       db: LocalRocksDB,
       columnFamilies: Seq[ManifestColumnFamily],
       ttlCursors: Map[String, String],
+      declaration: Option[JValue],
       history: VersionLineage): LoadedVersion = {
     val changelogs =
       if (conf.changelogCheckpointing) {
@@ -91,7 +93,7 @@ private[keyedstate] final class StoreLoader(
         Some(() => new Changelog.Writer(new File(workDir, s"changelog-${UUID.randomUUID()}.log"), codec))
       } else None
     val inst = new StoreInstance(db, id.storeName, conf, schema.useColumnFamilies, columnFamilies, changelogs,
-      cf => conf.ttl.forColumnFamily(id.operatorId, cf), ttlCursors)
+      cf => conf.ttl.forColumnFamily(id.operatorId, cf), ttlCursors, declaration)
     inst.registerCodec(StateStore.DEFAULT_COL_FAMILY_NAME, schema.keySchema, schema.valueSchema, schema.keySpec,
       schema.multipleValuesPerKey, isInternal = false)
     LoadedVersion(inst, history)

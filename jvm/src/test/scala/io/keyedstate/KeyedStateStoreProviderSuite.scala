@@ -91,6 +91,41 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     r.release(); p.close(); fresh.close()
   }
 
+
+  test("an operator's declaration is committed with its version, carried on, and dropped by an abort") {
+    import org.json4s._
+    val root = tempDir()
+    val p = newProvider(root)
+    def declared(s: StateStore) = s.asInstanceOf[KeyedStateStore].declaration
+    def declare(s: StateStore, d: JValue): Unit = s.asInstanceOf[KeyedStateStore].declare(d)
+    val first = JObject("kind" -> JString("test"), "n" -> JInt(1))
+    val second = JObject("kind" -> JString("test"), "n" -> JInt(2))
+    commitWith(p, 0) { s => assert(declared(s).isEmpty); declare(s, first); s.put(key("a"), value(1)) }
+    commitWith(p, 1)(_.put(key("b"), value(2))) // not declared again: carried on
+    val aborted = p.getStore(2)
+    declare(aborted, second)
+    assert(declared(aborted).contains(second))
+    aborted.abort()
+    // The aborted declaration went with the instance: the version is reloaded as committed.
+    val again = p.getStore(2)
+    assert(declared(again).contains(first), declared(again))
+    assert(again.asInstanceOf[KeyedStateStore].loadedManifest.getName == "2.manifest")
+    again.abort()
+    val fresh = newProvider(root)
+    Seq(1L, 2L).foreach { v =>
+      val r = fresh.getReadStore(v)
+      assert(r.asInstanceOf[KeyedStateStore].declaration.contains(first), v)
+      r.release()
+    }
+    val manifest = new File(root, "0/0/2.manifest")
+    assert(manifest.exists())
+    assert(io.keyedstate.checkpoint.VersionManifest.fromJson(
+      new String(java.nio.file.Files.readAllBytes(manifest.toPath))).declaration.contains(first))
+    val readOnly = fresh.getReadStore(2)
+    intercept[IllegalStateException](readOnly.asInstanceOf[KeyedStateStore].declare(second))
+    readOnly.release()
+    p.close(); fresh.close()
+  }
   test("a read store upgrades to the write store of the same version without reloading") {
     val p = newProvider(tempDir())
     commitWith(p, 0)(_.put(key("a"), value(1)))

@@ -22,11 +22,13 @@ final case class LeaseHolder(
 
 /**
  * A running query's claim on its store partitions: `<store dir>/.keyedstate-lease`, written when a
- * provider loads the store and refreshed by its maintenance (at least every
- * `spark.sql.streaming.stateStore.maintenanceInterval`), removed when the provider closes or its
- * executor shuts down. `keyedstate rescale` refuses a checkpoint with a fresh lease of another
- * application: that query is running. A lease left by a killed executor goes stale after
- * [[StoreLease.StaleAfterMs]].
+ * task opens the store for writes and kept alive by the provider's maintenance (at least every
+ * `spark.sql.streaming.stateStore.maintenanceInterval`), removed when the query stops (the
+ * driver's [[io.keyedstate.QueryLeaseListener]], installed by `keyedstate.configure`), when the
+ * provider closes or when its executor shuts down. Maintenance never creates a lease, so one
+ * removed at the query's stop stays removed. `keyedstate rescale` refuses a checkpoint with a
+ * fresh lease of another application: that query is running. A lease left by a killed executor
+ * goes stale after [[StoreLease.StaleAfterMs]].
  */
 object StoreLease {
   val FileName = ".keyedstate-lease"
@@ -40,12 +42,19 @@ object StoreLease {
 
   def path(storeDir: Path): Path = new Path(storeDir, FileName)
 
-  /** Claims or refreshes the lease (skipped when refreshed recently); never fails the caller. */
-  def refresh(storeDir: Path, hadoopConf: Configuration, lastRefreshMs: Long): Long = {
+  /**
+   * Claims or refreshes the lease (skipped when refreshed recently); never fails the caller. With
+   * `keepAliveOnly` (maintenance) a lease that is gone is not written again: the query stopped.
+   */
+  def refresh(storeDir: Path, hadoopConf: Configuration, lastRefreshMs: Long, keepAliveOnly: Boolean = false): Long = {
     val now = System.currentTimeMillis()
     if (now - lastRefreshMs < RefreshEveryMs) return lastRefreshMs
     val p = path(storeDir)
     try {
+      if (keepAliveOnly && !p.getFileSystem(hadoopConf).exists(p)) {
+        held.remove(p -> hadoopConf)
+        return 0L
+      }
       val env = Option(SparkEnv.get)
       val holder = LeaseHolder(
         env.map(_.conf.getAppId).getOrElse("unknown"),
@@ -67,6 +76,34 @@ object StoreLease {
     val p = path(storeDir)
     held.remove(p -> hadoopConf)
     deleteQuietly(p, hadoopConf)
+  }
+
+  /**
+   * Removes the leases query run `runId` holds under a checkpoint's `state` directory (every
+   * partition of every operator, named stores included); leases of other runs stay. Returns how
+   * many were removed; never fails the caller (a lease is advice, and goes stale on its own).
+   */
+  def releaseRun(stateRoot: Path, runId: String, hadoopConf: Configuration): Int = {
+    var released = 0
+    try {
+      val fs = stateRoot.getFileSystem(hadoopConf)
+      def dirs(p: Path): Seq[Path] =
+        try fs.listStatus(p).toSeq.filter(_.isDirectory).map(_.getPath).filterNot(_.getName.startsWith("."))
+        catch { case _: java.io.FileNotFoundException => Nil }
+      for (op <- dirs(stateRoot); partition <- dirs(op); dir <- partition +: dirs(partition)) {
+        val p = path(dir)
+        val holder =
+          try {
+            val in = fs.open(p)
+            try Some(Serialization.read[LeaseHolder](new String(in.readAllBytes(), UTF_8))) finally in.close()
+          } catch { case NonFatal(_) => None }
+        if (holder.exists(_.queryRunId == runId)) {
+          deleteQuietly(p, hadoopConf)
+          released += 1
+        }
+      }
+    } catch { case NonFatal(_) => () }
+    released
   }
 
   /** The holder of a lease refreshed within [[StaleAfterMs]], if any, and its age. */

@@ -1,6 +1,6 @@
 package io.keyedstate.checkpoint
 
-import org.json4s.{DefaultFormats, Formats}
+import org.json4s.{DefaultFormats, Formats, JString, JValue}
 import org.json4s.jackson.Serialization
 
 /** One file a version needs: its RocksDB name, where it lives under the store directory, and
@@ -38,6 +38,10 @@ final case class ManifestColumnFamily(
  * `checkpointId` is the unique id of this commit (Spark's checkpoint format v2 names versions by
  * it; v1 does not), `baseCheckpointId` the id of the version it was built on. `ttlCursors` holds
  * the incremental TTL cleanup's position per column family (hex of the last key checked).
+ * `declaration` is what the operator that wrote the version declares about its state, kept with
+ * the state so that the two cannot be lost apart (a keyed function: its key columns and each
+ * state's kind and type, checked before the state is read; see `process.OperatorDeclaration`);
+ * opaque to the store, carried from version to version, absent for Spark's own operators.
  *
  * Format 3: stored values carry an 8-byte last-access stamp (see `ttl.TtlValueCodec`), and stored
  * keys carry a key-group tag only in column families whose keys cannot give it back (see
@@ -54,7 +58,8 @@ final case class VersionManifest(
     snapshotVersion: Long,
     files: Seq[ManifestFile],
     changelogs: Seq[ChangelogFile],
-    ttlCursors: Map[String, String] = Map.empty) {
+    ttlCursors: Map[String, String] = Map.empty,
+    declaration: Option[JValue] = None) {
 
   def sharedFiles: Seq[ManifestFile] = files.filter(f => VersionManifest.isShared(f.localName))
   /** Every durable file the version needs. */
@@ -70,6 +75,11 @@ final case class VersionManifest(
   def rebasedOn(d: SnapshotDescriptor): VersionManifest =
     copy(snapshotVersion = d.version, files = d.files, changelogs = changelogs.filter(_.version > d.version))
   def totalBytes: Long = allFiles.iterator.map(_.size).sum
+
+  // What every declaration names, whatever its kind: the operator's function and uid, if any.
+  def declaredFunction: Option[String] = declaredField("function")
+  def declaredUid: Option[String] = declaredField("uid")
+  private def declaredField(name: String): Option[String] = declaration.map(_ \ name).collect { case JString(s) => s }
 }
 
 object VersionManifest {

@@ -82,8 +82,10 @@ object ErrorId {
     "a keyed function in a query with the complete output mode")
   case object KeyedFunctionUnsupportedProvider extends ErrorId("KEYED_FUNCTION_UNSUPPORTED_PROVIDER",
     KeyedFunction, "a keyed function on a state store provider it cannot use")
-  case object KeyedFunctionTtlNeedsProvider extends ErrorId("KEYED_FUNCTION_TTL_NEEDS_KEYEDSTATE_PROVIDER",
-    KeyedFunction, "state TTL in a keyed function without keyedstate's provider")
+  case object KeyedFunctionUidChanged extends ErrorId("KEYED_FUNCTION_UID_CHANGED", KeyedFunction,
+    "a keyed function restarted at an operator id whose state another uid (another function) wrote")
+  case object KeyedFunctionDeclarationMissing extends ErrorId("KEYED_FUNCTION_DECLARATION_MISSING",
+    KeyedFunction, "a keyed function's state version whose manifest records no declaration of its states")
   case object KeyedFunctionPipelinedRunner extends ErrorId("KEYED_FUNCTION_PIPELINED_RUNNER", KeyedFunction,
     "a keyed function whose state reads write (TTL cleanup on every record) under Spark's pipelined " +
       "Python runner")
@@ -92,7 +94,7 @@ object ErrorId {
     StateLoadFailed, CommitFailed, LocalDiskWriteFailed, InvalidOption, RescaleRefused, RescaleInProgress,
     QueryCheckpointInvalid, StoreBusy, UnsupportedOperation, InvalidStoreArgument, KeyedFunctionKeyChanged,
     KeyedFunctionStateChanged, KeyedFunctionCompleteMode, KeyedFunctionUnsupportedProvider,
-    KeyedFunctionTtlNeedsProvider, KeyedFunctionPipelinedRunner, KafkaSinkFailed, KafkaInvalidRecord,
+    KeyedFunctionUidChanged, KeyedFunctionDeclarationMissing, KeyedFunctionPipelinedRunner, KafkaSinkFailed, KafkaInvalidRecord,
     KafkaBatchAlreadyCommitted)
 
   def named(name: String): Option[ErrorId] = all.find(_.name == name)

@@ -8,7 +8,7 @@ import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.streaming.OutputMode
 
-import io.keyedstate.KeyedStateStoreProvider
+import io.keyedstate.{KeyedStateStoreProvider, QueryLeaseListener}
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateArgumentException}
 
@@ -16,13 +16,17 @@ import io.keyedstate.errors.{ErrorId, KeyedStateArgumentException}
  * `spark.sql.extensions=io.keyedstate.process.KeyedStateExtensions` (set by
  * `keyedstate.configure`): plans keyed functions, and checks the provider's options on the
  * driver when a streaming query starts, so a bad value fails `start()` with the key, the value
- * and what is allowed, before any task runs.
+ * and what is allowed, before any task runs; and releases a stopped query's store leases
+ * ([[QueryLeaseListener]]).
  */
 final class KeyedStateExtensions extends (SparkSessionExtensions => Unit) {
   override def apply(extensions: SparkSessionExtensions): Unit = {
     extensions.injectPlannerStrategy(session => new KeyedProcessStrategy(session))
     extensions.injectCheckRule(session => (plan: LogicalPlan) =>
-      if (plan.isStreaming) KeyedStateConf.validateSession(session.sessionState.conf.getAllConfs))
+      if (plan.isStreaming) {
+        KeyedStateConf.validateSession(session.sessionState.conf.getAllConfs)
+        QueryLeaseListener.installOn(session)
+      })
   }
 }
 
@@ -33,20 +37,18 @@ object KeyedProcessOperators {
   /** Spark numbers its own stateful operators 0..n-1 per query; keyed functions take 1000 + n. */
   val FirstOperatorId = 1000
 
-  val SparkRocksDBProvider = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-  val SupportedProviders: Set[String] = Set(classOf[KeyedStateStoreProvider].getName, SparkRocksDBProvider)
-
   /**
-   * The state info of the keyed function `uid` in the micro-batch being planned on this thread,
-   * or None outside a streaming query (`explain` of the streaming DataFrame, say). Operator ids
-   * follow the order of keyed functions in the plan, which the same query code reproduces on
-   * every run.
+   * The state info of the keyed function whose plan nodes carry `nodeId`, in the micro-batch
+   * being planned on this thread, or None outside a streaming query (`explain` of the streaming
+   * DataFrame, say). Operator ids follow the order in which the query applies its keyed
+   * functions (a chain's first function is 1000, the next 1001; branches left to right), which
+   * the same query code reproduces on every run; each operator's state records the uid and
+   * function that wrote it, and a run that puts another function there is refused.
    */
-  def batchContext(session: SparkSession, uid: String): Option[BatchContext] =
+  def batchContext(session: SparkSession, nodeId: String): Option[BatchContext] =
     KeyedProcessSqlBridge.currentIncrementalExecution(session).map { exec =>
-      val uids = exec.optimizedPlan.collect { case l: KeyedStateLookup => l.spec.uid }.distinct
-      val index = uids.indexOf(uid)
-      require(index >= 0, s"keyed function $uid is not in the plan of batch ${exec.currentBatchId}")
+      val index = inApplicationOrder(exec.optimizedPlan).indexOf(nodeId)
+      require(index >= 0, s"keyed function $nodeId is not in the plan of batch ${exec.currentBatchId}")
       val operatorId = FirstOperatorId + index
       if (exec.outputMode == OutputMode.Complete()) {
         throw new KeyedProcessError(ErrorId.KeyedFunctionCompleteMode,
@@ -64,6 +66,13 @@ object KeyedProcessOperators {
       BatchContext(info, exec.offsetSeqMetadata.batchTimestampMs, exec.offsetSeqMetadata.batchWatermarkMs)
     }
 
+  /** The keyed functions of a plan, inputs first: children before their parent, left to right. */
+  private def inApplicationOrder(plan: LogicalPlan): Seq[String] = {
+    val below = plan.children.flatMap(inApplicationOrder)
+    val here = plan match { case l: KeyedStateLookup => Seq(l.spec.nodeId); case _ => Nil }
+    (below ++ here).distinct
+  }
+
   /** The eviction watermark Spark propagated to this operator (executed plans only). */
   def inputWatermark(session: SparkSession, context: BatchContext): Long =
     KeyedProcessSqlBridge.currentIncrementalExecution(session)
@@ -71,19 +80,19 @@ object KeyedProcessOperators {
         context.stateInfo.operatorId))
       .getOrElse(context.watermarkMs)
 
+  /**
+   * Keyed functions keep their declaration (key columns, each state's kind and type) in every
+   * version's manifest, with the state: only keyedstate's provider has one.
+   */
   def checkProvider(conf: SQLConf): Unit = {
     val provider = conf.stateStoreProviderClass
-    if (!SupportedProviders(provider)) {
+    if (provider != classOf[KeyedStateStoreProvider].getName) {
       throw new KeyedProcessError(ErrorId.KeyedFunctionUnsupportedProvider,
-        s"keyed functions need a state store with column families, multiple values per key, prefix " +
-          s"and range scans; the query's provider $provider has none of these. Use " +
-          s"${classOf[KeyedStateStoreProvider].getName} (keyedstate.configure sets it) or " +
-          s"$SparkRocksDBProvider")
+        s"keyed functions keep their state, and the declaration it was written with, in keyedstate's " +
+          s"provider; the query's provider is $provider. Set spark.sql.streaming.stateStore.providerClass=" +
+          s"${classOf[KeyedStateStoreProvider].getName} (keyedstate.configure sets it)")
     }
   }
-
-  def isKeyedStateProvider(conf: SQLConf): Boolean =
-    conf.stateStoreProviderClass == classOf[KeyedStateStoreProvider].getName
 }
 
 /** A clear error with a stable identifier (raised on the driver, before any task runs). */
@@ -92,10 +101,10 @@ final class KeyedProcessError(id: ErrorId, detail: String) extends KeyedStateArg
 final class KeyedProcessStrategy(session: SparkSession) extends SparkStrategy {
   override def apply(plan: LogicalPlan): Seq[SparkPlan] = plan match {
     case l: KeyedStateLookup =>
-      val context = KeyedProcessOperators.batchContext(session, l.spec.uid)
+      val context = KeyedProcessOperators.batchContext(session, l.spec.nodeId)
       KeyedStateLookupExec(l.specJson, l.inputSchema, l.output, context, planLater(l.child)) :: Nil
     case a: KeyedStateApply =>
-      val context = KeyedProcessOperators.batchContext(session, a.spec.uid)
+      val context = KeyedProcessOperators.batchContext(session, a.spec.nodeId)
       KeyedStateApplyExec(a.specJson, a.inputSchema, a.output, context, planLater(a.child)) :: Nil
     case _ => Nil
   }

@@ -64,8 +64,12 @@ final case class KeyedStateApplyExec(
       hadoopConf: Configuration,
       batchId: Long,
       stateSchemaVersion: Int): List[StateSchemaValidationResult] = {
-    val path = OperatorSchema.validateAndWrite(spec, inputSchema, getStateInfo, hadoopConf)
-    List(StateSchemaValidationResult(evolvedSchema = false, path.toString))
+    // The declaration lives in each version's manifest: nothing to write here, a check before any
+    // task. Spark takes one result per store; its path names where the declaration is kept.
+    val info = getStateInfo
+    OperatorDeclaration.checkAtStart(OperatorDeclaration.of(spec, inputSchema), info, hadoopConf)
+    List(StateSchemaValidationResult(evolvedSchema = false,
+      new org.apache.hadoop.fs.Path(info.checkpointLocation, info.operatorId.toString).toString))
   }
 
   override protected def doExecute(): RDD[InternalRow] = {

@@ -64,7 +64,8 @@ final case class KeyedStateLookupExec(
     val info = batch.stateInfo
     val watermark = KeyedProcessOperators.inputWatermark(session, batch)
     val layout = new StateLayout(spec, inputSchema)
-    val storeConf = new StateStoreConf(conf, StoreOptions.extraOptions(spec, info.operatorId, conf))
+    val declaration = OperatorDeclaration.of(spec, inputSchema)
+    val storeConf = new StateStoreConf(conf, StoreOptions.ttlOptions(spec.states, info.operatorId))
     StoreOptions.checkPythonRunner(spec, info.operatorId, storeConf,
       pipelined = SparkEnv.get.conf.getBoolean(StoreOptions.PipelinedRunnerKey, defaultValue = false))
     // Broadcast, as Spark's StateStoreRDD does: in a task's closure every task would carry and
@@ -78,7 +79,7 @@ final case class KeyedStateLookupExec(
     val keyOrdinals = specCopy.keyColumns.map(c => inputSchema.fieldIndex(c))
 
     child.execute().mapPartitionsWithIndex { (partition, rows) =>
-      val store = StoreAccess.open(info, partition, layout, storeConf, hadoopConf.value.value)
+      val store = StoreAccess.open(info, partition, layout, declaration, storeConf, hadoopConf.value.value)
       val task = TaskContext.get()
       StoreHandoff.put(task.taskAttemptId(), info.operatorId, store)
       task.addTaskCompletionListener[Unit] { _ =>

@@ -5,6 +5,8 @@ import org.apache.spark.sql.types._
 import org.json4s._
 import org.json4s.jackson.JsonMethods
 
+import io.keyedstate.rocks.KeyGroups
+
 /** The kind of a declared state variable (Flink's state kinds; operator list state is per partition). */
 sealed abstract class StateKind(val name: String)
 object StateKind {
@@ -37,15 +39,18 @@ final case class StateVar(
     ttl: Option[StateTtl]) {
 
   /** The column family holding it. User names cannot start with `$` (reserved for internals). */
-  def columnFamily: String = if (kind == StateKind.OperatorList) s"$$op_$name" else name
+  def columnFamily: String = if (kind == StateKind.OperatorList) KeyGroups.PartitionLocalPrefix + name else name
 }
 
 /**
  * What the Python side declares about one keyed function (`keyedstate.key_by(...).process(...)`):
  * parsed from the JSON the planner sends, and the source of every schema both sides exchange.
+ * `nodeId` tells the function's plan nodes apart within a plan; `uid` is the name the user gave
+ * the operator (`process(..., uid=...)`, Flink's `uid`), kept in its state's declaration.
  */
 final case class ProcessSpec(
-    uid: String,
+    nodeId: String,
+    uid: Option[String],
     functionName: String,
     keyColumns: Seq[String],
     orderBy: Option[String],
@@ -80,7 +85,8 @@ object ProcessSpec {
         ttl)
     }
     ProcessSpec(
-      (root \ "uid").extract[String],
+      (root \ "nodeId").extract[String],
+      (root \ "uid").extractOpt[String],
       (root \ "function").extract[String],
       (root \ "keyColumns").extract[List[String]],
       (root \ "orderBy").extractOpt[String],

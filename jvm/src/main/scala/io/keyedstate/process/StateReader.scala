@@ -12,37 +12,47 @@ import org.apache.spark.util.SerializableConfiguration
 
 import io.keyedstate.conf.KeyedStateErrors
 import io.keyedstate.errors.ErrorId
-import io.keyedstate.rescale.QueryCheckpoint
+import io.keyedstate.rescale.{QueryCheckpoint, StoreRef}
 
 /**
  * Reads one state variable (or the timers) of a keyed function from a stopped or running
  * query's checkpoint, at its last committed batch: one typed row per key (per list element, per
- * map entry, per timer), with the partition it is stored in. Works on keyedstate's provider and
- * on Spark's RocksDB provider (Spark's `statestore` reader reads `stateVarName` only for its own
+ * map entry, per timer), with the partition it is stored in, typed by the declaration the
+ * version's manifest records (Spark's `statestore` reader reads `stateVarName` only for its own
  * transformWithState operators). Runs as a Spark job, one task per state partition.
  */
 object StateReader {
   import StateLayout.{EventTimers, ProcTimers}
 
-  def read(spark: SparkSession, checkpoint: String, stateName: String, operatorId: Int): DataFrame = {
+  /**
+   * The state `stateName` of the keyed function at `operatorId` (or named `uid`; neither: the only
+   * keyed function of the checkpoint).
+   */
+  def read(spark: SparkSession, checkpoint: String, stateName: String, operatorId: Int, uid: String): DataFrame = {
     val hadoopConf = QueryCheckpoint.hadoopConf(spark)
     val ckpt = QueryCheckpoint.at(checkpoint, hadoopConf)
-    val batch = ckpt.lastBatch("commits").getOrElse(throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
-      s"${ckpt.root} has no committed batch (no file in ${ckpt.root}/commits)"))
-    val withSchema = ckpt.operators.filter(op => ckpt.fs.exists(schemaPath(ckpt, op)))
-    val op = if (operatorId >= 0) operatorId else withSchema match {
-      case Seq(only) => only
-      case Seq() => throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"${ckpt.root} has no keyed function state")
-      case several => throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
-        s"${ckpt.root} has several keyed functions (operators ${several.mkString(", ")}); pass operator_id")
+    val batch = ckpt.lastCommit()
+    ckpt.requireKeyedStateProvider(batch, "read_state")
+    val functions = keyedFunctions(ckpt, batch)
+    def listed = functions.map { case (op, d) => s"operator $op: ${d.describe}" }.mkString("; ")
+    val (op, stored) = (Option(operatorId).filter(_ >= 0), Option(uid)) match {
+      case (Some(id), _) => functions.find(_._1 == id).getOrElse(throw KeyedStateErrors.badArgument(
+        ErrorId.QueryCheckpointInvalid, s"operator $id of ${ckpt.root} is not a keyed function; its keyed functions: " +
+          (if (functions.isEmpty) "none" else listed)))
+      case (None, Some(u)) => functions.find(_._2.uid.contains(u)).getOrElse(throw KeyedStateErrors.badArgument(
+        ErrorId.QueryCheckpointInvalid, s"${ckpt.root} has no keyed function with uid '$u'; its keyed functions: " +
+          (if (functions.isEmpty) "none" else listed)))
+      case (None, None) => functions match {
+        case Seq(only) => only
+        case Seq() => throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"${ckpt.root} has no keyed function state")
+        case _ => throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
+          s"${ckpt.root} has several keyed functions ($listed); pass operator_id or uid")
+      }
     }
-    val stored = OperatorSchema.read(schemaPath(ckpt, op), hadoopConf).getOrElse(
-      throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"operator $op of ${ckpt.root} is not a keyed function " +
-        s"(no ${schemaPath(ckpt, op)})"))
     val keySchema = stored.keySchema
     val states = stored.states.map(_.toVar)
     // The query's own layout: every state's column family, and the timers'.
-    val layout = new StateLayout(ProcessSpec("", stored.function, keySchema.fieldNames.toSeq, None, states,
+    val layout = new StateLayout(ProcessSpec("", stored.uid, stored.function, keySchema.fieldNames.toSeq, None, states,
       timers = true, StructType(Nil)), keySchema)
     // A row: the partition, `keyFields` fields of the stored key, then the value (if `hasValue`).
     val (family, rowSchema, keyFields, hasValue) = stateName match {
@@ -51,7 +61,7 @@ object StateReader {
         (f, f.keySchema, f.keySchema.length, false)
       case name =>
         val v = states.find(_.name == name).getOrElse(
-          throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"keyed function ${stored.function} (operator $op) has no state " +
+          throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"keyed function ${stored.describe} (operator $op) has no state " +
             s"'$name'; its states are ${states.map(s => s"'${s.name}'").mkString(", ")}, and " +
             s"$EventTimers, $ProcTimers"))
         val f = layout.family(v)
@@ -68,8 +78,7 @@ object StateReader {
     val formatConf = if (ids.isEmpty) Map.empty else Map(CheckpointFormatVersionKey -> "2")
     val conf = KeyedProcessSqlBridge.sqlConfWith(spark, ckpt.pinnedConf(batch) ++ formatConf)
     // TTL'd states read as the query sees them at its last batch: expired entries hidden.
-    val storeConf = new StateStoreConf(conf,
-      if (KeyedProcessOperators.isKeyedStateProvider(conf)) StoreOptions.ttlOptions(states, op) else Map.empty)
+    val storeConf = new StateStoreConf(conf, StoreOptions.ttlOptions(states, op))
     val serializableConf = new SerializableConfiguration(hadoopConf)
     val stateRoot = ckpt.stateRoot.toString
     val version = batch + 1
@@ -84,8 +93,16 @@ object StateReader {
 
   private val CheckpointFormatVersionKey = "spark.sql.streaming.stateStore.checkpointFormatVersion"
 
-  private def schemaPath(ckpt: QueryCheckpoint, op: Int) =
-    new org.apache.hadoop.fs.Path(ckpt.stateRoot, s"$op/_keyedstate/schema.json")
+  /**
+   * The keyed functions of a checkpoint at `batch`, by operator id: the declaration partition 0's
+   * manifest of the version the batch committed records.
+   */
+  def keyedFunctions(ckpt: QueryCheckpoint, batch: Long): Seq[(Int, OperatorDeclaration)] =
+    ckpt.operators.filter(_ >= KeyedProcessOperators.FirstOperatorId).map { op =>
+      val id = ckpt.defaultStoreCheckpointIds(batch, op, Seq(0)).get(0)
+      val dir = ckpt.storeDir(StoreRef(op, StateStoreId.DEFAULT_STORE_NAME, 0))
+      op -> OperatorDeclaration.read(dir, batch + 1, id, ckpt.hadoopConf, op)
+    }
 
   private def readPartition(
       stateRoot: String,

@@ -3,30 +3,46 @@ package io.keyedstate.process
 import org.apache.hadoop.conf.Configuration
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.state._
-import org.apache.spark.sql.internal.SQLConf
 
+import io.keyedstate.KeyedStateStore
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.ErrorId
 import io.keyedstate.rocks.LocalRocksDB
 
-/** Opens a keyed function's store for one partition, with every column family it uses. */
+/**
+ * Opens a keyed function's store for one partition, with every column family it uses, after
+ * checking the version's declaration against the function's (see [[OperatorDeclaration]]).
+ */
 private[process] object StoreAccess {
   def open(
       info: StatefulOperatorStateInfo,
       partition: Int,
       layout: StateLayout,
+      declaration: OperatorDeclaration,
       storeConf: StateStoreConf,
-      hadoopConf: Configuration): StateStore = {
+      hadoopConf: Configuration): KeyedStateStore = {
     val providerId = StateStoreProviderId(
       StateStoreId(info.checkpointLocation, info.operatorId, partition, StateStoreId.DEFAULT_STORE_NAME),
       info.queryRunId)
     val checkpointId = info.stateStoreCkptIds.map(_(partition)).flatMap(_.headOption)
     val store = StateStore.get(providerId, layout.keySchema, layout.defaultValueSchema,
       NoPrefixKeyStateEncoderSpec(layout.keySchema), info.storeVersion, checkpointId, None,
-      useColumnFamilies = true, storeConf, hadoopConf, useMultipleValuesPerKey = true)
-    layout.families.foreach { f =>
-      store.createColFamilyIfAbsent(f.name, f.keySchema, f.valueSchema, f.spec, f.multipleValues,
-        isInternal = f.name.startsWith("$"))
+      useColumnFamilies = true, storeConf, hadoopConf, useMultipleValuesPerKey = true) match {
+      case s: KeyedStateStore => s
+      case other => // the planner refuses other providers (KeyedProcessOperators.checkProvider)
+        other.abort()
+        throw new IllegalStateException(s"keyed functions need keyedstate's provider, got ${other.getClass.getName}")
+    }
+    try {
+      OperatorDeclaration.checkAndDeclare(store, declaration, info.operatorId, partition)
+      layout.families.foreach { f =>
+        store.createColFamilyIfAbsent(f.name, f.keySchema, f.valueSchema, f.spec, f.multipleValues,
+          isInternal = f.name.startsWith("$"))
+      }
+    } catch {
+      case e: Throwable =>
+        store.abort()
+        throw e
     }
     store
   }
@@ -34,18 +50,6 @@ private[process] object StoreAccess {
 
 /** Options a keyed function passes to the provider: the TTL of each state variable. */
 private[process] object StoreOptions {
-  def extraOptions(spec: ProcessSpec, operatorId: Long, conf: SQLConf): Map[String, String] = {
-    val withTtl = spec.states.filter(_.ttl.isDefined)
-    if (withTtl.nonEmpty && !KeyedProcessOperators.isKeyedStateProvider(conf)) {
-      throw new KeyedProcessError(ErrorId.KeyedFunctionTtlNeedsProvider,
-        s"state TTL (${withTtl.map(v => s"'${v.name}'").mkString(", ")}) is kept by keyedstate's provider, " +
-          s"with its per-column-family TTL and cleanup strategies; the query's provider " +
-          s"${conf.stateStoreProviderClass} has no per-column-family TTL. Use keyedstate.configure " +
-          "(io.keyedstate.KeyedStateStoreProvider) or drop enable_time_to_live")
-    }
-    if (KeyedProcessOperators.isKeyedStateProvider(conf)) ttlOptions(spec.states, operatorId) else Map.empty
-  }
-
   /**
    * Refuses states whose reads write under Spark's pipelined Python runner
    * (`spark.python.udf.pipelined.enabled`): it runs the lookup, which reads every state, in its

@@ -5,6 +5,7 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
+import io.keyedstate.checkpoint.CheckpointStore
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.errors.ErrorId
 import io.keyedstate.rocks.KeyGroups
@@ -27,6 +28,9 @@ final case class PartitionReport(
 final case class OperatorReport(
     operatorId: Int,
     operatorName: String,
+    /** The keyed function that wrote the state, and the uid it was given (empty for Spark's operators). */
+    function: String,
+    uid: String,
     stores: Seq[String],
     keys: Long,
     fileBytes: Long,
@@ -61,9 +65,7 @@ final class CheckpointInspector(spark: SparkSession, keyGroups: Int) {
   def inspect(checkpoint: String): InspectReport = {
     val hadoopConf = QueryCheckpoint.hadoopConf(spark)
     val ckpt = QueryCheckpoint.at(checkpoint, hadoopConf)
-    if (!ckpt.exists) throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"No checkpoint at ${ckpt.root}")
-    val batch = ckpt.batches("commits").lastOption.getOrElse(
-      throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid, s"${ckpt.root} has no committed batch"))
+    val batch = ckpt.lastCommit()
     ckpt.requireKeyedStateProvider(batch, "inspect")
     val pinned = ckpt.pinnedConf(batch)
     val partitions = pinned.get(PartitionsKey).flatMap(_.toIntOption).getOrElse(0)
@@ -85,7 +87,11 @@ final class CheckpointInspector(spark: SparkSession, keyGroups: Int) {
     val operators = reports.groupBy(_.operatorId).toSeq.sortBy(_._1).map { case (op, rs) =>
       val perPartition = rs.groupBy(_.partition).values.map(_.map(_.keys).sum).toSeq
       val perGroup = rs.map(_.keyGroupBytes).transpose.map(_.sum)
-      OperatorReport(op, operatorName(ckpt, op), rs.map(_.storeName).distinct, rs.map(_.keys).sum,
+      val declared = rs.find(r => r.partition == 0 && r.storeName == StateStoreId.DEFAULT_STORE_NAME)
+        .map(_ => new CheckpointStore(ckpt.storeDir(StoreRef(op, StateStoreId.DEFAULT_STORE_NAME, 0)), hadoopConf)
+          .readManifest(version, checkpointIds(ckpt, batch, op).get(0)))
+      OperatorReport(op, operatorName(ckpt, op), declared.flatMap(_.declaredFunction).getOrElse(""),
+        declared.flatMap(_.declaredUid).getOrElse(""), rs.map(_.storeName).distinct, rs.map(_.keys).sum,
         rs.map(_.fileBytes).sum, InspectReport.skew(perPartition), InspectReport.skew(perGroup))
     }
     InspectReport(ckpt.root.toString, batch, version, partitions, OurProvider, keyGroups, operators, reports)
@@ -112,6 +118,8 @@ final class CheckpointInspector(spark: SparkSession, keyGroups: Int) {
 object CheckpointInspector {
   private implicit val formats: Formats = DefaultFormats
 
+  val MaxKeyGroups: Int = 1 << 16
+
   def scan(
       ref: StoreRef,
       dir: String,
@@ -127,13 +135,14 @@ object CheckpointInspector {
       var misplaced = 0L
       manifest.columnFamilies.filter(cf => db.hasColumnFamily(cf.name)).foreach { cf =>
         val tagOf = RescaleTasks.tagReader(ref, cf, version)
+        val keyGrouped = !KeyGroups.isPartitionLocal(cf.name)
         val it = db.scan(cf.name, None, None)
         try it.foreach { case (k, v) =>
           val tag = tagOf(k)
           val g = KeyGroups.owner(tag, keyGroups)
           keys(g) += 1
           bytes(g) += k.length + v.length
-          if (partitions > 0 && KeyGroups.owner(tag, partitions) != ref.partition) misplaced += 1
+          if (keyGrouped && partitions > 0 && KeyGroups.owner(tag, partitions) != ref.partition) misplaced += 1
         } finally it.close()
       }
       PartitionReport(ref.operatorId, ref.storeName, ref.partition, version, keys.sum, manifest.totalBytes,
@@ -142,8 +151,10 @@ object CheckpointInspector {
 
   /** The entry point of the Python package and the CLI: the report as JSON. */
   def report(spark: SparkSession, checkpoint: String, keyGroups: Int): String = {
-    require(keyGroups >= 1 && keyGroups <= (1 << 16),
-      s"Invalid key group count $keyGroups for inspect: allowed is an integer from 1 to 65536")
+    if (keyGroups < 1 || keyGroups > MaxKeyGroups) {
+      throw KeyedStateErrors.badArgument(ErrorId.InvalidOption,
+        s"Invalid key group count $keyGroups for inspect: allowed is an integer from 1 to $MaxKeyGroups")
+    }
     Serialization.write(new CheckpointInspector(spark, keyGroups).inspect(checkpoint))
   }
 }

@@ -31,6 +31,17 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
 
   def exists: Boolean = fs.exists(root)
 
+  /** Refuses a location with no checkpoint, in the words every tool uses. */
+  def requireExists(): Unit =
+    if (!exists) throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"no checkpoint at $root")
+
+  /** The last batch of the commit log, or a refusal every tool words the same way. */
+  def lastCommit(): Long = {
+    requireExists()
+    lastBatch("commits").getOrElse(throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
+      s"$root has no committed batch (no file in $root/commits)"))
+  }
+
   /** The batch ids with an entry in `offsets` or `commits`. */
   def batches(log: String): Seq[Long] = listNames(new Path(root, log)).flatMap(_.toLongOption).sorted
 

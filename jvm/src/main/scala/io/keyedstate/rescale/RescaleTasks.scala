@@ -10,6 +10,7 @@ import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
+import org.json4s.jackson.JsonMethods.{compact, parse, render}
 
 import io.keyedstate.KeyedStateStoreProvider
 import io.keyedstate.checkpoint.{CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, Transfers, VersionManifest}
@@ -34,6 +35,7 @@ final case class SplitTask(
 final case class SplitResult(
     store: StoreRef,
     columnFamilies: Seq[ManifestColumnFamily],
+    declarationJson: Option[String],
     staged: Seq[StagedFile],
     keys: Long,
     bytesDownloaded: Long)
@@ -44,6 +46,7 @@ final case class BuildTask(
     targetDir: String,
     version: Long,
     columnFamilies: Seq[ManifestColumnFamily],
+    declarationJson: Option[String],
     files: Seq[StagedFile],
     stagingDir: String,
     manifestDir: Option[String])
@@ -70,10 +73,12 @@ object RescaleTasks {
         try {
           var misplaced = 0L
           val tagOf = tagReader(task.store, cf, task.version)
+          // Operator state is keyed by the partition that wrote it, not by a key Spark partitions.
+          val keyGrouped = !KeyGroups.isPartitionLocal(cf.name)
           val it = db.scan(cf.name, None, None)
           try it.foreach { case (key, value) =>
             val tag = tagOf(key)
-            if (KeyGroups.owner(tag, task.fromPartitions) != task.store.partition) misplaced += 1
+            if (keyGrouped && KeyGroups.owner(tag, task.fromPartitions) != task.store.partition) misplaced += 1
             writers(KeyGroups.owner(tag, task.toPartitions)).put(key, value)
           } finally it.close()
           if (misplaced > 0) {
@@ -95,7 +100,8 @@ object RescaleTasks {
           }
         } finally writers.foreach(_.close())
       }
-      SplitResult(task.store, manifest.columnFamilies, staged, staged.iterator.map(_.keys).sum, load.bytesDownloaded)
+      SplitResult(task.store, manifest.columnFamilies, manifest.declaration.map(d => compact(render(d))), staged,
+        staged.iterator.map(_.keys).sum, load.bytesDownloaded)
     }
 
   /** How the stored keys of `cf` give their key-group tags (see [[KeyGroups]]). */
@@ -158,7 +164,8 @@ object RescaleTasks {
         val cp = snapshots.checkpointLocally(db, task.version, commitId)
         val uploaded = try snapshots.upload(cp, Nil) finally snapshots.discard(cp)
         val manifest = VersionManifest(VersionManifest.FormatVersion, task.version, commitId, None,
-          System.currentTimeMillis(), task.columnFamilies, task.version, uploaded.files, Nil)
+          System.currentTimeMillis(), task.columnFamilies, task.version, uploaded.files, Nil,
+          declaration = task.declarationJson.map(parse(_)))
         val manifestStore = task.manifestDir.fold(target)(d => new CheckpointStore(new Path(d), hadoopConf))
         manifestStore.ensureRoot()
         manifestStore.writeManifest(manifest, checkpointIdsEnabled = false)

@@ -62,7 +62,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       throw KeyedStateErrors.badArgument(ErrorId.RescaleRefused, s"Rescale in place writes to the source; do not also give an output ($output)")
     }
     val src = QueryCheckpoint.at(source, hadoopConf)
-    if (!src.exists) throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"No checkpoint at ${src.root}")
+    src.requireExists()
     val started = System.currentTimeMillis()
 
     // An interrupted in-place rescale is finished or undone first.
@@ -129,7 +129,8 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
         val families = mine.flatMap(_.columnFamilies).groupBy(_.name).values.map(_.head).toSeq.sortBy(_.name)
           .map(cf => cf.copy(numKeys = files.filter(_.columnFamily == cf.name).map(_.keys).sum))
         val manifestDir = if (inPlace) Some(new Path(staging, s"manifests/$op/$store/$t").toString) else None
-        BuildTask(ref, dst.storeDir(ref).toString, version, families, files, staging.toString, manifestDir)
+        BuildTask(ref, dst.storeDir(ref).toString, version, families, declarationOf(op, store, mine), files,
+          staging.toString, manifestDir)
       }
       val builds = runTasks("build", buildTasks)((t: BuildTask, h, c) => RescaleTasks.build(t, h, c))
       val buildMs = System.currentTimeMillis() - buildStart
@@ -153,6 +154,15 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
         throw e
     }
   }
+
+  /** The operator's declaration, the same in every source partition's manifest (it is written per batch). */
+  private def declarationOf(op: Int, store: String, splits: Seq[SplitResult]): Option[String] =
+    splits.map(_.declarationJson).distinct match {
+      case Seq(one) => one
+      case several => throw KeyedStateErrors.badState(ErrorId.RescaleRefused,
+        s"the partitions of operator $op (store '$store') record ${several.size} different declarations of their " +
+          "state in their manifests: the state cannot be rescaled safely")
+    }
 
   private def summary(
       src: QueryCheckpoint,
@@ -211,11 +221,15 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       StoreLease.fresh(src.storeDir(ref), hadoopConf).filter { case (h, _) =>
         h.applicationId != self || activeHere(src, ref, h)
       }.foreach { case (h, age) =>
+        val expiresInS = math.max(0L, StoreLease.StaleAfterMs - age) / 1000
+        val expiresAt = java.time.Instant.ofEpochMilli(System.currentTimeMillis() - age + StoreLease.StaleAfterMs)
+          .truncatedTo(java.time.temporal.ChronoUnit.SECONDS)
         throw KeyedStateErrors.badState(ErrorId.RescaleRefused,
           s"${ref.describe} of ${src.root} is in use by application ${h.applicationId} (query run ${h.queryRunId}, " +
-            s"executor ${h.executorId} on ${h.host}, lease ${StoreLease.path(src.storeDir(ref))} refreshed " +
-            s"${age / 1000} s ago): the query is running. Stop it, then rescale; a lease left by a killed executor " +
-            s"expires ${StoreLease.StaleAfterMs / 60000} minutes after its last refresh.")
+            s"executor ${h.executorId} on ${h.host}): its lease ${StoreLease.path(src.storeDir(ref))} was refreshed " +
+            s"${age / 1000} s ago, so the query is running. Stop it, then rescale (a stopped query releases its " +
+            s"leases). A lease left by a killed driver or executor expires ${StoreLease.StaleAfterMs / 60000} " +
+            s"minutes after its last refresh: this one in $expiresInS s ($expiresAt), unless refreshed.")
       }
     }
   }

@@ -24,6 +24,14 @@ object KeyGroups {
   val Seed = 42
   val TagBytes = 4
 
+  /**
+   * Column families keyed by the partition that wrote an entry (a keyed function's operator
+   * state, `$op_<name>`), not by a key Spark partitions: no key of theirs is "misplaced", and a
+   * rescale gives each old partition's entry to the new partition its id hashes to.
+   */
+  val PartitionLocalPrefix = "$op_"
+  def isPartitionLocal(columnFamily: String): Boolean = columnFamily.startsWith(PartitionLocalPrefix)
+
   /** Spark's `Pmod(Murmur3Hash(keys), n)`: the partition owning a key group under `n` partitions. */
   def owner(tag: Int, numPartitions: Int): Int = {
     val m = tag % numPartitions

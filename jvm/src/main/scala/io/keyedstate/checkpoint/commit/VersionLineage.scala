@@ -4,6 +4,7 @@ import scala.concurrent.{ExecutionContext, Future}
 import scala.util.{Failure, Success}
 
 import org.apache.spark.internal.Logging
+import org.json4s.JValue
 
 import io.keyedstate.checkpoint.{ChangelogFile, CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, SnapshotDescriptor, Transfers, VersionManifest}
 import io.keyedstate.conf.KeyedStateConf
@@ -71,7 +72,8 @@ final class VersionLineage(
       newVersion: Long,
       commitId: String,
       forceSnapshot: Boolean,
-      ttlCursors: Map[String, String] = Map.empty): (VersionManifest, CommitStats) = {
+      ttlCursors: Map[String, String] = Map.empty,
+      declaration: Option[JValue] = None): (VersionManifest, CommitStats) = {
     var stats = CommitStats()
 
     // 1. This version's changes.
@@ -129,7 +131,8 @@ final class VersionLineage(
 
     // 4. The manifest makes the version exist.
     val manifest = VersionManifest(VersionManifest.FormatVersion, newVersion, commitId, _checkpointId,
-      System.currentTimeMillis(), columnFamilies, snapshotVersion, snapshotFiles, changelogs, ttlCursors)
+      System.currentTimeMillis(), columnFamilies, snapshotVersion, snapshotFiles, changelogs, ttlCursors,
+      declaration)
     val manifestMs = LocalFiles.timed(store.writeManifest(manifest, conf.checkpointIdsEnabled))
     cache.retainOnly(manifest.allFiles, alsoKeep = inFlight)
     _version = newVersion

@@ -1,0 +1,253 @@
+"""A keyed function's declaration (its uid, function, key columns and each state's kind and
+type) is kept in every committed version's manifest, with the state: it cannot be lost apart
+from it, a refused run never rewrites it, and a version without one is refused. Operator ids
+follow the order in which a query applies its keyed functions, and tools find a function by
+its uid."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import keyedstate
+import pytest
+from keyedstate import (
+    KeyedProcessFunction,
+    RuntimeContext,
+    Types,
+    ValueStateDescriptor,
+    key_by,
+)
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+from state_api_support import ship_by_value
+from streaming_harness import (
+    PROVIDER_UNDER_TEST,
+    BatchCollector,
+    FileInput,
+    await_finished,
+    committed_batches,
+    start_query,
+)
+
+SCHEMA = T.StructType([T.StructField("k", T.StringType()), T.StructField("v", T.LongType())])
+OUT = "k string, n long"
+
+
+class Sum(KeyedProcessFunction):
+    """Sums ``v`` per key in a state ``total`` declared as a long, or (``as_text``) counts in a
+    string: the same function with its state's type changed."""
+
+    def __init__(self, as_text: bool = False) -> None:
+        self.as_text = as_text
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        declared = Types.STRING() if self.as_text else Types.LONG()
+        self.total = runtime_context.get_state(ValueStateDescriptor("total", declared))
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        if self.as_text:
+            text = (self.total.value() or "") + "x"
+            self.total.update(text)
+            yield (value.k, len(text))
+        else:
+            total = (self.total.value() or 0) + value.v
+            self.total.update(total)
+            yield (value.k, total)
+
+
+class Count(KeyedProcessFunction):
+    """Counts elements per key in a state named ``n`` (as does the next function of a chain)."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.n = runtime_context.get_state(ValueStateDescriptor("n", Types.LONG()))
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        n = (self.n.value() or 0) + 1
+        self.n.update(n)
+        yield (value.k, n)
+
+
+class Maximum(KeyedProcessFunction):
+    """Keeps the largest count seen per key in a state also named ``n``."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.n = runtime_context.get_state(ValueStateDescriptor("n", Types.LONG()))
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        n = max(self.n.value() or 0, value.n * 100)
+        self.n.update(n)
+        yield (value.k, n)
+
+
+ship_by_value(__name__)
+
+
+def run(spark: SparkSession, frame: DataFrame, checkpoint: Path) -> BatchCollector:
+    collector = BatchCollector()
+    await_finished(start_query(spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector))
+    return collector
+
+
+def refusal(
+    spark: SparkSession, frame: DataFrame, checkpoint: Path
+) -> keyedstate.KeyedStateException:
+    collector = BatchCollector()
+    query = start_query(spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector)
+    with pytest.raises(StreamingQueryException) as failure:
+        await_finished(query)
+    assert collector.batches == {}, collector.batches
+    error = keyedstate.state_error(failure.value)
+    assert error is not None, str(failure.value)[:3000]
+    return error
+
+
+def manifests(checkpoint: Path, operator: int) -> list[Path]:
+    return sorted((checkpoint / "state" / str(operator)).glob("*/*.manifest"))
+
+
+def test_the_declaration_is_kept_in_each_manifest_and_a_refused_run_does_not_change_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    source = FileInput(tmp_path / "input", SCHEMA)
+    checkpoint = tmp_path / "checkpoint"
+    source.add([{"k": "a", "v": 1}, {"k": "b", "v": 2}])
+    run(spark, key_by(source.read_stream(spark), "k").process(Sum(), OUT), checkpoint)
+    # Nothing outside the manifests holds it (an earlier layout kept state/<op>/_keyedstate/
+    # schema.json, whose loss turned the check off): drop such a file if one was written.
+    for side_file in (checkpoint / "state" / "1000").glob("_keyedstate"):
+        shutil.rmtree(side_file)
+    source.add([{"k": "a", "v": 10}])
+    error = refusal(
+        spark, key_by(source.read_stream(spark), "k").process(Sum(as_text=True), OUT), checkpoint
+    )
+    assert error.error_id == "KEYED_FUNCTION_STATE_CHANGED", error
+    assert committed_batches(checkpoint) == [0]
+    for manifest in manifests(checkpoint, 1000):
+        declaration = json.loads(manifest.read_text())["declaration"]
+        assert declaration["function"] == "Sum" and declaration["kind"] == "keyedFunction"
+        assert [(s["name"], s["kind"], s["type"]) for s in declaration["states"]] == [
+            ("total", "value", "long")
+        ]
+
+    # The refused run changed nothing: the original code continues where it stopped.
+    collector = run(spark, key_by(source.read_stream(spark), "k").process(Sum(), OUT), checkpoint)
+    assert collector.batches == {1: [{"k": "a", "n": 11}]}, collector.batches
+    assert keyedstate.read_state(spark, str(checkpoint), "total").drop("partition_id").sort(
+        "k"
+    ).collect() == [("a", 11), ("b", 2)]
+
+
+def test_a_state_type_change_is_refused_before_any_state_is_read(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    source = FileInput(tmp_path / "input", SCHEMA)
+    checkpoint = tmp_path / "checkpoint"
+    source.add([{"k": "a", "v": 1}])
+    keyed = key_by(source.read_stream(spark), "k")
+    run(spark, keyed.process(Sum(), OUT, uid="totals"), checkpoint)
+    source.add([{"k": "a", "v": 2}])
+    error = refusal(
+        spark,
+        key_by(source.read_stream(spark), "k").process(Sum(as_text=True), OUT, uid="totals"),
+        checkpoint,
+    )
+    assert isinstance(error, keyedstate.KeyedFunctionError)
+    assert error.error_id == "KEYED_FUNCTION_STATE_CHANGED", error
+    assert "state 'total' (column family 'total') of stateful operator 1000" in str(error)
+    assert (
+        "was stored as value state of bigint and is now declared as value state of string"
+        in str(error)
+    )
+
+
+def test_a_version_whose_manifest_lost_its_declaration_is_refused_naming_the_manifest(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    source = FileInput(tmp_path / "input", SCHEMA)
+    checkpoint = tmp_path / "checkpoint"
+    source.add([{"k": "a", "v": 1}, {"k": "b", "v": 2}])
+    run(spark, key_by(source.read_stream(spark), "k").process(Sum(), OUT), checkpoint)
+    stripped = []
+    for manifest in manifests(checkpoint, 1000):
+        content = json.loads(manifest.read_text())
+        del content["declaration"]
+        manifest.write_text(json.dumps(content))
+        manifest.with_name(f".{manifest.name}.crc").unlink(missing_ok=True)
+        stripped.append(manifest)
+    source.add([{"k": "a", "v": 10}])
+    error = refusal(spark, key_by(source.read_stream(spark), "k").process(Sum(), OUT), checkpoint)
+    assert error.error_id == "KEYED_FUNCTION_DECLARATION_MISSING", error
+    message = str(error)
+    assert "state version 1 of stateful operator 1000" in message, message
+    assert str(stripped[0]) in message, message
+
+
+def test_chained_functions_are_numbered_in_order_and_found_by_uid(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    source = FileInput(tmp_path / "input", SCHEMA)
+    checkpoint = tmp_path / "checkpoint"
+    source.add([{"k": "a", "v": 1}, {"k": "a", "v": 1}, {"k": "b", "v": 1}])
+
+    def chain(
+        first: KeyedProcessFunction, first_uid: str, second: KeyedProcessFunction, second_uid: str
+    ) -> DataFrame:
+        counted = key_by(source.read_stream(spark), "k").process(first, OUT, uid=first_uid)
+        return key_by(counted, "k").process(second, OUT, uid=second_uid)
+
+    run(spark, chain(Count(), "counts", Maximum(), "maxima"), checkpoint)
+
+    def state(**which: Any) -> list[tuple[str, int]]:  # noqa: ANN401
+        frame = keyedstate.read_state(spark, str(checkpoint), "n", **which)
+        return sorted(tuple(r) for r in frame.drop("partition_id").collect())
+
+    counts, maxima = [("a", 2), ("b", 1)], [("a", 200), ("b", 100)]
+    # The docs' order: a chain's first function is operator 1000, the next 1001.
+    assert state(operator_id=1000) == counts
+    assert state(operator_id=1001) == maxima
+    assert state(uid="counts") == counts and state(uid="maxima") == maxima
+    with pytest.raises(keyedstate.QueryCheckpointError, match="several keyed functions") as several:
+        keyedstate.read_state(spark, str(checkpoint), "n")
+    assert "operator 1000: Count (uid 'counts'); operator 1001: Maximum (uid 'maxima')" in str(
+        several.value
+    )
+    report = keyedstate.inspect(spark, str(checkpoint))
+    assert [(o.operator_id, o.function, o.uid) for o in report.operators] == [
+        (1000, "Count", "counts"),
+        (1001, "Maximum", "maxima"),
+    ]
+
+    # The functions swapped: each operator's state would go to the other function.
+    source.add([{"k": "a", "v": 1}])
+    error = refusal(spark, chain(Maximum(), "maxima", Count(), "counts"), checkpoint)
+    assert error.error_id == "KEYED_FUNCTION_UID_CHANGED", error
+    # Operator 1001 held Maximum's state and would now run Count.
+    message = str(error)
+    assert (
+        "stateful operator 1001 (KeyedStateApplyExec / keyed function Count (uid 'counts')"
+        in message
+    )
+    assert "holds the state of keyed function Maximum (uid 'maxima')" in message, message
+
+
+def test_a_damaged_declaration_is_reported_as_a_corrupt_manifest(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    source = FileInput(tmp_path / "input", SCHEMA)
+    checkpoint = tmp_path / "checkpoint"
+    source.add([{"k": "a", "v": 1}])
+    run(spark, key_by(source.read_stream(spark), "k").process(Sum(), OUT), checkpoint)
+    damaged = manifests(checkpoint, 1000)[0]
+    content = json.loads(damaged.read_text())
+    content["declaration"]["states"][0]["type"] = "no such type"
+    damaged.write_text(json.dumps(content))
+    damaged.with_name(f".{damaged.name}.crc").unlink(missing_ok=True)
+    source.add([{"k": "a", "v": 10}])
+    error = refusal(spark, key_by(source.read_stream(spark), "k").process(Sum(), OUT), checkpoint)
+    assert isinstance(error, keyedstate.CheckpointError), error
+    assert error.error_id == "KEYEDSTATE_CHECKPOINT_FILE_CORRUPT", error
+    assert f"{damaged} holds a keyed function declaration that cannot be read" in str(error)
