@@ -80,6 +80,7 @@ JVM_LAYERS = [
     {"metrics"},
     {""},
     {"rescale"},
+    {"savepoint"},
     {"process"},
 ]
 # Outside the layers: packages that import no other keyedstate package but the error

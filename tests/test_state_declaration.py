@@ -251,3 +251,24 @@ def test_a_damaged_declaration_is_reported_as_a_corrupt_manifest(
     assert isinstance(error, keyedstate.CheckpointError), error
     assert error.error_id == "KEYEDSTATE_CHECKPOINT_FILE_CORRUPT", error
     assert f"{damaged} holds a keyed function declaration that cannot be read" in str(error)
+
+
+def test_each_task_checks_its_own_partitions_declaration(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Partition 0's manifest is intact (the driver's check passes); partition 1's lost its
+    declaration: the task that loads partition 1 refuses it before reading any state."""
+    source = FileInput(tmp_path / "input", SCHEMA)
+    checkpoint = tmp_path / "checkpoint"
+    source.add([{"k": f"k{i}", "v": i} for i in range(10)])
+    run(spark, key_by(source.read_stream(spark), "k").process(Sum(), OUT), checkpoint)
+    (stripped,) = sorted((checkpoint / "state" / "1000" / "1").glob("*.manifest"))
+    content = json.loads(stripped.read_text())
+    del content["declaration"]
+    stripped.write_text(json.dumps(content))
+    stripped.with_name(f".{stripped.name}.crc").unlink(missing_ok=True)
+    source.add([{"k": f"k{i}", "v": 1} for i in range(10)])
+    error = refusal(spark, key_by(source.read_stream(spark), "k").process(Sum(), OUT), checkpoint)
+    assert error.error_id == "KEYED_FUNCTION_DECLARATION_MISSING", error
+    assert str(stripped) in str(error), error
+    assert committed_batches(checkpoint) == [0]

@@ -270,7 +270,25 @@ def _state_type(fun: Callable[..., Any], declared: Any) -> Any:  # noqa: ANN401
     return Types.PICKLED_BYTE_ARRAY() if hint is None else to_type_info(hint)
 
 
-class _CallableMap(MapFunction):
+def _callable_name(fun: Any) -> str:  # noqa: ANN401
+    """A user callable as a function's name: its qualified name (``<lambda>`` for a lambda)."""
+    return str(getattr(fun, "__qualname__", type(fun).__name__))
+
+
+class _Adapter:
+    """Wraps a user callable; the keyed function's name is the callable's, not the adapter's
+    (kept with the state: `docs/python-api.md`, "uid")."""
+
+    fun: Callable[..., Any]
+    verb = ""
+
+    def keyedstate_function_name(self) -> str:
+        return f"{self.verb}({_callable_name(self.fun)})"
+
+
+class _CallableMap(_Adapter, MapFunction):
+    verb = "map"
+
     def __init__(self, fun: Callable[[Any], Any]) -> None:
         self.fun = fun
 
@@ -278,7 +296,9 @@ class _CallableMap(MapFunction):
         return self.fun(value)
 
 
-class _CallableFlatMap(FlatMapFunction):
+class _CallableFlatMap(_Adapter, FlatMapFunction):
+    verb = "flat_map"
+
     def __init__(self, fun: Callable[[Any], Iterable[Any] | None]) -> None:
         self.fun = fun
 
@@ -286,7 +306,9 @@ class _CallableFlatMap(FlatMapFunction):
         return self.fun(value)
 
 
-class _CallableFilter(FilterFunction):
+class _CallableFilter(_Adapter, FilterFunction):
+    verb = "filter"
+
     def __init__(self, fun: Callable[[Any], bool]) -> None:
         self.fun = fun
 
@@ -294,7 +316,7 @@ class _CallableFilter(FilterFunction):
         return bool(self.fun(value))
 
 
-class _WithState:
+class _WithState(_Adapter):
     state: ValueState
 
     def __init__(self, fun: Callable[..., Any], state_type: Any) -> None:  # noqa: ANN401
@@ -308,6 +330,8 @@ class _WithState:
 
 
 class _MapWithState(_WithState, MapFunction):
+    verb = "map_with_state"
+
     def map(self, value: Any) -> Any:  # noqa: ANN401
         state = self.state
         output, new_state = self.fun(value, state.value())
@@ -316,6 +340,8 @@ class _MapWithState(_WithState, MapFunction):
 
 
 class _FlatMapWithState(_WithState, FlatMapFunction):
+    verb = "flat_map_with_state"
+
     def flat_map(self, value: Any) -> Iterable[Any] | None:  # noqa: ANN401
         state = self.state
         outputs, new_state = self.fun(value, state.value())
@@ -324,6 +350,8 @@ class _FlatMapWithState(_WithState, FlatMapFunction):
 
 
 class _FilterWithState(_WithState, FilterFunction):
+    verb = "filter_with_state"
+
     def filter(self, value: Any) -> bool:  # noqa: ANN401
         state = self.state
         keep, new_state = self.fun(value, state.value())
@@ -333,6 +361,9 @@ class _FilterWithState(_WithState, FilterFunction):
 
 class _RunningReduce(MapFunction):
     state: ValueState
+
+    def keyedstate_function_name(self) -> str:
+        return f"reduce({_callable_name(self.reduce_fn)})"
 
     def __init__(
         self, function: ReduceFunction | Callable[[Any, Any], Any], names: tuple[str, ...]

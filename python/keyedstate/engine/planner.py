@@ -308,6 +308,13 @@ def _check_extensions(df: DataFrame) -> None:
         )
 
 
+def function_name(function: Any) -> str:  # noqa: ANN401 - a user function
+    """How the function is named in its state's declaration: its class, or for a plain callable
+    given to ``map``, ``reduce``, ... the callable (``map(parse)``), not keyedstate's adapter."""
+    named = getattr(function, "keyedstate_function_name", None)
+    return str(named()) if callable(named) else type(function).__name__
+
+
 def build(
     df: DataFrame,
     key_columns: Sequence[str],
@@ -419,7 +426,7 @@ def build(
     spec = {
         "nodeId": uuid.uuid4().hex,
         "uid": uid,
-        "function": type(function).__name__,
+        "function": function_name(function),
         "keyColumns": list(key_columns),
         "orderBy": order_by,
         "states": [_state_json(s.descriptor, s.kind) for s in states],

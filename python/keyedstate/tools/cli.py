@@ -1,4 +1,4 @@
-"""The ``keyedstate`` command line: ``jar``, ``demo``, ``rescale``, ``inspect``."""
+"""The ``keyedstate`` command line: ``jar``, ``demo``, ``rescale``, ``inspect``, ``savepoint``."""
 
 from __future__ import annotations
 
@@ -103,17 +103,38 @@ def _checked_before_spark(args: argparse.Namespace) -> str | None:
             f"[KEYEDSTATE_RESCALE_REFUSED] Invalid partition count {args.partitions} for rescale: "
             f"allowed is an integer from 1 to {MAX_PARTITIONS}"
         )
+    if args.command == "savepoint":
+        partitions = getattr(args, "partitions", None)
+        if partitions is not None and not 1 <= partitions <= MAX_PARTITIONS:
+            return (
+                f"[KEYEDSTATE_RESCALE_REFUSED] Invalid partition count {partitions} for restore: "
+                f"allowed is an integer from 1 to {MAX_PARTITIONS}"
+            )
+        return None
     if args.command == "inspect" and not 1 <= args.key_groups <= MAX_KEY_GROUPS:
         return (
             f"[KEYEDSTATE_INVALID_OPTION] Invalid key group count {args.key_groups} for inspect: "
             f"allowed is an integer from 1 to {MAX_KEY_GROUPS}"
         )
     location = args.checkpoint
-    local = location.removeprefix("file:") if location.startswith("file:/") else location
-    if "://" not in local and ":" not in local.split("/")[0] and not os.path.exists(local):
+    if location.startswith("file:/"):
+        local: str | None = location.removeprefix("file:")
+    elif _default_file_system_is_local(args) and "://" not in location:
+        local = location
+    else:
+        local = None  # another file system: the job checks it
+    if local is not None and not os.path.exists(local):
         where = os.path.abspath(local)
         return f"[KEYEDSTATE_QUERY_CHECKPOINT_INVALID] no checkpoint at file:{where}"
     return None
+
+
+def _default_file_system_is_local(args: argparse.Namespace) -> bool:
+    """Whether a path without a scheme is local: no Hadoop configuration directory and no
+    ``fs.defaultFS`` setting could make it another file system's (HDFS, say)."""
+    if os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR"):
+        return False
+    return not any(key.endswith("fs.defaultFS") for key, _ in args.conf)
 
 
 def _rescale(args: argparse.Namespace) -> int:
@@ -177,6 +198,51 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _savepoint(args: argparse.Namespace) -> int:
+    from keyedstate.tools import ops
+
+    spark = _spark(args, f"keyedstate savepoint {args.action}")
+    try:
+        if args.action == "create":
+            result: object = ops.savepoint(spark, args.checkpoint, args.target)
+        elif args.action == "restore":
+            result = ops.restore_savepoint(
+                spark, args.savepoint, args.checkpoint, partitions=args.partitions
+            )
+        elif args.action == "inspect":
+            result = ops.inspect_savepoint(spark, args.savepoint, verify=args.verify)
+        elif args.action == "list":
+            result = ops.list_savepoints(spark, args.dir)
+        else:
+            result = ops.dispose_savepoint(spark, args.savepoint)
+    finally:
+        spark.stop()
+    if args.json:
+        rows = result if isinstance(result, list) else [result]
+        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))  # type: ignore[call-overload]
+        return 0
+    for info in result if isinstance(result, list) else [result]:
+        if isinstance(info, ops.RestoreResult):
+            print(
+                f"restored {info.savepoint} (batch {info.batch_id}) into {info.checkpoint} at "
+                f"{info.to_partitions} partitions: {info.bytes} bytes in "
+                f"{info.total_ms / 1000:.1f} s\n"
+                f"start the query with checkpointLocation={info.checkpoint}"
+            )
+            continue
+        assert isinstance(info, ops.SavepointInfo)
+        verb = {"create": "savepoint written", "dispose": "disposed"}.get(args.action, "savepoint")
+        print(
+            f"{verb}: {info.path} ({info.format}, batch {info.batch_id} of {info.source}, "
+            f"{info.partitions} partitions, {info.files} files, {info.bytes} bytes)"
+        )
+        for op in info.operators:
+            who = " ".join(x for x in (op.name, op.function) if x)
+            uid = f" (uid {op.uid!r})" if op.uid else ""
+            print(f"  operator {op.operator_id} {who}{uid}: stores {', '.join(op.stores)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="keyedstate",
@@ -207,13 +273,35 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_spark_options(inspect)
 
+    savepoint = commands.add_parser(
+        "savepoint", help="create, restore, inspect, list or dispose of savepoints"
+    )
+    actions = savepoint.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="a savepoint of a running or stopped query")
+    create.add_argument("--checkpoint", required=True, help="the query's checkpoint location")
+    create.add_argument("--target", required=True, help="where to write the savepoint")
+    restore = actions.add_parser("restore", help="a new checkpoint from a savepoint")
+    restore.add_argument("--savepoint", required=True)
+    restore.add_argument("--checkpoint", required=True, help="the new checkpoint location")
+    restore.add_argument("--partitions", type=int, help="another partition count (rescaled)")
+    show = actions.add_parser("inspect", help="a savepoint's metadata")
+    show.add_argument("--savepoint", required=True)
+    show.add_argument("--verify", action="store_true", help="read every file, check its CRC32C")
+    listing = actions.add_parser("list", help="the savepoints in a directory")
+    listing.add_argument("--dir", required=True)
+    dispose = actions.add_parser("dispose", help="delete a savepoint")
+    dispose.add_argument("--savepoint", required=True)
+    for action in (create, restore, show, listing, dispose):
+        action.add_argument("--json", action="store_true", help="print the result as JSON")
+        _add_spark_options(action)
+
     args, rest = parser.parse_known_args(argv)
     if args.command == "jar":
         print(_session.jar_path())
         return 0
     from keyedstate.tools.ops import CheckpointOperationError
 
-    run = {"rescale": _rescale, "inspect": _inspect}.get(args.command)
+    run = {"rescale": _rescale, "inspect": _inspect, "savepoint": _savepoint}.get(args.command)
     if run is None:
         return demo.main(rest)
     settings = []

@@ -116,12 +116,12 @@ class InspectReport:
     partition_reports: list[PartitionReport]
 
 
-def _entry_point(spark: SparkSession, name: str) -> tuple[Any, Any]:
-    """The JVM object ``io.keyedstate.rescale.<name>`` and the session's JVM side."""
+def _entry_point(spark: SparkSession, name: str, package: str = "rescale") -> tuple[Any, Any]:
+    """The JVM object ``io.keyedstate.<package>.<name>`` and the session's JVM side."""
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     if jvm is None:
         raise RuntimeError("the SparkSession has no JVM (Spark Connect is not supported here)")
-    entry = getattr(jvm.io.keyedstate.rescale, name)
+    entry = getattr(getattr(jvm.io.keyedstate, package), name)
     if not isinstance(entry, JavaClass):
         raise RuntimeError(
             f"{PROVIDER_CLASS} is not on the session's classpath; build the session with "
@@ -190,3 +190,123 @@ def read_state(
     operator = -1 if operator_id is None else int(operator_id)
     jdf = _call(reader.read, spark._jsparkSession, checkpoint, state_name, operator, uid)
     return DataFrame(jdf, spark)
+
+
+# ---------------------------------------------------------------------------------------------
+# Savepoints (docs/savepoints.md)
+
+
+@dataclass(frozen=True)
+class SavepointOperator:
+    """An operator whose state a savepoint holds."""
+
+    operator_id: int
+    name: str  # Spark's operator name (``keyedProcess`` for a keyed function)
+    stores: list[str]
+    function: str  # the keyed function ("" for Spark's operators)
+    uid: str  # its uid ("" if none)
+
+
+@dataclass(frozen=True)
+class SavepointInfo:
+    """A savepoint's metadata (``_savepoint.json``): where its state comes from, what it holds."""
+
+    path: str
+    format: str
+    keyedstate_version: str
+    spark_version: str
+    created_at_ms: int
+    source: str
+    batch_id: int
+    state_version: int
+    partitions: int
+    provider: str
+    checkpoint_ids: bool
+    operators: list[SavepointOperator]
+    files: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What ``restore_savepoint`` did."""
+
+    savepoint: str
+    checkpoint: str
+    batch_id: int
+    from_partitions: int
+    to_partitions: int
+    bytes: int
+    total_ms: int
+
+
+def _savepoint_info(path: str, raw: dict[str, Any]) -> SavepointInfo:
+    files = raw.get("files", [])
+    values = {_snake(k): v for k, v in raw.items()}
+    return SavepointInfo(
+        path=path,
+        operators=[_decode(SavepointOperator, o) for o in raw["operators"]],
+        files=len(files),
+        bytes=sum(f["size"] for f in files),
+        **{
+            f.name: values[f.name]
+            for f in fields(SavepointInfo)
+            if f.name not in ("path", "operators", "files", "bytes")
+        },
+    )
+
+
+def savepoint(spark: SparkSession, checkpoint: str, target: str) -> SavepointInfo:
+    """Take a native savepoint of a query's state at ``target``: every operator's state at the
+    checkpoint's last committed batch, with the query's logs up to it. The query may be running
+    (it goes on; its later batches are not in the savepoint) or stopped. Flink's
+    ``flink savepoint``."""
+    savepoints, session = _entry_point(spark, "SavepointCommands", "savepoint")
+    raw = json.loads(_call(savepoints.create, session, checkpoint, target))
+    return _savepoint_info(target, raw)
+
+
+def stop_with_savepoint(query: Any, target: str) -> SavepointInfo:  # noqa: ANN401 - a StreamingQuery
+    """Stop ``query`` and take a savepoint of its last committed batch (Flink's ``flink stop
+    --savepointPath``). A batch in flight when it stops is not committed and not in the
+    savepoint: a query restored from it runs that batch again, exactly once."""
+    checkpoint = query._jsq.streamingQuery().resolvedCheckpointRoot()
+    spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+    query.stop()
+    return savepoint(spark, checkpoint, target)
+
+
+def restore_savepoint(
+    spark: SparkSession, savepoint: str, checkpoint: str, *, partitions: int | None = None
+) -> RestoreResult:
+    """Write a new checkpoint at ``checkpoint`` from the savepoint at ``savepoint``: the query
+    started on it resumes after the savepoint's batch, none replayed and none skipped. With
+    ``partitions`` (another count than the savepoint's) the state is rescaled on the way."""
+    if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)):
+        raise TypeError(f"partitions must be an int, got {partitions!r}")
+    savepoints, session = _entry_point(spark, "SavepointCommands", "savepoint")
+    raw = json.loads(_call(savepoints.restore, session, savepoint, checkpoint, partitions or 0))
+    return _decode(RestoreResult, raw)
+
+
+def inspect_savepoint(
+    spark: SparkSession, savepoint: str, *, verify: bool = False
+) -> SavepointInfo:
+    """A savepoint's metadata; ``verify`` reads every file and checks its size and CRC32C."""
+    savepoints, session = _entry_point(spark, "SavepointCommands", "savepoint")
+    raw = json.loads(_call(savepoints.inspect, session, savepoint, verify))
+    return _savepoint_info(savepoint, raw)
+
+
+def list_savepoints(spark: SparkSession, directory: str) -> list[SavepointInfo]:
+    """The savepoints directly under ``directory``, oldest first."""
+    savepoints, session = _entry_point(spark, "SavepointCommands", "savepoint")
+    raw = json.loads(_call(savepoints.list, session, directory))
+    return [_savepoint_info(entry["path"], entry["metadata"]) for entry in raw]
+
+
+def dispose_savepoint(spark: SparkSession, savepoint: str) -> SavepointInfo:
+    """Delete a savepoint: the files it lists and its metadata (nothing else in its folder)."""
+    savepoints, session = _entry_point(spark, "SavepointCommands", "savepoint")
+    raw = json.loads(_call(savepoints.dispose, session, savepoint))
+    return _savepoint_info(savepoint, raw)

@@ -293,6 +293,40 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
     copied
   }
 
+  /**
+   * Copies `file` of `version` to the same relative path under `target` (another store, on any
+   * file system), verifying its size and CRC32C on the way: a missing or damaged source names the
+   * file and the version; a failed write names the target.
+   */
+  def copyTo(file: ManifestFile, version: Long, target: CheckpointStore): Unit = {
+    val source = resolve(file.path)
+    val crc = new CRC32C()
+    val in =
+      try fs.open(source)
+      catch {
+        case e: java.io.FileNotFoundException =>
+          throw KeyedStateErrors.fileMissing(s"State file $source needed by version $version is missing", e)
+      }
+    val copied =
+      try {
+        val out =
+          try target.create(target.resolve(file.path), overwrite = true)
+          catch {
+            case NonFatal(e) => throw KeyedStateErrors.checkpointWrite(
+              s"Cannot write ${target.resolve(file.path)}: ${e.getMessage}", e)
+          }
+        try copy(in, out, crc) finally out.close()
+      } catch {
+        case e: IOException => throw KeyedStateErrors.fileCorrupt(
+          s"State file $source needed by version $version is unreadable, or its copy ${target.resolve(file.path)} " +
+            s"could not be written: ${e.getMessage}", e)
+      } finally in.close()
+    if (copied != file.size || crc.getValue != file.crc32c) {
+      throw KeyedStateErrors.fileCorrupt(f"State file $source needed by version $version is damaged: $copied bytes, " +
+        f"CRC32C ${crc.getValue}%08x; the manifest says ${file.size} bytes, ${file.crc32c}%08x")
+    }
+  }
+
   /** Deletes a file; one the file system refused to delete is logged and left (retention
    * tries again), never taken for gone. */
   def delete(path: Path): Unit =
@@ -326,7 +360,8 @@ object CheckpointStore {
       }
     }
 
-  private def copy(in: InputStream, out: OutputStream, crc: CRC32C): Long = {
+  /** Copies `in` to `out`, adding the bytes to `crc`; returns how many were copied. */
+  def copy(in: InputStream, out: OutputStream, crc: CRC32C): Long = {
     val buf = new Array[Byte](1 << 16)
     var total = 0L
     var n = in.read(buf)

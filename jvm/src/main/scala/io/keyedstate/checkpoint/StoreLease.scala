@@ -37,74 +37,93 @@ object StoreLease {
   private val RefreshEveryMs = 30 * 1000L
 
   private implicit val formats: Formats = DefaultFormats
-  private val held = ConcurrentHashMap.newKeySet[(Path, Configuration)]()
-  sys.addShutdownHook(held.forEach { case (p, c) => deleteQuietly(p, c) })
+  // The leases this JVM wrote, and as whom: the shutdown hook removes those still its own.
+  private val held = new ConcurrentHashMap[Path, (Configuration, LeaseHolder)]()
+  sys.addShutdownHook(held.forEach((p: Path, held: (Configuration, LeaseHolder)) => deleteIfHeldBy(p, held._1, held._2)))
 
   def path(storeDir: Path): Path = new Path(storeDir, FileName)
 
+  /** This provider as a lease names it: the application, the query run (of `hadoopConf`), the executor. */
+  private def self(hadoopConf: Configuration, now: Long): LeaseHolder = {
+    val env = Option(SparkEnv.get)
+    LeaseHolder(
+      env.map(_.conf.getAppId).getOrElse("unknown"),
+      Option(hadoopConf.get(StreamExecution.RUN_ID_KEY)).getOrElse("unknown"),
+      env.map(_.executorId).getOrElse("unknown"),
+      java.net.InetAddress.getLocalHost.getHostName,
+      now)
+  }
+
+  private def sameHolder(a: LeaseHolder, b: LeaseHolder): Boolean =
+    a.applicationId == b.applicationId && a.queryRunId == b.queryRunId && a.executorId == b.executorId
+
+  private def read(p: Path, hadoopConf: Configuration): Option[LeaseHolder] =
+    try {
+      val in = p.getFileSystem(hadoopConf).open(p)
+      try Some(Serialization.read[LeaseHolder](new String(in.readAllBytes(), UTF_8))) finally in.close()
+    } catch { case NonFatal(_) => None }
+
   /**
-   * Claims or refreshes the lease (skipped when refreshed recently); never fails the caller. With
-   * `keepAliveOnly` (maintenance) a lease that is gone is not written again: the query stopped.
+   * Claims or refreshes the lease (skipped when refreshed recently); never fails the caller. A
+   * task that opens the store for writes claims it. Maintenance (`keepAliveOnly`) refreshes only
+   * a lease that is still this provider's: one removed when the query stopped stays removed, and
+   * one another run or executor claimed since is left to it.
    */
   def refresh(storeDir: Path, hadoopConf: Configuration, lastRefreshMs: Long, keepAliveOnly: Boolean = false): Long = {
     val now = System.currentTimeMillis()
     if (now - lastRefreshMs < RefreshEveryMs) return lastRefreshMs
     val p = path(storeDir)
     try {
-      if (keepAliveOnly && !p.getFileSystem(hadoopConf).exists(p)) {
-        held.remove(p -> hadoopConf)
-        return 0L
-      }
-      val env = Option(SparkEnv.get)
-      val holder = LeaseHolder(
-        env.map(_.conf.getAppId).getOrElse("unknown"),
-        Option(hadoopConf.get(StreamExecution.RUN_ID_KEY)).getOrElse("unknown"),
-        env.map(_.executorId).getOrElse("unknown"),
-        java.net.InetAddress.getLocalHost.getHostName,
-        now)
-      val fs = p.getFileSystem(hadoopConf)
-      val out = fs.create(p, true)
+      val holder = self(hadoopConf, now)
+      if (keepAliveOnly && !read(p, hadoopConf).exists(sameHolder(_, holder))) return lastRefreshMs
+      val out = p.getFileSystem(hadoopConf).create(p, true)
       try out.write(Serialization.write(holder).getBytes(UTF_8)) finally out.close()
-      held.add(p -> hadoopConf)
+      held.put(p, hadoopConf -> holder)
       now
     } catch {
       case NonFatal(_) => lastRefreshMs // a lease is advice for operators, not state
     }
   }
 
+  /**
+   * Removes the lease if it is still this provider's (of the query run `hadoopConf` names, on this
+   * executor): a later run's or another executor's stays.
+   */
   def release(storeDir: Path, hadoopConf: Configuration): Unit = {
     val p = path(storeDir)
-    held.remove(p -> hadoopConf)
-    deleteQuietly(p, hadoopConf)
+    val me = self(hadoopConf, 0L)
+    held.computeIfPresent(p, (_, entry) => if (sameHolder(entry._2, me)) null else entry)
+    deleteIfHeldBy(p, hadoopConf, me)
   }
+
+  private def deleteIfHeldBy(p: Path, c: Configuration, holder: LeaseHolder): Unit =
+    if (read(p, c).exists(sameHolder(_, holder))) deleteQuietly(p, c)
 
   /**
    * Removes the leases query run `runId` holds under a checkpoint's `state` directory (every
    * partition of every operator, named stores included); leases of other runs stay. Returns how
-   * many were removed; never fails the caller (a lease is advice, and goes stale on its own).
+   * many were removed.
    */
   def releaseRun(stateRoot: Path, runId: String, hadoopConf: Configuration): Int = {
-    var released = 0
-    try {
-      val fs = stateRoot.getFileSystem(hadoopConf)
-      def dirs(p: Path): Seq[Path] =
-        try fs.listStatus(p).toSeq.filter(_.isDirectory).map(_.getPath).filterNot(_.getName.startsWith("."))
-        catch { case _: java.io.FileNotFoundException => Nil }
-      for (op <- dirs(stateRoot); partition <- dirs(op); dir <- partition +: dirs(partition)) {
-        val p = path(dir)
-        val holder =
-          try {
-            val in = fs.open(p)
-            try Some(Serialization.read[LeaseHolder](new String(in.readAllBytes(), UTF_8))) finally in.close()
-          } catch { case NonFatal(_) => None }
-        if (holder.exists(_.queryRunId == runId)) {
-          deleteQuietly(p, hadoopConf)
-          released += 1
-        }
-      }
-    } catch { case NonFatal(_) => () }
-    released
+    val fs = stateRoot.getFileSystem(hadoopConf)
+    def dirs(p: Path): Seq[Path] =
+      try fs.listStatus(p).toSeq.filter(_.isDirectory).map(_.getPath).filterNot(_.getName.startsWith("."))
+      catch { case _: java.io.FileNotFoundException => Nil }
+    // Store directories: state/<op>/<partition> and its named stores (not shared/, private/, ...).
+    def numeric(p: Path) = p.getName.forall(_.isDigit)
+    def stores(partition: Path) = dirs(partition).filterNot(d => StoreDirs(d.getName) || d.getName.startsWith("_"))
+    val theirs = for {
+      op <- dirs(stateRoot).filter(numeric)
+      partition <- dirs(op).filter(numeric)
+      dir <- partition +: stores(partition)
+      lease = path(dir)
+      if read(lease, hadoopConf).exists(_.queryRunId == runId)
+    } yield lease
+    theirs.foreach(deleteQuietly(_, hadoopConf))
+    theirs.size
   }
+
+  private val StoreDirs = Set("shared", "private", "changelog")
 
   /** The holder of a lease refreshed within [[StaleAfterMs]], if any, and its age. */
   def fresh(storeDir: Path, hadoopConf: Configuration): Option[(LeaseHolder, Long)] = {

@@ -84,6 +84,8 @@ object ErrorId {
     KeyedFunction, "a keyed function on a state store provider it cannot use")
   case object KeyedFunctionUidChanged extends ErrorId("KEYED_FUNCTION_UID_CHANGED", KeyedFunction,
     "a keyed function restarted at an operator id whose state another uid (another function) wrote")
+  case object KeyedFunctionDuplicateUid extends ErrorId("KEYED_FUNCTION_DUPLICATE_UID", KeyedFunction,
+    "two keyed functions of one query with the same uid")
   case object KeyedFunctionDeclarationMissing extends ErrorId("KEYED_FUNCTION_DECLARATION_MISSING",
     KeyedFunction, "a keyed function's state version whose manifest records no declaration of its states")
   case object KeyedFunctionPipelinedRunner extends ErrorId("KEYED_FUNCTION_PIPELINED_RUNNER", KeyedFunction,
@@ -94,7 +96,7 @@ object ErrorId {
     StateLoadFailed, CommitFailed, LocalDiskWriteFailed, InvalidOption, RescaleRefused, RescaleInProgress,
     QueryCheckpointInvalid, StoreBusy, UnsupportedOperation, InvalidStoreArgument, KeyedFunctionKeyChanged,
     KeyedFunctionStateChanged, KeyedFunctionCompleteMode, KeyedFunctionUnsupportedProvider,
-    KeyedFunctionUidChanged, KeyedFunctionDeclarationMissing, KeyedFunctionPipelinedRunner, KafkaSinkFailed, KafkaInvalidRecord,
+    KeyedFunctionUidChanged, KeyedFunctionDuplicateUid, KeyedFunctionDeclarationMissing, KeyedFunctionPipelinedRunner, KafkaSinkFailed, KafkaInvalidRecord,
     KafkaBatchAlreadyCommitted)
 
   def named(name: String): Option[ErrorId] = all.find(_.name == name)

@@ -47,8 +47,14 @@ object KeyedProcessOperators {
    */
   def batchContext(session: SparkSession, nodeId: String): Option[BatchContext] =
     KeyedProcessSqlBridge.currentIncrementalExecution(session).map { exec =>
-      val index = inApplicationOrder(exec.optimizedPlan).indexOf(nodeId)
+      val functions = inApplicationOrder(exec.optimizedPlan)
+      val index = functions.indexWhere(_.nodeId == nodeId)
       require(index >= 0, s"keyed function $nodeId is not in the plan of batch ${exec.currentBatchId}")
+      functions.flatMap(_.uid).groupBy(identity).collectFirst { case (uid, all) if all.size > 1 =>
+        throw new KeyedProcessError(ErrorId.KeyedFunctionDuplicateUid, s"${all.size} keyed functions of the query " +
+          s"have the uid '$uid' (${functions.filter(_.uid.contains(uid)).map(_.functionName).mkString(", ")}): a " +
+          "uid names one operator and its state; give each function its own")
+      }
       val operatorId = FirstOperatorId + index
       if (exec.outputMode == OutputMode.Complete()) {
         throw new KeyedProcessError(ErrorId.KeyedFunctionCompleteMode,
@@ -67,10 +73,10 @@ object KeyedProcessOperators {
     }
 
   /** The keyed functions of a plan, inputs first: children before their parent, left to right. */
-  private def inApplicationOrder(plan: LogicalPlan): Seq[String] = {
+  private def inApplicationOrder(plan: LogicalPlan): Seq[ProcessSpec] = {
     val below = plan.children.flatMap(inApplicationOrder)
-    val here = plan match { case l: KeyedStateLookup => Seq(l.spec.nodeId); case _ => Nil }
-    (below ++ here).distinct
+    val here = plan match { case l: KeyedStateLookup => Seq(l.spec); case _ => Nil }
+    (below ++ here).distinctBy(_.nodeId)
   }
 
   /** The eviction watermark Spark propagated to this operator (executed plans only). */

@@ -141,8 +141,9 @@ object OperatorDeclaration {
   private def missing(manifest: Path, version: Long, operatorId: Long): Nothing =
     throw new KeyedProcessError(ErrorId.KeyedFunctionDeclarationMissing,
       s"state version $version of stateful operator $operatorId has no keyed function declaration in its " +
-        s"manifest $manifest: its states cannot be read safely (the state was not written by a keyed function " +
-        "of this keyedstate version, or by another operator). Start a new checkpoint")
+        s"manifest $manifest, so its states cannot be read safely: it was written by a keyedstate build from " +
+        "before declarations were kept in manifests, or by an operator that is not a keyed function. Start a new " +
+        "checkpoint")
 
   /**
    * In each task, before any state is read: checks the loaded version's declaration and declares

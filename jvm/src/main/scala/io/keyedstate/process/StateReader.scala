@@ -33,15 +33,22 @@ object StateReader {
     val ckpt = QueryCheckpoint.at(checkpoint, hadoopConf)
     val batch = ckpt.lastCommit()
     ckpt.requireKeyedStateProvider(batch, "read_state")
-    val functions = keyedFunctions(ckpt, batch)
-    def listed = functions.map { case (op, d) => s"operator $op: ${d.describe}" }.mkString("; ")
+    // An operator asked for by id is read alone: another one's missing declaration does not matter.
+    lazy val functions = keyedFunctions(ckpt, batch)
+    def listed = if (functions.isEmpty) "none" else functions.map { case (op, d) => s"operator $op: ${d.describe}" }.mkString("; ")
     val (op, stored) = (Option(operatorId).filter(_ >= 0), Option(uid)) match {
-      case (Some(id), _) => functions.find(_._1 == id).getOrElse(throw KeyedStateErrors.badArgument(
-        ErrorId.QueryCheckpointInvalid, s"operator $id of ${ckpt.root} is not a keyed function; its keyed functions: " +
-          (if (functions.isEmpty) "none" else listed)))
+      case (Some(id), _) if !ckpt.operators.contains(id) || id < KeyedProcessOperators.FirstOperatorId =>
+        throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
+          s"operator $id of ${ckpt.root} is not a keyed function; its keyed functions: $listed")
+      case (Some(id), u) =>
+        val declared = declarationOf(ckpt, batch, id)
+        if (u.exists(x => !declared.uid.contains(x))) {
+          throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
+            s"operator $id of ${ckpt.root} is keyed function ${declared.describe}, not uid '${u.get}'")
+        }
+        id -> declared
       case (None, Some(u)) => functions.find(_._2.uid.contains(u)).getOrElse(throw KeyedStateErrors.badArgument(
-        ErrorId.QueryCheckpointInvalid, s"${ckpt.root} has no keyed function with uid '$u'; its keyed functions: " +
-          (if (functions.isEmpty) "none" else listed)))
+        ErrorId.QueryCheckpointInvalid, s"${ckpt.root} has no keyed function with uid '$u'; its keyed functions: $listed"))
       case (None, None) => functions match {
         case Seq(only) => only
         case Seq() => throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"${ckpt.root} has no keyed function state")
@@ -98,11 +105,13 @@ object StateReader {
    * manifest of the version the batch committed records.
    */
   def keyedFunctions(ckpt: QueryCheckpoint, batch: Long): Seq[(Int, OperatorDeclaration)] =
-    ckpt.operators.filter(_ >= KeyedProcessOperators.FirstOperatorId).map { op =>
-      val id = ckpt.defaultStoreCheckpointIds(batch, op, Seq(0)).get(0)
-      val dir = ckpt.storeDir(StoreRef(op, StateStoreId.DEFAULT_STORE_NAME, 0))
-      op -> OperatorDeclaration.read(dir, batch + 1, id, ckpt.hadoopConf, op)
-    }
+    ckpt.operators.filter(_ >= KeyedProcessOperators.FirstOperatorId).map(op => op -> declarationOf(ckpt, batch, op))
+
+  private def declarationOf(ckpt: QueryCheckpoint, batch: Long, op: Int): OperatorDeclaration = {
+    val id = ckpt.defaultStoreCheckpointIds(batch, op, Seq(0)).get(0)
+    val dir = ckpt.storeDir(StoreRef(op, StateStoreId.DEFAULT_STORE_NAME, 0))
+    OperatorDeclaration.read(dir, batch + 1, id, ckpt.hadoopConf, op)
+  }
 
   private def readPartition(
       stateRoot: String,

@@ -192,6 +192,7 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
       val name = st.getPath.getName
       val path = if (rel.isEmpty) name else s"$rel/$name"
       if (name.startsWith(".")) () // .crc side files, temporary files, the rescale journal
+      else if (rel.isEmpty && name.startsWith("_")) () // keyedstate's own at the root (a savepoint's metadata)
       else if (st.isDirectory) {
         if (!(underState && QueryCheckpoint.StoreInternalDirs.contains(name))) walk(st.getPath, path, underState || path == "state")
       } else if (!(underState && (name.endsWith(".manifest") || name.endsWith(".snapshot")))) out += path

@@ -1,11 +1,8 @@
 package io.keyedstate.rescale
 
-import java.util.concurrent.atomic.AtomicBoolean
-
 import scala.util.control.NonFatal
 
 import org.apache.hadoop.fs.Path
-import org.apache.spark.SparkContext
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper
 import org.apache.spark.sql.execution.streaming.state.{KeyedStateCoordinatorBridge, StateStoreId, StateStoreProviderId}
@@ -377,58 +374,15 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
     }
   }
 
-  /** Runs one task per item as a Spark job, reporting progress every few seconds. */
   private def runTasks[T: scala.reflect.ClassTag, R: scala.reflect.ClassTag](phase: String, tasks: Seq[T])(
-      f: (T, Map[String, String], KeyedStateConf) => R): Seq[R] = {
-    val sc = spark.sparkContext
-    val settings = RescaleTasks.fromHadoop(hadoopConf)
-    val c = conf
-    val group = s"keyedstate-rescale-$phase-${java.util.UUID.randomUUID()}"
-    sc.setJobGroup(group, s"keyedstate rescale: $phase (${tasks.size} tasks)", interruptOnCancel = true)
-    val done = new AtomicBoolean(false)
-    val reporter = new Thread(() => {
-      while (!done.get()) {
-        Thread.sleep(2000)
-        if (!done.get()) progress(s"$phase: ${Rescaler.completed(sc, group)}/${tasks.size} tasks done")
-      }
-    }, "keyedstate-rescale-progress")
-    reporter.setDaemon(true)
-    reporter.start()
-    try {
-      val out = sc.parallelize(tasks, math.max(1, tasks.size)).map(t => f(t, settings, c)).collect().toSeq
-      progress(s"$phase: ${tasks.size}/${tasks.size} tasks done")
-      out
-    } catch {
-      case NonFatal(e) =>
-        // One failed task fails the job while the others run on until Spark kills them, and they
-        // may still write files: the caller's cleanup of the output must come after them.
-        sc.cancelJobGroup(group)
-        val deadline = System.currentTimeMillis() + Rescaler.TaskStopWaitMs
-        while (Rescaler.running(sc, group) > 0 && System.currentTimeMillis() < deadline) Thread.sleep(50)
-        throw e
-    } finally {
-      done.set(true)
-      sc.clearJobGroup()
-    }
-  }
+      f: (T, Map[String, String], KeyedStateConf) => R): Seq[R] =
+    OfflineJob.run(spark, "rescale", phase, tasks, RescaleTasks.fromHadoop(hadoopConf), conf, progress)(f)
 }
 
 object Rescaler {
   val MaxPartitions = 100000
 
   private implicit val formats: Formats = DefaultFormats
-
-  private def completed(sc: SparkContext, group: String): Int = stagesOf(sc, group).map(_.numCompletedTasks()).sum
-
-  private def running(sc: SparkContext, group: String): Int = stagesOf(sc, group).map(_.numActiveTasks()).sum
-
-  private def stagesOf(sc: SparkContext, group: String): Iterator[org.apache.spark.SparkStageInfo] =
-    sc.statusTracker.getJobIdsForGroup(group).iterator
-      .flatMap(id => sc.statusTracker.getJobInfo(id))
-      .flatMap(_.stageIds().iterator.flatMap(s => sc.statusTracker.getStageInfo(s)))
-
-  /** How long a failed phase waits for its other tasks to stop before the output is cleaned up. */
-  private val TaskStopWaitMs = 120000L
 
   /** The entry point of the Python package and the CLI: the result as JSON. */
   def rescale(spark: SparkSession, source: String, partitions: Int, output: String, inPlace: Boolean): String = {

@@ -1,0 +1,30 @@
+package io.keyedstate.savepoint
+
+import org.apache.spark.sql.SparkSession
+import org.json4s.{DefaultFormats, Formats}
+import org.json4s.jackson.Serialization
+
+/** The entry points of the Python package and the CLI (`keyedstate savepoint ...`): results as JSON. */
+object SavepointCommands {
+  private implicit val formats: Formats = DefaultFormats
+
+  private def withProgress(spark: SparkSession): Savepoints =
+    new Savepoints(spark, msg => System.err.println(s"[keyedstate savepoint] $msg"))
+
+  def create(spark: SparkSession, checkpoint: String, target: String): String =
+    Serialization.write(withProgress(spark).create(checkpoint, target))
+
+  def restore(spark: SparkSession, savepoint: String, checkpoint: String, partitions: Int): String =
+    Serialization.write(withProgress(spark).restore(savepoint, checkpoint, Some(partitions).filter(_ > 0)))
+
+  def inspect(spark: SparkSession, savepoint: String, verifyFiles: Boolean): String =
+    Serialization.write(withProgress(spark).inspect(savepoint, verifyFiles))
+
+  def list(spark: SparkSession, directory: String): String =
+    Serialization.write(withProgress(spark).list(directory).map { case (path, m) =>
+      Map("path" -> path, "metadata" -> m)
+    })
+
+  def dispose(spark: SparkSession, savepoint: String): String =
+    Serialization.write(withProgress(spark).dispose(savepoint))
+}

@@ -1,0 +1,77 @@
+package io.keyedstate.savepoint
+
+import java.nio.charset.StandardCharsets.UTF_8
+
+import scala.util.control.NonFatal
+
+import org.apache.hadoop.fs.{FileSystem, Path}
+import org.json4s.{DefaultFormats, Formats}
+import org.json4s.jackson.Serialization
+
+import io.keyedstate.conf.KeyedStateErrors
+
+/** A file of a savepoint, relative to its root, with its size and CRC32C. */
+final case class SavepointFile(path: String, size: Long, crc32c: Long)
+
+/** An operator whose state a savepoint holds: its stores, and the function and uid it declared. */
+final case class SavepointOperator(operatorId: Int, name: String, stores: Seq[String], function: String, uid: String)
+
+/**
+ * `_savepoint.json`, written last: a savepoint exists exactly when it does. `format` is
+ * `native` (each partition's committed version as keyedstate's provider stores it: manifest,
+ * SST files, changelogs; relative paths only, so the folder can move). The query's logs up to
+ * `batchId` travel with it, so a query restored from it resumes at the next batch.
+ */
+final case class SavepointMetadata(
+    format: String,
+    formatVersion: Int,
+    keyedstateVersion: String,
+    sparkVersion: String,
+    createdAtMs: Long,
+    source: String,
+    batchId: Long,
+    stateVersion: Long,
+    partitions: Int,
+    provider: String,
+    checkpointIds: Boolean,
+    operators: Seq[SavepointOperator],
+    files: Seq[SavepointFile]) {
+  def totalBytes: Long = files.iterator.map(_.size).sum
+}
+
+object SavepointMetadata {
+  val FileName = "_savepoint.json"
+  val Native = "native"
+  val FormatVersion = 1
+
+  private implicit val formats: Formats = DefaultFormats
+
+  def path(root: Path): Path = new Path(root, FileName)
+
+  def toJson(m: SavepointMetadata): String = Serialization.writePretty(m)
+
+  /** The metadata of the savepoint at `root`: missing or unreadable, an error naming the file. */
+  def read(fs: FileSystem, root: Path): SavepointMetadata = {
+    val file = path(root)
+    val text =
+      try {
+        val in = fs.open(file)
+        try new String(in.readAllBytes(), UTF_8) finally in.close()
+      } catch {
+        case e: java.io.FileNotFoundException =>
+          throw KeyedStateErrors.fileMissing(s"No savepoint at $root: $file does not exist (not a savepoint, or " +
+            "one whose creation did not finish)", e)
+      }
+    val m =
+      try Serialization.read[SavepointMetadata](text)
+      catch {
+        case NonFatal(e) => throw KeyedStateErrors.fileCorrupt(
+          s"Savepoint metadata $file (${text.length} bytes) is corrupt: ${e.getMessage}", e)
+      }
+    if (m.format != Native || m.formatVersion != FormatVersion) {
+      throw KeyedStateErrors.fileCorrupt(s"Savepoint $file has format ${m.format} version ${m.formatVersion}; this " +
+        s"build reads $Native version $FormatVersion")
+    }
+    m
+  }
+}

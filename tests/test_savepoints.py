@@ -1,0 +1,270 @@
+"""Native savepoints: taken of a stopped or a running query (or when stopping it), restored into
+a new checkpoint at the same or another partition count, the query resumes exactly after the
+savepoint's batch (its output equals an uninterrupted run's); damaged or missing files are
+named; an unfinished savepoint is never taken for one; list and dispose."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import keyedstate
+import pytest
+from keyedstate import (
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    RuntimeContext,
+    Types,
+    ValueStateDescriptor,
+    key_by,
+)
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from state_api_support import ship_by_value
+from streaming_harness import (
+    PROVIDER_UNDER_TEST,
+    BatchCollector,
+    FileInput,
+    await_finished,
+    committed_batches,
+    start_query,
+)
+
+SCHEMA = T.StructType([T.StructField("k", T.StringType()), T.StructField("v", T.LongType())])
+OUT = "k string, n long, recent long, odd long"
+
+
+class Tally(KeyedProcessFunction):
+    """Value, list and map state per key: a count, the last three values, the odd values' count."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+        self.recent = runtime_context.get_list_state(ListStateDescriptor("recent", Types.LONG()))
+        self.parity = runtime_context.get_map_state(
+            MapStateDescriptor("parity", Types.STRING(), Types.LONG())
+        )
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        recent = ([*self.recent.get(), value.v])[-3:]
+        self.recent.update(recent)
+        side = "odd" if value.v % 2 else "even"
+        self.parity.put(side, (self.parity.get(side) or 0) + 1)
+        yield (value.k, n, sum(recent), self.parity.get("odd") or 0)
+
+
+ship_by_value(__name__)
+
+PHASES = [
+    [[{"k": f"k{(i * 7 + b) % 9}", "v": i + 10 * b} for i in range(12)] for b in range(3)],
+    [[{"k": f"k{(i * 5 + b) % 11}", "v": i * 3 + b} for i in range(10)] for b in range(3)],
+]
+
+
+def tally(frame: DataFrame) -> DataFrame:
+    return key_by(frame, "k").process(Tally(), OUT, uid="tally")
+
+
+def counts(frame: DataFrame) -> DataFrame:
+    return frame.groupBy("k").agg(F.count(F.lit(1)).alias("n"), F.sum("v").alias("total"))
+
+
+Build = Callable[[DataFrame], DataFrame]
+
+
+class Line:
+    """A query over its own input directory (one file per micro-batch), run phase by phase."""
+
+    def __init__(self, spark: SparkSession, root: Path, build: Build, mode: str) -> None:
+        self.spark, self.build, self.mode = spark, build, mode
+        self.source = FileInput(root / "input", SCHEMA)
+        self.collector = BatchCollector()
+
+    def run(self, checkpoint: Path, phase: list[list[dict[str, Any]]]) -> None:
+        self.source.add_all(phase)
+        frame = self.build(self.source.read_stream(self.spark))
+        query = start_query(
+            self.spark, PROVIDER_UNDER_TEST, frame, self.mode, checkpoint, self.collector
+        )
+        await_finished(query)
+
+
+def normalized(batches: dict[int, list[dict[str, Any]]], after: int) -> dict[int, list[str]]:
+    return {
+        b: sorted(json.dumps(r, sort_keys=True) for r in rows)
+        for b, rows in batches.items()
+        if b > after
+    }
+
+
+@pytest.mark.parametrize(
+    ("build", "mode", "partitions"),
+    [
+        (tally, "append", None),
+        (counts, "update", None),
+        (counts, "update", 3),
+        (tally, "append", 1),
+    ],
+    ids=["keyed-function", "aggregation", "aggregation-to-3", "keyed-function-to-1"],
+)
+def test_a_restored_savepoint_continues_as_the_uninterrupted_query(
+    spark: SparkSession, tmp_path: Path, build: Build, mode: str, partitions: int | None
+) -> None:
+    reference = Line(spark, tmp_path / "reference", build, mode)
+    for phase in PHASES:
+        reference.run(tmp_path / "reference" / "checkpoint", phase)
+
+    line = Line(spark, tmp_path / "line", build, mode)
+    original = tmp_path / "line" / "checkpoint"
+    line.run(original, PHASES[0])
+    batch = committed_batches(original)[-1]
+    target = tmp_path / "savepoints" / "sp-1"
+    info = keyedstate.savepoint(spark, str(original), str(target))
+    assert (info.batch_id, info.state_version, info.partitions) == (batch, batch + 1, 2)
+    assert (target / "_savepoint.json").exists() and info.files > 0 and info.bytes > 0
+    if build is tally:
+        assert [(o.operator_id, o.function, o.uid) for o in info.operators] == [
+            (1000, "Tally", "tally")
+        ]
+    # The savepoint is self-contained: the original checkpoint can go.
+    restored = tmp_path / "restored"
+    result = keyedstate.restore_savepoint(spark, str(target), str(restored), partitions=partitions)
+    assert (result.batch_id, result.to_partitions) == (batch, partitions or 2)
+    line.run(restored, PHASES[1])
+    # Resumed exactly after the savepoint's batch: none replayed, none skipped.
+    got, want = (
+        normalized(line.collector.batches, batch),
+        normalized(reference.collector.batches, batch),
+    )
+    assert got == want
+
+
+def test_a_savepoint_of_a_running_query_restores_to_the_same_output(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    reference = Line(spark, tmp_path / "reference", tally, "append")
+    for phase in PHASES:
+        reference.run(tmp_path / "reference" / "checkpoint", phase)
+
+    source = FileInput(tmp_path / "running" / "input", SCHEMA)
+    source.add_all(PHASES[0])
+    checkpoint = tmp_path / "running" / "checkpoint"
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_UNDER_TEST)
+    collector = BatchCollector()
+    query = (
+        tally(source.read_stream(spark))
+        .writeStream.outputMode("append")
+        .option("checkpointLocation", str(checkpoint))
+        .foreachBatch(collector)
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(committed_batches(checkpoint)) < len(PHASES[0]):
+            assert query.isActive and time.monotonic() < deadline, query.exception()
+            time.sleep(0.05)
+        target = tmp_path / "savepoint"
+        info = keyedstate.savepoint(spark, str(checkpoint), str(target))
+        assert query.isActive  # taken beside the running query
+        source.add_all(PHASES[1])  # the running query goes on; the savepoint has none of it
+        while len(committed_batches(checkpoint)) < len(PHASES[0]) + len(PHASES[1]):
+            assert query.isActive and time.monotonic() < deadline, query.exception()
+            time.sleep(0.05)
+    finally:
+        query.stop()
+    assert info.batch_id == len(PHASES[0]) - 1
+    restored = Line(spark, tmp_path / "restored", tally, "append")
+    restored.source = source  # the same input directory, as a restored query would read
+    keyedstate.restore_savepoint(spark, str(target), str(tmp_path / "restored" / "checkpoint"))
+    restored.run(tmp_path / "restored" / "checkpoint", [])
+    after = info.batch_id
+    assert normalized(restored.collector.batches, after) == normalized(
+        reference.collector.batches, after
+    )
+    assert normalized(restored.collector.batches, after) == normalized(collector.batches, after)
+
+
+def test_stop_with_savepoint_list_and_dispose(spark: SparkSession, tmp_path: Path) -> None:
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add_all(PHASES[0])
+    checkpoint = tmp_path / "checkpoint"
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_UNDER_TEST)
+    query = (
+        counts(source.read_stream(spark))
+        .writeStream.outputMode("update")
+        .option("checkpointLocation", str(checkpoint))
+        .format("noop")
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    deadline = time.monotonic() + 120
+    while len(committed_batches(checkpoint)) < len(PHASES[0]):
+        assert query.isActive and time.monotonic() < deadline, query.exception()
+        time.sleep(0.05)
+    directory = tmp_path / "savepoints"
+    info = keyedstate.stop_with_savepoint(query, str(directory / "final"))
+    assert not query.isActive
+    assert info.batch_id == committed_batches(checkpoint)[-1]
+    second = keyedstate.savepoint(spark, str(checkpoint), str(directory / "again"))
+    listed = keyedstate.list_savepoints(spark, str(directory))
+    assert [s.batch_id for s in listed] == [info.batch_id, second.batch_id]
+    assert [Path(s.path).name for s in listed] == ["final", "again"]
+    checked = keyedstate.inspect_savepoint(spark, str(directory / "final"), verify=True)
+    assert checked.files == info.files and checked.bytes == info.bytes
+    (directory / "final" / "notes.txt").write_text("the user's own file")
+    keyedstate.dispose_savepoint(spark, str(directory / "final"))
+    # Only what the savepoint owned is gone.
+    assert [p.name for p in (directory / "final").iterdir()] == ["notes.txt"]
+    assert [Path(s.path).name for s in keyedstate.list_savepoints(spark, str(directory))] == [
+        "again"
+    ]
+
+
+def test_damaged_missing_and_unfinished_savepoints(spark: SparkSession, tmp_path: Path) -> None:
+    line = Line(spark, tmp_path / "line", counts, "update")
+    checkpoint = tmp_path / "line" / "checkpoint"
+    line.run(checkpoint, PHASES[0])
+    target = tmp_path / "savepoint"
+    keyedstate.savepoint(spark, str(checkpoint), str(target))
+
+    # A savepoint that died before its metadata is no savepoint, and taking it again succeeds.
+    (target / "_savepoint.json").unlink()
+    with pytest.raises(
+        keyedstate.CheckpointError, match=r"No savepoint at .*_savepoint\.json does"
+    ):
+        keyedstate.restore_savepoint(spark, str(target), str(tmp_path / "never"))
+    assert not (tmp_path / "never").exists()
+    info = keyedstate.savepoint(spark, str(checkpoint), str(target))
+    with pytest.raises(keyedstate.QueryCheckpointError, match="already holds a savepoint"):
+        keyedstate.savepoint(spark, str(checkpoint), str(target))
+
+    # A damaged log file and a missing state file are named, and the restore leaves nothing.
+    offsets = target / "offsets" / str(info.batch_id)
+    original = offsets.read_bytes()
+    offsets.write_bytes(original.replace(b"{", b"[", 1))
+    with pytest.raises(keyedstate.CheckpointError, match=rf"Savepoint file .*{offsets} is damaged"):
+        keyedstate.restore_savepoint(spark, str(target), str(tmp_path / "r1"))
+    assert not (tmp_path / "r1").exists()
+    offsets.write_bytes(original)
+    sst = sorted(
+        p
+        for p in (target / "state" / "0" / "1").rglob("*")
+        if p.parent.name in ("shared", "changelog") and not p.name.startswith(".")
+    )[0]
+    sst.unlink()
+    with pytest.raises(
+        keyedstate.CheckpointError, match=rf"Savepoint file .*{sst.name} is missing"
+    ):
+        keyedstate.restore_savepoint(spark, str(target), str(tmp_path / "r2"))
+    assert not (tmp_path / "r2").exists()
+    with pytest.raises(keyedstate.CheckpointError, match=rf"{sst.name} is missing"):
+        keyedstate.inspect_savepoint(spark, str(target), verify=True)
+    with pytest.raises(keyedstate.QueryCheckpointError, match="is not empty"):
+        keyedstate.restore_savepoint(spark, str(target), str(checkpoint))
