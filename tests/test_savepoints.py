@@ -129,8 +129,8 @@ def test_a_restored_savepoint_continues_as_the_uninterrupted_query(
     assert (info.batch_id, info.state_version, info.partitions) == (batch, batch + 1, 2)
     assert (target / "_savepoint.json").exists() and info.files > 0 and info.bytes > 0
     if build is tally:
-        assert [(o.operator_id, o.function, o.uid) for o in info.operators] == [
-            (1000, "Tally", "tally")
+        assert [(o.operator_id, o.name, o.function, o.uid) for o in info.operators] == [
+            (1000, "keyedProcess", "Tally", "tally")
         ]
     # The savepoint is self-contained: the original checkpoint can go.
     restored = tmp_path / "restored"

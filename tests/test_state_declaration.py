@@ -215,10 +215,18 @@ def test_chained_functions_are_numbered_in_order_and_found_by_uid(
     assert "operator 1000: Count (uid 'counts'); operator 1001: Maximum (uid 'maxima')" in str(
         several.value
     )
+    # Spark's own reader names each operator's function too (its operator properties).
+    metadata = spark.read.format("state-metadata").load(str(checkpoint)).collect()
+    properties = {r["operatorId"]: json.loads(r["operatorProperties"]) for r in metadata}
+    assert {op: (p["function"], p["uid"]) for op, p in properties.items()} == {
+        1000: ("Count", "counts"),
+        1001: ("Maximum", "maxima"),
+    }
+    assert {r["operatorName"] for r in metadata} == {"keyedProcess"}
     report = keyedstate.inspect(spark, str(checkpoint))
-    assert [(o.operator_id, o.function, o.uid) for o in report.operators] == [
-        (1000, "Count", "counts"),
-        (1001, "Maximum", "maxima"),
+    assert [(o.operator_id, o.operator_name, o.function, o.uid) for o in report.operators] == [
+        (1000, "keyedProcess", "Count", "counts"),
+        (1001, "keyedProcess", "Maximum", "maxima"),
     ]
 
     # The functions swapped: each operator's state would go to the other function.

@@ -10,6 +10,7 @@ import org.apache.spark.sql.catalyst.expressions._
 import org.apache.spark.sql.catalyst.plans.physical.{Partitioning, UnknownPartitioning}
 import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorStateInfo, StatefulOpStateStoreCheckpointInfo, StateStoreWriter}
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.keyedstate.SqlConfScopedRDD
@@ -68,8 +69,25 @@ final case class KeyedStateApplyExec(
     // task. Spark takes one result per store; its path names where the declaration is kept.
     val info = getStateInfo
     OperatorDeclaration.checkAtStart(OperatorDeclaration.of(spec, inputSchema), info, hadoopConf)
+    // Spark's purge of version-2 operator metadata lists the schema folder: it must exist.
+    val schemaDir = stateSchemaDirPath()
+    CheckpointFileManager.create(schemaDir, hadoopConf).mkdirs(schemaDir)
     List(StateSchemaValidationResult(evolvedSchema = false,
       new org.apache.hadoop.fs.Path(info.checkpointLocation, info.operatorId.toString).toString))
+  }
+
+  /**
+   * Version 2 of Spark's operator metadata, for its properties: Spark's `state-metadata` reader
+   * shows which keyed function (function, uid, key columns, states) each operator is.
+   */
+  override def operatorStateMetadataVersion: Int = 2
+
+  override def operatorStateMetadata(stateSchemaPaths: List[List[String]]): OperatorStateMetadata = {
+    val info = getStateInfo
+    OperatorStateMetadataV2(OperatorInfoV1(info.operatorId, shortName),
+      Array(StateStoreMetadataV2(StateStoreId.DEFAULT_STORE_NAME, 0, info.numPartitions,
+        stateSchemaPaths.headOption.getOrElse(Nil))),
+      org.json4s.jackson.JsonMethods.compact(OperatorDeclaration.of(spec, inputSchema).toJson))
   }
 
   override protected def doExecute(): RDD[InternalRow] = {

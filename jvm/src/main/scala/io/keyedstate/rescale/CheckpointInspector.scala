@@ -90,7 +90,7 @@ final class CheckpointInspector(spark: SparkSession, keyGroups: Int) {
       val declared = rs.find(r => r.partition == 0 && r.storeName == StateStoreId.DEFAULT_STORE_NAME)
         .map(_ => new CheckpointStore(ckpt.storeDir(StoreRef(op, StateStoreId.DEFAULT_STORE_NAME, 0)), hadoopConf)
           .readManifest(version, checkpointIds(ckpt, batch, op).get(0)))
-      OperatorReport(op, operatorName(ckpt, op), declared.flatMap(_.declaredFunction).getOrElse(""),
+      OperatorReport(op, ckpt.operatorName(op), declared.flatMap(_.declaredFunction).getOrElse(""),
         declared.flatMap(_.declaredUid).getOrElse(""), rs.map(_.storeName).distinct, rs.map(_.keys).sum,
         rs.map(_.fileBytes).sum, InspectReport.skew(perPartition), InspectReport.skew(perGroup))
     }
@@ -108,11 +108,7 @@ final class CheckpointInspector(spark: SparkSession, keyGroups: Int) {
     ids
   }
 
-  private def operatorName(ckpt: QueryCheckpoint, op: Int): String = {
-    val meta = new org.apache.hadoop.fs.Path(ckpt.stateRoot, s"$op/_metadata/metadata")
-    if (!ckpt.fs.exists(meta)) ""
-    else "\"operatorName\":\"([^\"]*)\"".r.findFirstMatchIn(ckpt.readLines(meta).mkString).map(_.group(1)).getOrElse("")
-  }
+
 }
 
 object CheckpointInspector {

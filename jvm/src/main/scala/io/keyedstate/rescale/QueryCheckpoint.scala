@@ -148,6 +148,23 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
 
   def operators: Seq[Int] = listNames(stateRoot).flatMap(_.toIntOption).sorted
 
+  /**
+   * Spark's operator metadata files of `op`, relative to the root: `_metadata/metadata` (version 1)
+   * and `_metadata/v2/<batch>` (version 2, which keyed functions write for their properties).
+   */
+  def operatorMetadataFiles(op: Int): Seq[String] = {
+    val v1 = s"state/$op/_metadata/metadata"
+    (if (fs.exists(new Path(root, v1))) Seq(v1) else Nil) ++
+      listNames(new Path(root, s"state/$op/_metadata/v2")).filter(_.forall(_.isDigit)).sortBy(_.toLong)
+        .map(b => s"state/$op/_metadata/v2/$b")
+  }
+
+  /** Spark's name of operator `op` (`stateStoreSave`, `keyedProcess`, ...), from its newest metadata; "" if none. */
+  def operatorName(op: Int): String =
+    operatorMetadataFiles(op).lastOption.flatMap { relative =>
+      "\"operatorName\":\"([^\"]*)\"".r.findFirstMatchIn(readLines(new Path(root, relative)).mkString).map(_.group(1))
+    }.getOrElse("")
+
   def partitions(operatorId: Int): Seq[Int] =
     listNames(new Path(stateRoot, operatorId.toString)).flatMap(_.toIntOption).sorted
 

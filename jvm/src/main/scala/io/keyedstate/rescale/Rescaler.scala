@@ -337,7 +337,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
   /** The files that say the partition count, relative to the checkpoint root. */
   private def pinnedFiles(ckpt: QueryCheckpoint, j: RescaleJournal): Seq[String] =
     ckpt.batches("offsets").filter(_ >= j.batchId).map(b => s"offsets/$b") ++
-      ckpt.operators.map(op => s"state/$op/_metadata/metadata").filter(r => ckpt.fs.exists(new Path(ckpt.root, r)))
+      ckpt.operators.flatMap(ckpt.operatorMetadataFiles)
 
   private def pinnedText(ckpt: QueryCheckpoint, relative: String, j: RescaleJournal): String =
     if (relative.startsWith("offsets/")) {

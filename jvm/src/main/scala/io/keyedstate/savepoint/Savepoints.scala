@@ -75,7 +75,7 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
       val logs = src.metadataFiles().filter(rel => batchOf(rel).forall(_ <= batch)).map(copyFile(src, dst, _))
       val operators = stores.groupBy(_._1).toSeq.sortBy(_._1).map { case (op, s) =>
         val first = copied.find(c => c.store.operatorId == op && c.store.partition == 0)
-        SavepointOperator(op, operatorName(src, op), s.map(_._2), first.map(_.function).getOrElse(""),
+        SavepointOperator(op, src.operatorName(op), s.map(_._2), first.map(_.function).getOrElse(""),
           first.map(_.uid).getOrElse(""))
       }
       val metadata = SavepointMetadata(SavepointMetadata.Native, SavepointMetadata.FormatVersion, KeyedstateVersion,
@@ -237,11 +237,7 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     SavepointFile(relative, size, crc.getValue)
   }
 
-  private def operatorName(ckpt: QueryCheckpoint, op: Int): String = {
-    val meta = new Path(ckpt.stateRoot, s"$op/_metadata/metadata")
-    if (!ckpt.fs.exists(meta)) ""
-    else "\"operatorName\":\"([^\"]*)\"".r.findFirstMatchIn(ckpt.readLines(meta).mkString).map(_.group(1)).getOrElse("")
-  }
+
 }
 
 object Savepoints {
