@@ -80,24 +80,26 @@ def test_an_incompatible_state_schema_on_restart_fails_naming_both_schemas(
 # -- the Python API's keyed functions: keyedstate's own check names the operator -------------
 
 
-class LongCount(KeyedProcessFunction):
+class Count(KeyedProcessFunction):
+    """Counts per key in a state ``count`` declared as a long, or (``as_text``) as a string: the
+    same function with its state's type changed."""
+
+    def __init__(self, as_text: bool = False) -> None:
+        self.as_text = as_text
+
     def open(self, runtime_context: RuntimeContext) -> None:
-        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+        declared = Types.STRING() if self.as_text else Types.LONG()
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", declared))
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
-        count = (self.count.value() or 0) + 1
-        self.count.update(count)
-        yield (value.k, count)
-
-
-class StringCount(KeyedProcessFunction):
-    def open(self, runtime_context: RuntimeContext) -> None:
-        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.STRING()))
-
-    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
-        count = (self.count.value() or "") + "x"
-        self.count.update(count)
-        yield (value.k, len(count))
+        if self.as_text:
+            text = (self.count.value() or "") + "x"
+            self.count.update(text)
+            yield (value.k, len(text))
+        else:
+            count = (self.count.value() or 0) + 1
+            self.count.update(count)
+            yield (value.k, count)
 
 
 ship_by_value(__name__)
@@ -125,8 +127,7 @@ def test_a_keyed_function_restarted_with_another_state_or_key_type_fails_naming_
         )
         rows = spark.readStream.schema("k long, v long").parquet(str(source))
         rows = rows.select(F.col("k").cast(key_type).alias("k"), "v")
-        # One uid: the same operator, whose class was changed with its state.
-        out = keyedstate.key_by(rows, "k").process(function, f"k {key_type}, n long", uid="count")
+        out = keyedstate.key_by(rows, "k").process(function, f"k {key_type}, n long")
         query = (
             out.writeStream.format("noop").outputMode("append")
             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
@@ -134,22 +135,22 @@ def test_a_keyed_function_restarted_with_another_state_or_key_type_fails_naming_
         query.awaitTermination(180)
 
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", keyedstate.PROVIDER_CLASS)
-    run(LongCount(), "long")
+    run(Count(), "long")
     # Keyed functions are stateful operators 1000 + n (Spark numbers its own from 0).
     state_before = state_files(checkpoint / "state" / "1000")
     assert state_before
     with pytest.raises(StreamingQueryException) as failure:
         if change == "state type":
-            run(StringCount(), "long")
+            run(Count(as_text=True), "long")
         else:
-            run(LongCount(), "string")
+            run(Count(), "string")
     error = keyedstate.state_error(failure.value)
     assert isinstance(error, keyedstate.KeyedFunctionError), str(failure.value)[:2000]
     assert error.error_id == error_id
     message = str(error)
     operator = re.escape(
         "stateful operator 1000 (KeyedStateApplyExec / keyed function "
-    ) + r"[\w.<>]*Count \(uid 'count'\), state store 'default'\)"
+    ) + r"Count, state store 'default'\)"
     assert message.startswith(f"[{error_id}] "), message
     assert re.search(says.format(operator=operator), message), message
     assert state_files(checkpoint / "state" / "1000") == state_before

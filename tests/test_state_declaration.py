@@ -158,6 +158,7 @@ def test_a_state_type_change_is_refused_before_any_state_is_read(
     assert isinstance(error, keyedstate.KeyedFunctionError)
     assert error.error_id == "KEYED_FUNCTION_STATE_CHANGED", error
     assert "state 'total' (column family 'total') of stateful operator 1000" in str(error)
+    assert "keyed function Sum (uid 'totals')" in str(error)
     assert (
         "was stored as value state of bigint and is now declared as value state of string"
         in str(error)
@@ -186,35 +187,65 @@ def test_a_version_whose_manifest_lost_its_declaration_is_refused_naming_the_man
     assert str(stripped[0]) in message, message
 
 
-def test_chained_functions_are_numbered_in_order_and_found_by_uid(
+def chain(
+    spark: SparkSession,
+    source: FileInput,
+    first: KeyedProcessFunction,
+    second: KeyedProcessFunction,
+    uids: tuple[str, str] | None = None,
+) -> DataFrame:
+    first_uid, second_uid = uids or (None, None)
+    counted = key_by(source.read_stream(spark), "k").process(first, OUT, uid=first_uid)
+    return key_by(counted, "k").process(second, OUT, uid=second_uid)
+
+
+def read_n(spark: SparkSession, checkpoint: Path, **which: Any) -> list[tuple[str, int]]:  # noqa: ANN401
+    frame = keyedstate.read_state(spark, str(checkpoint), "n", **which)
+    return sorted(tuple(r) for r in frame.drop("partition_id").collect())
+
+
+COUNTS, MAXIMA = [("a", 2), ("b", 1)], [("a", 200), ("b", 100)]
+ROWS = [{"k": "a", "v": 1}, {"k": "a", "v": 1}, {"k": "b", "v": 1}]
+
+
+def test_chained_functions_without_uids_are_numbered_in_order(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     source = FileInput(tmp_path / "input", SCHEMA)
     checkpoint = tmp_path / "checkpoint"
-    source.add([{"k": "a", "v": 1}, {"k": "a", "v": 1}, {"k": "b", "v": 1}])
-
-    def chain(
-        first: KeyedProcessFunction, first_uid: str, second: KeyedProcessFunction, second_uid: str
-    ) -> DataFrame:
-        counted = key_by(source.read_stream(spark), "k").process(first, OUT, uid=first_uid)
-        return key_by(counted, "k").process(second, OUT, uid=second_uid)
-
-    run(spark, chain(Count(), "counts", Maximum(), "maxima"), checkpoint)
-
-    def state(**which: Any) -> list[tuple[str, int]]:  # noqa: ANN401
-        frame = keyedstate.read_state(spark, str(checkpoint), "n", **which)
-        return sorted(tuple(r) for r in frame.drop("partition_id").collect())
-
-    counts, maxima = [("a", 2), ("b", 1)], [("a", 200), ("b", 100)]
+    source.add(ROWS)
+    run(spark, chain(spark, source, Count(), Maximum()), checkpoint)
     # The docs' order: a chain's first function is operator 1000, the next 1001.
-    assert state(operator_id=1000) == counts
-    assert state(operator_id=1001) == maxima
-    assert state(uid="counts") == counts and state(uid="maxima") == maxima
+    assert read_n(spark, checkpoint, operator_id=1000) == COUNTS
+    assert read_n(spark, checkpoint, operator_id=1001) == MAXIMA
     with pytest.raises(keyedstate.QueryCheckpointError, match="several keyed functions") as several:
         keyedstate.read_state(spark, str(checkpoint), "n")
-    assert "operator 1000: Count (uid 'counts'); operator 1001: Maximum (uid 'maxima')" in str(
-        several.value
-    )
+    assert "operator 1000: Count; operator 1001: Maximum" in str(several.value)
+
+    # The functions swapped: each operator's state would go to the other function.
+    source.add([{"k": "a", "v": 1}])
+    error = refusal(spark, chain(spark, source, Maximum(), Count()), checkpoint)
+    assert error.error_id == "KEYED_FUNCTION_UID_CHANGED", error
+    # Operator 1001 held Maximum's state and would now run Count.
+    message = str(error)
+    assert "stateful operator 1001 (KeyedStateApplyExec / keyed function Count," in message
+    assert "holds the state of keyed function Maximum, and the query now runs Count" in message
+
+
+def test_keyed_functions_are_found_and_checked_by_uid(spark: SparkSession, tmp_path: Path) -> None:
+    source = FileInput(tmp_path / "input", SCHEMA)
+    checkpoint = tmp_path / "checkpoint"
+    source.add(ROWS)
+    run(spark, chain(spark, source, Count(), Maximum(), ("counts", "maxima")), checkpoint)
+    assert read_n(spark, checkpoint, uid="counts") == COUNTS
+    assert read_n(spark, checkpoint, uid="maxima") == MAXIMA
+    report = keyedstate.inspect(spark, str(checkpoint))
+    assert [(o.operator_id, o.operator_name, o.function, o.uid) for o in report.operators] == [
+        (1000, "keyedProcess", "Count", "counts"),
+        (1001, "keyedProcess", "Maximum", "maxima"),
+    ]
+    with pytest.raises(keyedstate.QueryCheckpointError, match="not uid 'maxima'"):
+        read_n(spark, checkpoint, operator_id=1000, uid="maxima")
     # Spark's own reader names each operator's function too (its operator properties).
     metadata = spark.read.format("state-metadata").load(str(checkpoint)).collect()
     properties = {r["operatorId"]: json.loads(r["operatorProperties"]) for r in metadata}
@@ -223,23 +254,14 @@ def test_chained_functions_are_numbered_in_order_and_found_by_uid(
         1001: ("Maximum", "maxima"),
     }
     assert {r["operatorName"] for r in metadata} == {"keyedProcess"}
-    report = keyedstate.inspect(spark, str(checkpoint))
-    assert [(o.operator_id, o.operator_name, o.function, o.uid) for o in report.operators] == [
-        (1000, "keyedProcess", "Count", "counts"),
-        (1001, "keyedProcess", "Maximum", "maxima"),
-    ]
 
-    # The functions swapped: each operator's state would go to the other function.
+    # Swapped: operator 1001 holds the state of uid "maxima", and would now run "counts".
     source.add([{"k": "a", "v": 1}])
-    error = refusal(spark, chain(Maximum(), "maxima", Count(), "counts"), checkpoint)
-    assert error.error_id == "KEYED_FUNCTION_UID_CHANGED", error
-    # Operator 1001 held Maximum's state and would now run Count.
-    message = str(error)
-    assert (
-        "stateful operator 1001 (KeyedStateApplyExec / keyed function Count (uid 'counts')"
-        in message
+    error = refusal(
+        spark, chain(spark, source, Maximum(), Count(), ("maxima", "counts")), checkpoint
     )
-    assert "holds the state of keyed function Maximum (uid 'maxima')" in message, message
+    assert error.error_id == "KEYED_FUNCTION_UID_CHANGED", error
+    assert "holds the state of keyed function Maximum (uid 'maxima')" in str(error), error
 
 
 def test_a_damaged_declaration_is_reported_as_a_corrupt_manifest(
