@@ -17,6 +17,37 @@ import io.keyedstate.rocks.LocalRocksDB
 class LocalRocksDBSuite extends AnyFunSuite {
   private def b(s: String): Array[Byte] = s.getBytes(UTF_8)
 
+  test("a flush started in the background while RocksDB has stopped writes is skipped, not a failure") {
+    val dir = Files.createTempDirectory("keyedstate-rocks").toFile
+    val db = LocalRocksDB.open(dir, KeyedStateConf.fromMap(Map.empty))
+    try {
+      val cf = LocalRocksDB.DefaultColumnFamily
+      // Level 0 at its stop trigger, below the compaction trigger (8): what level-0 files coming
+      // faster than a busy machine compacts them reach (a CI run's commit failed with "Writes
+      // have been stopped").
+      db.setOptionsForTest(cf, org.rocksdb.MutableColumnFamilyOptions.builder()
+        .setLevel0SlowdownWritesTrigger(2).setLevel0StopWritesTrigger(2).build())
+      (1 to 2).foreach { i =>
+        db.put(cf, b(s"k$i"), b(s"v$i"))
+        db.scan(cf, None, None).close() // a scan writes the buffer into the memtable: flushed to level 0
+        db.flush()
+      }
+      db.flushInBackground() // the commit before a snapshot: nothing buffered, a flush that does not wait
+      db.put(cf, b("k3"), b("v3"))
+      db.flushInBackground() // a buffer to spill: ingested, then the same flush on the spill thread
+      assert(new String(db.get(cf, b("k3")), UTF_8) == "v3") // waits for the spill
+      assert(db.healthy)
+      // Writes resumed: a flush that waits goes through.
+      db.setOptionsForTest(cf, org.rocksdb.MutableColumnFamilyOptions.builder()
+        .setLevel0SlowdownWritesTrigger(20).setLevel0StopWritesTrigger(36).build())
+      db.flush()
+      assert((1 to 3).map(i => new String(db.get(cf, b(s"k$i")), UTF_8)) == Seq("v1", "v2", "v3"))
+    } finally {
+      db.close()
+      LocalFiles.deleteRecursively(dir)
+    }
+  }
+
   test("point reads: missing and found keys, values of every size, merges, in memtables, SST files and after a reopen") {
     val dir = Files.createTempDirectory("keyedstate-rocks").toFile
     val conf = KeyedStateConf.fromMap(Map.empty)
