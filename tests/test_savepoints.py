@@ -6,6 +6,7 @@ named; an unfinished savepoint is never taken for one; list and dispose."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -132,7 +133,15 @@ def test_a_restored_savepoint_continues_as_the_uninterrupted_query(
         assert [(o.operator_id, o.name, o.function, o.uid) for o in info.operators] == [
             (1000, "keyedProcess", "Tally", "tally")
         ]
+
+        # The state processor's reader reads a savepoint as it reads a checkpoint.
+        def stored(location: Path) -> list[Any]:
+            frame = keyedstate.read_state(spark, str(location), "recent", uid="tally")
+            return sorted(tuple(r) for r in frame.collect())
+
+        assert stored(target) == stored(original) and stored(target)
     # The savepoint is self-contained: the original checkpoint can go.
+    shutil.rmtree(original)
     restored = tmp_path / "restored"
     result = keyedstate.restore_savepoint(spark, str(target), str(restored), partitions=partitions)
     assert (result.batch_id, result.to_partitions) == (batch, partitions or 2)
@@ -234,8 +243,29 @@ def test_damaged_missing_and_unfinished_savepoints(spark: SparkSession, tmp_path
     target = tmp_path / "savepoint"
     keyedstate.savepoint(spark, str(checkpoint), str(target))
 
-    # A savepoint that died before its metadata is no savepoint, and taking it again succeeds.
+    # Neither the checkpoint itself nor a folder inside it, nor a checkpoint, is a target.
+    for wrong in (checkpoint, checkpoint / "state" / "savepoint"):
+        with pytest.raises(keyedstate.QueryCheckpointError, match="overlap"):
+            keyedstate.savepoint(spark, str(checkpoint), str(wrong))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "metadata").write_text("{}")
+    with pytest.raises(
+        keyedstate.QueryCheckpointError, match="is not empty and holds no savepoint"
+    ):
+        keyedstate.savepoint(spark, str(checkpoint), str(other))
+    assert (other / "metadata").exists()
+    # No query runs on a savepoint: restore it first.
+    line.source.add(PHASES[1][0])
+    frame = line.build(line.source.read_stream(spark))
+    query = start_query(spark, PROVIDER_UNDER_TEST, frame, "update", target, BatchCollector())
+    with pytest.raises(Exception, match="is part of a savepoint"):  # noqa: PT011 - a query's failure
+        await_finished(query)
+
+    # A savepoint that died before its metadata (its pending marker stays) is no savepoint, and
+    # taking it again succeeds.
     (target / "_savepoint.json").unlink()
+    (target / ".keyedstate-savepoint-pending").write_text("killed")
     with pytest.raises(
         keyedstate.CheckpointError, match=r"No savepoint at .*_savepoint\.json does"
     ):

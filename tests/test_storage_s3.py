@@ -10,6 +10,7 @@ from storage_suite import (  # noqa: F401 - the tests this module runs
     test_operator_same_output_as_reference,
     test_python_api_same_output_as_on_local_checkpoint,
     test_rescale_then_continue,
+    test_savepoint_moves_to_the_storage_and_back,
     test_ttl_aggregation,
 )
 

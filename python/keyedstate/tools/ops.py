@@ -284,6 +284,8 @@ def restore_savepoint(
     ``partitions`` (another count than the savepoint's) the state is rescaled on the way."""
     if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)):
         raise TypeError(f"partitions must be an int, got {partitions!r}")
+    if partitions is not None and partitions < 1:
+        raise ValueError(f"partitions must be at least 1, got {partitions}")
     savepoints, session = _entry_point(spark, "SavepointCommands", "savepoint")
     raw = json.loads(_call(savepoints.restore, session, savepoint, checkpoint, partitions or 0))
     return _decode(RestoreResult, raw)

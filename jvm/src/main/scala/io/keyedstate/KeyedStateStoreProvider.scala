@@ -131,6 +131,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       forceSnapshotOnCommit: Boolean): StateStore = synchronized {
     readStore match {
       case ours: KeyedStateStore if (ours eq activeStore) && ours.isOpen && ours.version == version =>
+        refuseSavepoint()
         claimLease()
         ours.upgradeToWritable(forceSnapshotOnCommit)
       case other =>
@@ -147,6 +148,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       forceSnapshot: Boolean): KeyedStateStore =
     synchronized {
       if (version < 0) throw KeyedStateErrors.unexpectedVersion(version)
+      if (writable) refuseSavepoint()
       acquire()
       try {
         load(version, checkpointId, loadEmpty)
@@ -165,6 +167,22 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
           throw KeyedStateErrors.cannotLoad(id, version, e)
       }
     }
+
+  // Whether the store lies in a savepoint's folder (`<savepoint>/state/<op>/<partition>`).
+  private lazy val inSavepoint: Boolean = {
+    val queryRoot = new Path(id.checkpointRootLocation).getParent
+    queryRoot != null && {
+      val marker = new Path(queryRoot, CheckpointStore.SavepointMetadataFile)
+      marker.getFileSystem(hadoopConf).exists(marker)
+    }
+  }
+
+  /** No query writes into a savepoint: it is restored into a new checkpoint first. */
+  private def refuseSavepoint(): Unit = if (inSavepoint) {
+    throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"${id.checkpointRootLocation} is part of a " +
+      s"savepoint (${CheckpointStore.SavepointMetadataFile} beside it), which no query writes: restore it into a " +
+      "new checkpoint (keyedstate savepoint restore) and run the query there")
+  }
 
   /** A store opened for writes belongs to a running query: say so to `keyedstate rescale`. */
   private def claimLease(): Unit =

@@ -32,7 +32,8 @@ class LocalRocksDBSuite extends AnyFunSuite {
         db.scan(cf, None, None).close() // a scan writes the buffer into the memtable: flushed to level 0
         db.flush()
       }
-      db.flushInBackground() // the commit before a snapshot: nothing buffered, a flush that does not wait
+      // The commit before a snapshot: nothing buffered, a flush that does not wait (not started).
+      assert(!db.flushInBackground())
       db.put(cf, b("k3"), b("v3"))
       db.flushInBackground() // a buffer to spill: ingested, then the same flush on the spill thread
       assert(new String(db.get(cf, b("k3")), UTF_8) == "v3") // waits for the spill

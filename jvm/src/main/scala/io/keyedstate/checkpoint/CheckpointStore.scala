@@ -12,7 +12,7 @@ import org.apache.hadoop.fs.permission.FsPermission
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.checkpointing.{CheckpointFileManager, FileContextBasedCheckpointFileManager}
 
-import io.keyedstate.conf.{KeyedStateErrors, LocalDiskException}
+import io.keyedstate.conf.{CheckpointFileException, KeyedStateErrors, LocalDiskException}
 
 /** A manifest (or snapshot descriptor) found in the store directory. */
 final case class ManifestRef(version: Long, checkpointId: Option[String], path: Path, modificationTime: Long)
@@ -307,19 +307,25 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
         case e: java.io.FileNotFoundException =>
           throw KeyedStateErrors.fileMissing(s"State file $source needed by version $version is missing", e)
       }
+    val written = target.resolve(file.path)
+    def writeFailed(e: Throwable) = KeyedStateErrors.checkpointWrite(s"Cannot write $written: ${e.getMessage}", e)
     val copied =
       try {
         val out =
-          try target.create(target.resolve(file.path), overwrite = true)
-          catch {
-            case NonFatal(e) => throw KeyedStateErrors.checkpointWrite(
-              s"Cannot write ${target.resolve(file.path)}: ${e.getMessage}", e)
-          }
-        try copy(in, out, crc) finally out.close()
+          try target.create(written, overwrite = true)
+          catch { case NonFatal(e) => throw writeFailed(e) }
+        // The target's failures (its writes, and on object stores its close, which uploads) are
+        // the target's, not a damaged source.
+        val checked = new java.io.FilterOutputStream(out) {
+          override def write(b: Array[Byte], off: Int, len: Int): Unit =
+            try out.write(b, off, len) catch { case e: IOException => throw writeFailed(e) }
+          override def close(): Unit = try out.close() catch { case e: IOException => throw writeFailed(e) }
+        }
+        try copy(in, checked, crc) finally checked.close()
       } catch {
+        case e: CheckpointFileException => throw e
         case e: IOException => throw KeyedStateErrors.fileCorrupt(
-          s"State file $source needed by version $version is unreadable, or its copy ${target.resolve(file.path)} " +
-            s"could not be written: ${e.getMessage}", e)
+          s"State file $source needed by version $version is unreadable: ${e.getMessage}", e)
       } finally in.close()
     if (copied != file.size || crc.getValue != file.crc32c) {
       throw KeyedStateErrors.fileCorrupt(f"State file $source needed by version $version is damaged: $copied bytes, " +
@@ -338,6 +344,8 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
 }
 
 object CheckpointStore {
+  /** A savepoint's metadata, at its root (`savepoint.SavepointMetadata`): no store under it is written. */
+  val SavepointMetadataFile = "_savepoint.json"
   val SharedDir = "shared"
   val PrivateDir = "private"
   val ChangelogDir = "changelog"

@@ -221,9 +221,10 @@ final class LocalRocksDB private (
    * Freezes the buffer and writes it into RocksDB in the background, then starts flushing the
    * memtables: the commit before a snapshot, so the snapshot's own flush holds one batch (see
    * VersionLineage). Reads meanwhile look in the frozen buffer; anything that needs RocksDB to
-   * hold every write waits for the background write first.
+   * hold every write waits for the background write first. False when nothing was started
+   * (RocksDB refused the flush: writes stopped).
    */
-  def flushInBackground(): Unit = lock.synchronized {
+  def flushInBackground(): Boolean = lock.synchronized {
     awaitFrozenSpill()
     val toFlush = handles.values.toList
     if (buffer.isEmpty) flushAll(toFlush, waitForFlush = false)
@@ -243,6 +244,7 @@ final class LocalRocksDB private (
       buffer = new WriteBuffer
       frozen = f
       LocalRocksDB.spillThreads.execute(task)
+      true
     }
   }
 
@@ -452,10 +454,10 @@ final class LocalRocksDB private (
    * become immutable, new writes go to fresh ones, and RocksDB's background threads write the
    * SSTs (a later waiting flush waits for these too).
    */
-  private def flushAll(families: List[ColumnFamilyHandle], waitForFlush: Boolean): Unit = {
+  private def flushAll(families: List[ColumnFamilyHandle], waitForFlush: Boolean): Boolean = {
     val opts = new FlushOptions().setWaitForFlush(waitForFlush).setAllowWriteStall(!waitForFlush)
     try localIo {
-      try db.flush(opts, families.asJava)
+      try { db.flush(opts, families.asJava); true }
       catch {
         // RocksDB refuses a flush that does not wait while writes are stopped (level 0 past its
         // stop trigger until compactions catch up: ingested buffers on a busy machine reach it).
@@ -464,6 +466,7 @@ final class LocalRocksDB private (
         case e: RocksDBException if !waitForFlush && e.getStatus != null &&
             e.getStatus.getCode == Status.Code.TryAgain =>
           LocalRocksDB.logger.info(s"Background flush of $dir skipped, writes are stopped: ${e.getMessage}")
+          false
       }
     } finally opts.close()
   }

@@ -14,8 +14,9 @@ object SavepointCommands {
   def create(spark: SparkSession, checkpoint: String, target: String): String =
     Serialization.write(withProgress(spark).create(checkpoint, target))
 
+  /** `partitions` 0: the savepoint's count. */
   def restore(spark: SparkSession, savepoint: String, checkpoint: String, partitions: Int): String =
-    Serialization.write(withProgress(spark).restore(savepoint, checkpoint, Some(partitions).filter(_ > 0)))
+    Serialization.write(withProgress(spark).restore(savepoint, checkpoint, Option(partitions).filter(_ != 0)))
 
   def inspect(spark: SparkSession, savepoint: String, verifyFiles: Boolean): String =
     Serialization.write(withProgress(spark).inspect(savepoint, verifyFiles))

@@ -8,6 +8,7 @@ import org.apache.hadoop.fs.{FileSystem, Path}
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
+import io.keyedstate.checkpoint.CheckpointStore
 import io.keyedstate.conf.KeyedStateErrors
 
 /** A file of a savepoint, relative to its root, with its size and CRC32C. */
@@ -40,7 +41,7 @@ final case class SavepointMetadata(
 }
 
 object SavepointMetadata {
-  val FileName = "_savepoint.json"
+  val FileName: String = CheckpointStore.SavepointMetadataFile
   val Native = "native"
   val FormatVersion = 1
 

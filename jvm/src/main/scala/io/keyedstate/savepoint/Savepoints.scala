@@ -51,6 +51,11 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
       throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
         s"${src.offsetPath(batch)} does not pin ${QueryCheckpoint.PartitionsKey}"))
     val dst = QueryCheckpoint.at(target, hadoopConf)
+    refuseOverlap(src, dst)
+    if (src.fs.exists(new Path(src.root, QueryCheckpoint.RescaleDir))) {
+      throw KeyedStateErrors.badState(ErrorId.RescaleInProgress, s"${src.root} is held by an unfinished rescale " +
+        s"(${new Path(src.root, QueryCheckpoint.RescaleDir)}): run the rescale again to finish it, then take the savepoint")
+    }
     prepareTarget(dst)
     val usesIds = src.usesCheckpointIds(batch)
     val stores = for (op <- src.operators; store <- src.storeNames(op, 0)) yield op -> store
@@ -60,19 +65,37 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
         "a savepoint reads such a query with format v1 only")
     }
     val version = batch + 1
-    val tasks = for ((op, store) <- stores; p <- 0 until partitions) yield {
-      val ref = StoreRef(op, store, p)
-      val id = if (usesIds) src.defaultStoreCheckpointIds(batch, op, Seq(p)).get(p) else None
-      StoreCopy(ref, src.storeDir(ref).toString, dst.storeDir(ref).toString, version, id)
+    val tasks = stores.flatMap { case (op, store) =>
+      val ids = if (usesIds) src.defaultStoreCheckpointIds(batch, op, 0 until partitions) else Map.empty[Int, String]
+      (0 until partitions).map { p =>
+        val ref = StoreRef(op, store, p)
+        StoreCopy(ref, src.storeDir(ref).toString, dst.storeDir(ref).toString, version, ids.get(p))
+      }
     }
     progress(s"savepoint of ${src.root} at batch $batch (state version $version, $partitions partitions, " +
       s"${stores.size} store(s)) to ${dst.root}")
     try {
+      // The marker says the folder is a savepoint being written: only such a folder is dropped
+      // when a savepoint is taken again into it (never a checkpoint given as the target).
+      dst.writeFile(pendingMarker(dst), s"${src.root}\n")
+      // The logs first, while the query's retention still keeps those of the batch. A batch the
+      // query planned after it (a run stopped mid-batch, or running) comes along: a restored
+      // query runs it again with the same offsets, as the query itself would have.
+      val upTo = src.batches("offsets").find(_ > batch).getOrElse(batch)
+      progress("copying the query's logs")
+      val logs = src.metadataFiles()
+        .filter(rel => batchOf(rel).forall(b => b <= upTo && (b <= batch || !rel.startsWith("commits/"))))
+        .map(copyFile(src, dst, _))
+      val needed = Seq("metadata", s"offsets/$batch", s"commits/$batch") ++
+        (if (batch > 0) Seq(s"offsets/${batch - 1}") else Nil)
+      val missing = needed.filterNot(n => logs.exists(_.path == n))
+      if (missing.nonEmpty) {
+        throw KeyedStateErrors.fileMissing(s"${missing.map(m => new Path(src.root, m)).mkString(", ")} of batch " +
+          s"$batch is missing: the query's retention (spark.sql.streaming.minBatchesToRetain) may have deleted it " +
+          "as the savepoint started; take the savepoint again")
+      }
       val copied = OfflineJob.run(spark, "savepoint", "copy", tasks, RescaleTasks.fromHadoop(hadoopConf), conf,
         progress)((t: StoreCopy, h, _) => copyStore(t, h))
-      progress("copying the query's logs")
-      // The query's logs up to the batch: a running query's later entries are not the savepoint's.
-      val logs = src.metadataFiles().filter(rel => batchOf(rel).forall(_ <= batch)).map(copyFile(src, dst, _))
       val operators = stores.groupBy(_._1).toSeq.sortBy(_._1).map { case (op, s) =>
         val first = copied.find(c => c.store.operatorId == op && c.store.partition == 0)
         SavepointOperator(op, src.operatorName(op), s.map(_._2), first.map(_.function).getOrElse(""),
@@ -82,6 +105,7 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
         SPARK_VERSION, System.currentTimeMillis(), src.root.toString, batch, version, partitions,
         QueryCheckpoint.OurProvider, usesIds, operators, copied.flatMap(_.files) ++ logs)
       writeMetadata(dst, metadata)
+      dst.fs.delete(pendingMarker(dst), false)
       progress(s"savepoint written: ${metadata.files.size} files, ${metadata.totalBytes} bytes in " +
         s"${(System.currentTimeMillis() - started) / 1000.0} s")
       metadata
@@ -108,10 +132,20 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     }
     verify(sp, metadata, stateFiles = false) // state files are checked against their manifests as they are read
     val to = partitions.getOrElse(metadata.partitions)
+    if (to < 1) {
+      throw KeyedStateErrors.badArgument(ErrorId.RescaleRefused, s"Invalid partition count $to for restore: allowed " +
+        s"is an integer from 1 to ${Rescaler.MaxPartitions}")
+    }
     if (to != metadata.partitions) {
       progress(s"restoring ${sp.root} (batch ${metadata.batchId}) into ${dst.root} at $to partitions " +
         s"(the savepoint has ${metadata.partitions})")
-      val rescaled = new Rescaler(spark, progress).run(sp.root.toString, to, Some(dst.root.toString), inPlace = false)
+      val rescaled =
+        try new Rescaler(spark, progress).run(sp.root.toString, to, Some(dst.root.toString), inPlace = false)
+        catch {
+          case NonFatal(e) =>
+            dst.fs.delete(dst.root, true) // a failed restore leaves no checkpoint behind
+            throw e
+        }
       return RestoreResult(sp.root.toString, dst.root.toString, metadata.batchId, metadata.partitions, to,
         rescaled.bytesWritten, System.currentTimeMillis() - started)
     }
@@ -167,9 +201,11 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
   }
 
   private def deleteEmptyFolders(fs: FileSystem, dir: Path): Unit = {
-    fs.listStatus(dir).filter(_.isDirectory).foreach(st => deleteEmptyFolders(fs, st.getPath))
+    // An object store has no empty folders: one whose files went may be gone already.
+    def entries = try fs.listStatus(dir).toSeq catch { case _: java.io.FileNotFoundException => Nil }
+    entries.filter(_.isDirectory).foreach(st => deleteEmptyFolders(fs, st.getPath))
     // Hadoop's local checksum files of the deleted files may remain: they belong to no one.
-    if (fs.listStatus(dir).forall(st => st.isFile && st.getPath.getName.endsWith(".crc"))) fs.delete(dir, true)
+    if (entries.forall(st => st.isFile && st.getPath.getName.endsWith(".crc"))) fs.delete(dir, true)
   }
 
   /** Checks every listed file's size (and, for the logs and manifests or all with `stateFiles`, CRC32C). */
@@ -188,28 +224,35 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
       }
     }
 
+  private def pendingMarker(dst: QueryCheckpoint): Path = new Path(dst.root, PendingMarker)
+
+  /** A savepoint is never written into its checkpoint, nor a checkpoint into it. */
+  private def refuseOverlap(src: QueryCheckpoint, dst: QueryCheckpoint): Unit = {
+    def within(a: Path, b: Path) = a == b || a.toString.startsWith(b.toString.stripSuffix("/") + "/")
+    if (within(dst.root, src.root) || within(src.root, dst.root)) {
+      throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"savepoint: the target ${dst.root} and " +
+        s"the checkpoint ${src.root} overlap; a savepoint goes into a folder of its own")
+    }
+  }
+
   /**
    * A savepoint's target: new, or empty, or what a savepoint that died before its metadata left
-   * (dropped). A savepoint, or anything else, is refused.
+   * (its pending marker says so; dropped). A savepoint, or anything else, is refused.
    */
   private def prepareTarget(dst: QueryCheckpoint): Unit = if (dst.exists) {
     if (dst.fs.exists(SavepointMetadata.path(dst.root))) {
       throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"savepoint: ${dst.root} already holds a " +
         "savepoint; dispose of it or choose another target")
     }
-    if (!looksLikeUnfinishedSavepoint(dst)) {
-      throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
-        s"savepoint: ${dst.root} is not empty and holds no savepoint; choose a new target")
-    }
     if (dst.fs.listStatus(dst.root).nonEmpty) {
+      if (!dst.fs.exists(pendingMarker(dst))) {
+        throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
+          s"savepoint: ${dst.root} is not empty and holds no savepoint; choose a new target")
+      }
       progress(s"dropping the unfinished savepoint at ${dst.root} (no ${SavepointMetadata.FileName})")
       dst.fs.delete(dst.root, true)
     }
   }
-
-  /** What a savepoint that died before its metadata leaves: a checkpoint's layout, nothing else. */
-  private def looksLikeUnfinishedSavepoint(dst: QueryCheckpoint): Boolean =
-    dst.fs.listStatus(dst.root).forall(st => SavepointLayout(st.getPath.getName))
 
   private def writeMetadata(dst: QueryCheckpoint, metadata: SavepointMetadata): Unit = {
     val tmp = new Path(dst.root, s".${SavepointMetadata.FileName}.tmp")
@@ -243,9 +286,8 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
 object Savepoints {
   val KeyedstateVersion: String = Option(classOf[Savepoints].getPackage.getImplementationVersion).getOrElse("0.1.0")
 
-  /** The top-level entries of a savepoint folder (a checkpoint's, and the metadata's temporary file). */
-  private val SavepointLayout: String => Boolean =
-    Set("state", "offsets", "commits", "sources", "metadata", s".${SavepointMetadata.FileName}.tmp")
+  /** In a savepoint's folder while it is written, removed once `_savepoint.json` is. */
+  val PendingMarker = ".keyedstate-savepoint-pending"
 
   /** The batch a query log's file belongs to (`offsets/12`, `sources/0/12.compact`, `.../12_<uuid>`), if any. */
   def batchOf(relative: String): Option[Long] = {

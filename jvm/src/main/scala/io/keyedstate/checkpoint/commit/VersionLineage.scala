@@ -108,8 +108,8 @@ final class VersionLineage(
       val step = nextStep(newVersion, stateKeys, forceSnapshot, logged.map(_.records).getOrElse(0L))
       changelogs = changelogs ++ logged
       if (step == SnapshotStep.Prime) {
-        db.flushInBackground()
-        flushedThrough = newVersion
+        // A flush RocksDB refused (writes stopped) leaves the snapshot's own flush to do it all.
+        if (db.flushInBackground()) flushedThrough = newVersion
         stats = stats.copy(backgroundFlush = true)
       } else if (step == SnapshotStep.Take) {
         val cp = snapshots.checkpointLocally(db, newVersion, commitId)
