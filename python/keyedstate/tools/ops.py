@@ -271,7 +271,10 @@ def stop_with_savepoint(query: Any, target: str) -> SavepointInfo:  # noqa: ANN4
     --savepointPath``). A batch in flight when it stops is not committed and not in the
     savepoint: a query restored from it runs that batch again, exactly once."""
     checkpoint = query._jsq.streamingQuery().resolvedCheckpointRoot()
-    spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+    # The query's own session: its file system settings are the ones its checkpoint needs.
+    from pyspark import SparkContext
+
+    spark = SparkSession(SparkContext._active_spark_context, query._jsq.sparkSession())
     query.stop()
     return savepoint(spark, checkpoint, target)
 

@@ -257,6 +257,14 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
     ManifestFile(localName, relative, size, crc.getValue)
   }
 
+  /** A file `version` needs, opened; a missing one is an error naming it and the version. */
+  private def openNeeded(source: Path, version: Long): InputStream =
+    try fs.open(source)
+    catch {
+      case e: java.io.FileNotFoundException =>
+        throw KeyedStateErrors.fileMissing(s"State file $source needed by version $version is missing", e)
+    }
+
   /**
    * Downloads `file` of `version` to `target`, verifying size and (optionally) CRC32C. A missing
    * or damaged file is an error that names the file and the version.
@@ -264,13 +272,7 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
   def download(file: ManifestFile, version: Long, target: File, verifyChecksum: Boolean): Long = {
     val source = resolve(file.path)
     val crc = new CRC32C()
-    val in =
-      try fs.open(source)
-      catch {
-        case e: java.io.FileNotFoundException =>
-          throw KeyedStateErrors.fileMissing(
-            s"State file $source needed by version $version is missing", e)
-      }
+    val in = openNeeded(source, version)
     val copied =
       try {
         val out = new LocalFileOutput(target, s"state file $source (needed by version $version) to")
@@ -301,25 +303,20 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
   def copyTo(file: ManifestFile, version: Long, target: CheckpointStore): Unit = {
     val source = resolve(file.path)
     val crc = new CRC32C()
-    val in =
-      try fs.open(source)
-      catch {
-        case e: java.io.FileNotFoundException =>
-          throw KeyedStateErrors.fileMissing(s"State file $source needed by version $version is missing", e)
-      }
+    val in = openNeeded(source, version)
     val written = target.resolve(file.path)
     def writeFailed(e: Throwable) = KeyedStateErrors.checkpointWrite(s"Cannot write $written: ${e.getMessage}", e)
     val copied =
       try {
-        val out =
+        val created =
           try target.create(written, overwrite = true)
           catch { case NonFatal(e) => throw writeFailed(e) }
         // The target's failures (its writes, and on object stores its close, which uploads) are
         // the target's, not a damaged source.
-        val checked = new java.io.FilterOutputStream(out) {
+        val checked = new java.io.FilterOutputStream(created) {
           override def write(b: Array[Byte], off: Int, len: Int): Unit =
-            try out.write(b, off, len) catch { case e: IOException => throw writeFailed(e) }
-          override def close(): Unit = try out.close() catch { case e: IOException => throw writeFailed(e) }
+            try created.write(b, off, len) catch { case e: IOException => throw writeFailed(e) }
+          override def close(): Unit = try created.close() catch { case e: IOException => throw writeFailed(e) }
         }
         try copy(in, checked, crc) finally checked.close()
       } catch {
