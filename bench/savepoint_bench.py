@@ -1,0 +1,200 @@
+"""Savepoint benchmark: a native savepoint and its restores against copying the checkpoint folder.
+
+One process, one local[2] session on keyedstate's provider:
+
+1. builds an aggregation's state of ``--keys`` keys on ``--partitions`` partitions (one batch of
+   every key, then ``--batches`` small batches, so the last version is a snapshot and changelogs);
+2. times ``keyedstate.savepoint`` (a Spark job copying each partition's version, checked
+   against its CRC32C) against ``shutil.copytree`` of the whole checkpoint folder (which also
+   copies retained older versions, logs and Spark's metadata), and reports both sizes;
+3. times ``restore_savepoint`` at the same count (a copy) and at twice the count (a rescale);
+4. restarts the query on each restored checkpoint with one more batch and checks its key count;
+5. runs a query with small processing-time batches and reports its median batch time before a
+   savepoint and while one of the big state is taken beside it (the same two cores serve both).
+
+Prints a table and the load average (the machine is shared). Usage:
+
+    python bench/savepoint_bench.py [--keys 1000000] [--partitions 4] [--batches 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import keyedstate  # noqa: E402
+from bench_support import session  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+SCHEMA = "key long, v int"
+
+
+def write_batch(spark: SparkSession, folder: Path, name: str, start: int, count: int) -> None:
+    files = max(1, min(8, count // 500_000))
+    frame = spark.range(start, start + count, numPartitions=files)
+    frame.select(
+        F.col("id").alias("key"), (F.col("id") % 7 + 1).cast("int").alias("v")
+    ).write.parquet(str(folder / name))
+
+
+def run_to_end(spark: SparkSession, inputs: Path, checkpoint: Path) -> dict:
+    stream = (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 64)
+        .parquet(str(inputs / "*" / "*.parquet"))
+    )
+    agg = stream.groupBy("key").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+    query = (
+        agg.writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    return query.lastProgress["stateOperators"][0]
+
+
+def dir_bytes(folder: Path) -> int:
+    return sum(
+        p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".crc")
+    )
+
+
+def timed(f):  # noqa: ANN001, ANN201
+    began = time.perf_counter()
+    result = f()
+    return result, time.perf_counter() - began
+
+
+def batch_times_while(spark: SparkSession, work: Path, action) -> tuple[float, float]:  # noqa: ANN001
+    """Median batch time of a small processing-time query before ``action`` and while it runs."""
+    inputs = work / "small-input"
+    inputs.mkdir(parents=True)
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(
+        str(inputs / "*" / "*.parquet")
+    )
+    agg = stream.groupBy("key").agg(F.count("*").alias("n"))
+    stop = threading.Event()
+
+    def feed() -> None:
+        i = 0
+        while not stop.is_set():
+            write_batch(spark, inputs, f"b{i:05d}", i * 1000, 1000)
+            i += 1
+            time.sleep(0.5)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    query = (
+        agg.writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", str(work / "small-ckpt"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    feeder.start()
+    try:
+        time.sleep(25)  # warm-up and a baseline
+        before = [
+            p["durationMs"]["triggerExecution"]
+            for p in query.recentProgress
+            if p["numInputRows"] > 0
+        ]
+        mark = len(query.recentProgress)
+        action()
+        during = [
+            p["durationMs"]["triggerExecution"]
+            for p in query.recentProgress[mark:]
+            if p["numInputRows"] > 0
+        ]
+    finally:
+        stop.set()
+        query.stop()
+    return statistics.median(before[-10:]), statistics.median(during or [0])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--batches", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="keyedstate-savepoint-bench-"))
+    spark = session("keyedstate savepoint bench", args.partitions)
+    try:
+        inputs, checkpoint = work / "input", work / "checkpoint"
+        write_batch(spark, inputs, "b0", 0, args.keys)
+        run_to_end(spark, inputs, checkpoint)
+        for b in range(args.batches):  # small batches: changelogs on top of the first snapshot
+            write_batch(spark, inputs, f"b{b + 1}", b * 1000, 1000)
+            run_to_end(spark, inputs, checkpoint)
+        load = os.getloadavg()
+        rows = []
+        info, took = timed(
+            lambda: keyedstate.savepoint(spark, str(checkpoint), str(work / "savepoint"))
+        )
+        _, copy_s = timed(lambda: shutil.copytree(checkpoint, work / "copied"))
+        rows.append(("savepoint (native)", took, info.bytes, f"{info.files} files"))
+        rows.append(
+            ("copy of the checkpoint folder", copy_s, dir_bytes(work / "copied"), "shutil.copytree")
+        )
+        for name, partitions in (
+            ("restore, same count", None),
+            ("restore, twice the count", args.partitions * 2),
+        ):
+            target = work / f"restored-{partitions}"
+            result, took = timed(
+                lambda t=target, p=partitions: keyedstate.restore_savepoint(
+                    spark, str(work / "savepoint"), str(t), partitions=p
+                )
+            )
+            write_batch(spark, inputs, f"after-{partitions}", args.keys, 1000)  # 1000 new keys
+            state = run_to_end(spark, inputs, target)
+            shutil.rmtree(inputs / f"after-{partitions}")
+            expected = args.keys + 1000
+            check = "ok" if state["numRowsTotal"] == expected else f"WRONG {state['numRowsTotal']}"
+            rows.append(
+                (name, took, dir_bytes(target), f"restarted: {state['numRowsTotal']} keys, {check}")
+            )
+        keyedstate.dispose_savepoint(spark, str(work / "savepoint"))
+        before, during = batch_times_while(
+            spark,
+            work,
+            lambda: keyedstate.savepoint(spark, str(checkpoint), str(work / "savepoint-2")),
+        )
+        print(
+            f"\nsavepoint bench: {args.keys:,} keys, {args.partitions} partitions, "
+            f"{args.batches} batches after the first; "
+            f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+        )
+        print(f"{'what':<34}{'seconds':>9}{'bytes':>15}  notes")
+        for name, seconds, size, notes in rows:
+            print(f"{name:<34}{seconds:>9.2f}{size:>15,}  {notes}")
+        print(
+            f"savepoint / folder copy: time {rows[0][1] / rows[1][1]:.2f}x, "
+            f"bytes {rows[0][2] / rows[1][2]:.2f}x"
+        )
+        print(
+            f"a small query's median batch: {before:.0f} ms before, "
+            f"{during:.0f} ms while a savepoint "
+            f"of the big state is taken ({during / before:.2f}x)"
+        )
+        return 0
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
