@@ -137,6 +137,12 @@ def _default_file_system_is_local(args: argparse.Namespace) -> bool:
     return not any(key.endswith("fs.defaultFS") for key, _ in args.conf)
 
 
+def _operator(name: str, function: str, uid: str) -> str:
+    """An operator as the CLI names it: Spark's name, and a keyed function's function and uid."""
+    label = " ".join(part for part in (name, function) if part)
+    return label + (f" (uid {uid!r})" if uid else "")
+
+
 def _rescale(args: argparse.Namespace) -> int:
     from keyedstate.tools.ops import rescale
 
@@ -176,11 +182,9 @@ def _inspect(args: argparse.Namespace) -> int:
         f"{report.partitions} partitions, {report.key_groups} key groups"
     )
     for op in report.operators:
-        # A keyed function's operator also names its function and uid.
-        name = " ".join(n for n in (op.operator_name, op.function) if n)
-        uid = f" (uid {op.uid!r})" if op.uid else ""
         print(
-            f"\noperator {op.operator_id} {name}{uid} ({', '.join(op.stores)}): "
+            f"\noperator {op.operator_id} {_operator(op.operator_name, op.function, op.uid)} "
+            f"({', '.join(op.stores)}): "
             f"{op.keys} keys, {op.file_bytes} bytes, partition skew {op.partition_skew:.2f}, "
             f"key-group skew {op.key_group_skew:.2f}"
         )
@@ -237,9 +241,8 @@ def _savepoint(args: argparse.Namespace) -> int:
             f"{info.partitions} partitions, {info.files} files, {info.bytes} bytes)"
         )
         for op in info.operators:
-            who = " ".join(x for x in (op.name, op.function) if x)
-            uid = f" (uid {op.uid!r})" if op.uid else ""
-            print(f"  operator {op.operator_id} {who}{uid}: stores {', '.join(op.stores)}")
+            who = _operator(op.name, op.function, op.uid)
+            print(f"  operator {op.operator_id} {who}: stores {', '.join(op.stores)}")
     return 0
 
 

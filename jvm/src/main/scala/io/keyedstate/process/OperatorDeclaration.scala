@@ -150,6 +150,8 @@ object OperatorDeclaration {
    * the reconciled one, committed with the batch. A version after the first without one is refused.
    */
   def checkAndDeclare(store: KeyedStateStore, declared: OperatorDeclaration, operatorId: Long, partition: Int): Unit = {
+    // Every batch after the first finds the very declaration it declares: nothing to parse.
+    if (store.declaration.contains(declared.toJson)) return
     val stored = store.declaration.flatMap(fromJson(_, s"manifest ${store.loadedManifest}"))
     val merged = stored match {
       case Some(s) => reconcile(s, declared, operatorId, Some(partition))

@@ -108,7 +108,6 @@ final class CheckpointInspector(spark: SparkSession, keyGroups: Int) {
     ids
   }
 
-
 }
 
 object CheckpointInspector {

@@ -65,13 +65,7 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
         "a savepoint reads such a query with format v1 only")
     }
     val version = batch + 1
-    val tasks = stores.flatMap { case (op, store) =>
-      val ids = if (usesIds) src.defaultStoreCheckpointIds(batch, op, 0 until partitions) else Map.empty[Int, String]
-      (0 until partitions).map { p =>
-        val ref = StoreRef(op, store, p)
-        StoreCopy(ref, src.storeDir(ref).toString, dst.storeDir(ref).toString, version, ids.get(p))
-      }
-    }
+    val tasks = storeCopies(src, dst, stores, batch, partitions, usesIds)
     progress(s"savepoint of ${src.root} at batch $batch (state version $version, $partitions partitions, " +
       s"${stores.size} store(s)) to ${dst.root}")
     try {
@@ -151,12 +145,8 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     }
     progress(s"restoring ${sp.root} (batch ${metadata.batchId}) into ${dst.root}")
     try {
-      val tasks = for (op <- metadata.operators; store <- op.stores; p <- 0 until metadata.partitions) yield {
-        val ref = StoreRef(op.operatorId, store, p)
-        val id = if (metadata.checkpointIds) sp.defaultStoreCheckpointIds(metadata.batchId, op.operatorId, Seq(p)).get(p)
-          else None
-        StoreCopy(ref, sp.storeDir(ref).toString, dst.storeDir(ref).toString, metadata.stateVersion, id)
-      }
+      val stores = for (op <- metadata.operators; store <- op.stores) yield op.operatorId -> store
+      val tasks = storeCopies(sp, dst, stores, metadata.batchId, metadata.partitions, metadata.checkpointIds)
       val copied = OfflineJob.run(spark, "restore", "copy", tasks, RescaleTasks.fromHadoop(hadoopConf), conf,
         progress)((t: StoreCopy, h, _) => copyStore(t, h))
       val stateFiles = copied.flatMap(_.files).map(_.path).toSet
@@ -224,6 +214,20 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
       }
     }
 
+  /**
+   * One copy per store partition of version `batch + 1`, from `from` to `to`; under format v2 by
+   * the checkpoint ids the commit of `batch` records (read once per operator).
+   */
+  private def storeCopies(from: QueryCheckpoint, to: QueryCheckpoint, stores: Seq[(Int, String)], batch: Long,
+      partitions: Int, usesIds: Boolean): Seq[StoreCopy] =
+    stores.flatMap { case (op, store) =>
+      val ids = if (usesIds) from.defaultStoreCheckpointIds(batch, op, 0 until partitions) else Map.empty[Int, String]
+      (0 until partitions).map { p =>
+        val ref = StoreRef(op, store, p)
+        StoreCopy(ref, from.storeDir(ref).toString, to.storeDir(ref).toString, batch + 1, ids.get(p))
+      }
+    }
+
   private def pendingMarker(dst: QueryCheckpoint): Path = new Path(dst.root, PendingMarker)
 
   /** A savepoint is never written into its checkpoint, nor a checkpoint into it. */
@@ -279,8 +283,6 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
       } finally in.close()
     SavepointFile(relative, size, crc.getValue)
   }
-
-
 }
 
 object Savepoints {
@@ -293,7 +295,7 @@ object Savepoints {
   def batchOf(relative: String): Option[Long] = {
     val name = relative.substring(relative.lastIndexOf('/') + 1)
     val logged = Seq("offsets/", "commits/", "sources/", "state/").exists(relative.startsWith)
-    if (!logged) None else name.takeWhile(_.isDigit).toLongOption.filter(_ => name.headOption.exists(_.isDigit))
+    if (!logged) None else name.takeWhile(_.isDigit).toLongOption
   }
 
   /** A file of a store's own layout (SST, private, changelog), as opposed to Spark's metadata under `state/`. */
