@@ -94,9 +94,9 @@ def on_keyedstate(build: Build) -> dict[str, tuple[str, Build]]:
 
 
 def stored_state(spark: SparkSession, checkpoint: Path, state: str) -> list[dict[str, Any]]:
-    """The committed rows of one state of the query's keyed function (``keyedstate.read_state``),
+    """The committed rows of one state of the query's keyed function (``keyedstate.state.read``),
     without the partition column, sorted."""
-    rows = keyedstate.read_state(spark, str(checkpoint), state).drop("partition_id").collect()
+    rows = keyedstate.state.read(spark, str(checkpoint), state=state).drop("partition_id").collect()
     return sorted((r.asDict(recursive=True) for r in rows), key=repr)
 
 

@@ -96,7 +96,7 @@ def test_the_tools_word_a_missing_checkpoint_and_a_bad_count_alike(
     missing = tmp_path / "missing"
     for call in (
         lambda: keyedstate.inspect(spark, str(missing)),
-        lambda: keyedstate.read_state(spark, str(missing), "count"),
+        lambda: keyedstate.state.read(spark, str(missing), state="count"),
         lambda: keyedstate.rescale(spark, str(missing), 3),
     ):
         with pytest.raises(keyedstate.QueryCheckpointError) as failure:

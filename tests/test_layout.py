@@ -35,15 +35,18 @@ def api_files() -> list[Path]:
 def test_api_modules_import_no_engine_or_tools() -> None:
     for path in api_files():
         for module in module_imports(path):
-            assert not module.startswith(("keyedstate.engine", "keyedstate.tools")), (
+            assert not module.startswith(
+                ("keyedstate.engine", "keyedstate.offline", "keyedstate.tools")
+            ), (
                 f"{path.relative_to(PACKAGE)} imports {module}"
             )
 
 
-def test_engine_imports_no_tools() -> None:
-    for path in sorted((PACKAGE / "engine").rglob("*.py")):
-        for module in module_imports(path):
-            assert not module.startswith("keyedstate.tools"), f"{path.name} imports {module}"
+def test_engine_and_offline_import_no_tools() -> None:
+    for layer in ("engine", "offline"):
+        for path in sorted((PACKAGE / layer).rglob("*.py")):
+            for module in module_imports(path):
+                assert not module.startswith("keyedstate.tools"), f"{path.name} imports {module}"
 
 
 def test_importing_the_package_loads_no_engine_and_every_module_imports_alone() -> None:
@@ -79,9 +82,12 @@ JVM_LAYERS = [
     {"checkpoint.restore"},
     {"metrics"},
     {""},
-    {"rescale"},
-    {"savepoint"},
     {"process"},
+    # The offline operations on a query's checkpoint: one reader and one writer of it in
+    # ``offline``, each operation in a package of its own above them.
+    {"offline"},
+    {"offline.inspect", "offline.rescale"},
+    {"offline.savepoint"},
 ]
 # Outside the layers: packages that import no other keyedstate package but the error
 # identifiers, and that none imports (the Kafka sink's writer needs nothing of the store).

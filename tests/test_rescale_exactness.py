@@ -1226,8 +1226,8 @@ def test_operator_state_is_rescaled(spark: SparkSession, tmp_path: Path) -> None
         return collector
 
     def operator_total(at: Path) -> int:
-        rows = keyedstate.read_state(spark, str(at), "operatorState").collect()
-        return sum(sum(r["value"]) for r in rows)
+        rows = keyedstate.state.read(spark, str(at), state="operatorState").collect()
+        return sum(r["value"] for r in rows)
 
     run(checkpoint, batches[0])
     assert operator_total(checkpoint) == 8

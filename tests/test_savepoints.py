@@ -1,7 +1,8 @@
-"""Native savepoints: taken of a stopped or a running query (or when stopping it), restored into
-a new checkpoint at the same or another partition count, the query resumes exactly after the
-savepoint's batch (its output equals an uninterrupted run's); damaged or missing files are
-named; an unfinished savepoint is never taken for one; list and dispose."""
+"""Savepoints, native and canonical: taken of a stopped or a running query (or when stopping it),
+restored into a new checkpoint at the same or another partition count (a canonical one also
+into Spark's RocksDB provider), the query resumes exactly after the savepoint's batch (its
+output equals an uninterrupted run's); damaged or missing files are named; an unfinished
+savepoint is never taken for one; list and dispose."""
 
 from __future__ import annotations
 
@@ -82,18 +83,29 @@ Build = Callable[[DataFrame], DataFrame]
 class Line:
     """A query over its own input directory (one file per micro-batch), run phase by phase."""
 
-    def __init__(self, spark: SparkSession, root: Path, build: Build, mode: str) -> None:
-        self.spark, self.build, self.mode = spark, build, mode
+    def __init__(
+        self,
+        spark: SparkSession,
+        root: Path,
+        build: Build,
+        mode: str,
+        provider: str = PROVIDER_UNDER_TEST,
+    ) -> None:
+        self.spark, self.build, self.mode, self.provider = spark, build, mode, provider
         self.source = FileInput(root / "input", SCHEMA)
         self.collector = BatchCollector()
 
     def run(self, checkpoint: Path, phase: list[list[dict[str, Any]]]) -> None:
         self.source.add_all(phase)
         frame = self.build(self.source.read_stream(self.spark))
-        query = start_query(
-            self.spark, PROVIDER_UNDER_TEST, frame, self.mode, checkpoint, self.collector
-        )
+        query = start_query(self.spark, self.provider, frame, self.mode, checkpoint, self.collector)
         await_finished(query)
+
+
+def stored_rows(spark: SparkSession, location: Path, operator: int, state: str) -> list[str]:
+    """A table's rows wherever they are stored (``partition_id`` aside), comparable."""
+    frame = keyedstate.state.read(spark, str(location), operator, state).drop("partition_id")
+    return sorted(json.dumps(r.asDict(recursive=True), sort_keys=True) for r in frame.collect())
 
 
 def normalized(batches: dict[int, list[dict[str, Any]]], after: int) -> dict[int, list[str]]:
@@ -104,18 +116,40 @@ def normalized(batches: dict[int, list[dict[str, Any]]], after: int) -> dict[int
     }
 
 
+SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
 @pytest.mark.parametrize(
-    ("build", "mode", "partitions"),
+    ("build", "mode", "partitions", "fmt", "provider"),
     [
-        (tally, "append", None),
-        (counts, "update", None),
-        (counts, "update", 3),
-        (tally, "append", 1),
+        (tally, "append", None, "native", None),
+        (counts, "update", None, "native", None),
+        (counts, "update", 3, "native", None),
+        (tally, "append", 1, "native", None),
+        (tally, "append", None, "canonical", None),
+        (tally, "append", 3, "canonical", None),
+        (counts, "update", 1, "canonical", None),
+        (counts, "update", 3, "canonical", SPARK_ROCKSDB),
     ],
-    ids=["keyed-function", "aggregation", "aggregation-to-3", "keyed-function-to-1"],
+    ids=[
+        "keyed-function",
+        "aggregation",
+        "aggregation-to-3",
+        "keyed-function-to-1",
+        "canonical-keyed-function",
+        "canonical-keyed-function-to-3",
+        "canonical-aggregation-to-1",
+        "canonical-aggregation-into-spark-rocksdb-at-3",
+    ],
 )
 def test_a_restored_savepoint_continues_as_the_uninterrupted_query(
-    spark: SparkSession, tmp_path: Path, build: Build, mode: str, partitions: int | None
+    spark: SparkSession,
+    tmp_path: Path,
+    build: Build,
+    mode: str,
+    partitions: int | None,
+    fmt: str,
+    provider: str | None,
 ) -> None:
     reference = Line(spark, tmp_path / "reference", build, mode)
     for phase in PHASES:
@@ -126,8 +160,13 @@ def test_a_restored_savepoint_continues_as_the_uninterrupted_query(
     line.run(original, PHASES[0])
     batch = committed_batches(original)[-1]
     target = tmp_path / "savepoints" / "sp-1"
-    info = keyedstate.savepoint(spark, str(original), str(target))
-    assert (info.batch_id, info.state_version, info.partitions) == (batch, batch + 1, 2)
+    info = keyedstate.savepoint(spark, str(original), str(target), format=fmt)
+    assert (info.format, info.batch_id, info.state_version, info.partitions) == (
+        fmt,
+        batch,
+        batch + 1,
+        2,
+    )
     assert (target / "_savepoint.json").exists() and info.files > 0 and info.bytes > 0
     if build is tally:
         assert [(o.operator_id, o.name, o.function, o.uid) for o in info.operators] == [
@@ -136,17 +175,61 @@ def test_a_restored_savepoint_continues_as_the_uninterrupted_query(
 
         # The state processor's reader reads a savepoint as it reads a checkpoint.
         def stored(location: Path) -> list[Any]:
-            frame = keyedstate.read_state(spark, str(location), "recent", uid="tally")
+            frame = keyedstate.state.read(spark, str(location), "tally", "recent")
             return sorted(tuple(r) for r in frame.collect())
 
         assert stored(target) == stored(original) and stored(target)
     # The savepoint is self-contained: the original checkpoint can go.
     shutil.rmtree(original)
     restored = tmp_path / "restored"
-    result = keyedstate.restore_savepoint(spark, str(target), str(restored), partitions=partitions)
+    result = keyedstate.restore_savepoint(
+        spark, str(target), str(restored), partitions=partitions, provider=provider
+    )
     assert (result.batch_id, result.to_partitions) == (batch, partitions or 2)
+    pinned = json.loads((restored / "offsets" / str(batch)).read_text().splitlines()[1])["conf"]
+    assert pinned["spark.sql.streaming.stateStore.providerClass"] == (
+        provider or PROVIDER_UNDER_TEST
+    )
+    # Every table the savepoint holds is in the restored checkpoint, row for row.
+    for op in info.operators:
+        for table in op.tables:
+            assert table.rows > 0
+            assert stored_rows(spark, restored, op.operator_id, table.state) == stored_rows(
+                spark, target, op.operator_id, table.state
+            ), (op.operator_id, table.state)
     line.run(restored, PHASES[1])
     # Resumed exactly after the savepoint's batch: none replayed, none skipped.
+    got, want = (
+        normalized(line.collector.batches, batch),
+        normalized(reference.collector.batches, batch),
+    )
+    assert got == want
+
+
+def test_a_canonical_savepoint_moves_spark_rocksdb_state_into_keyedstate(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark's RocksDB provider's state leaves through a canonical savepoint and continues on
+    keyedstate's provider at another partition count, as the uninterrupted query would."""
+    reference = Line(spark, tmp_path / "reference", counts, "update", SPARK_ROCKSDB)
+    for phase in PHASES:
+        reference.run(tmp_path / "reference" / "checkpoint", phase)
+    line = Line(spark, tmp_path / "line", counts, "update", SPARK_ROCKSDB)
+    original = tmp_path / "line" / "checkpoint"
+    line.run(original, PHASES[0])
+    batch = committed_batches(original)[-1]
+    target = tmp_path / "sp"
+    info = keyedstate.savepoint(spark, str(original), str(target), format="canonical")
+    assert (info.provider, [t.rows for o in info.operators for t in o.tables]) == (
+        SPARK_ROCKSDB,
+        [9],
+    )
+    restored = tmp_path / "restored"
+    keyedstate.restore_savepoint(
+        spark, str(target), str(restored), partitions=3, provider=PROVIDER_UNDER_TEST
+    )
+    assert stored_rows(spark, restored, 0, "default") == stored_rows(spark, original, 0, "default")
+    line.run(restored, PHASES[1])
     got, want = (
         normalized(line.collector.batches, batch),
         normalized(reference.collector.batches, batch),

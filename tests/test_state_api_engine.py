@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import keyedstate.state
 from keyedstate import (
     KeyedProcessFunction,
     ListStateDescriptor,
@@ -20,7 +21,6 @@ from keyedstate import (
     side_output,
 )
 from keyedstate import inspect as keyedstate_inspect
-from keyedstate import read_state as keyedstate_read
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -179,7 +179,7 @@ def test_chained_keyed_functions_and_side_outputs(spark: SparkSession, tmp_path:
 
 
 def assert_profile_state(spark: SparkSession, checkpoint: Path, final: dict, label: str) -> None:
-    """``read_state`` returns Profile's final state (``model()``): a row per key, per list
+    """``state.read`` returns Profile's final state (``model()``): a row per key, per list
     element, per map entry."""
     assert stored_state(spark, checkpoint, "count") == sorted(
         ({"k": k, "value": n} for k, n in final["count"].items()), key=repr
@@ -306,7 +306,7 @@ def rescale_and_continue(spark: SparkSession, tmp_path: Path, rescale: Any) -> N
         for state in ("count", "last", "totals", "$eventTimers"):
             want = stored_state(spark, tmp_path / "reference/ckpt", state)
             assert stored_state(spark, checkpoint, state) == want, (name, state)
-            rows = keyedstate_read(spark, str(checkpoint), state)
+            rows = keyedstate.state.read(spark, str(checkpoint), state=state)
             owner = F.pmod(F.hash(F.col("k")), F.lit(partitions))
             assert rows.where(owner != F.col("partition_id")).count() == 0, (name, state)
 
@@ -314,7 +314,7 @@ def rescale_and_continue(spark: SparkSession, tmp_path: Path, rescale: Any) -> N
 def test_checkpoint_format_v2(spark: SparkSession, tmp_path: Path) -> None:
     """With checkpoint format v2 (state store checkpoint ids in the commit log) the keyed
     function restarts exactly on both providers: its store reports the ids it committed, and
-    ``read_state`` loads each partition by the id the last commit recorded."""
+    ``state.read`` loads each partition by the id the last commit recorded."""
     key = "spark.sql.streaming.stateStore.checkpointFormatVersion"
     previous = spark.conf.get(key)
     spark.conf.set(key, "2")

@@ -6,7 +6,7 @@ The query runs on a processing-time trigger and gets one input file per micro-ba
 moments (so some values are read before their TTL and some after), with a restart in the middle.
 Every output row carries its batch's processing time, and the expected outputs are computed in
 plain Python from those times, so the check is exact whatever the machine's speed. Then the
-stored state is read back from the checkpoint (``keyedstate.read_state``, as the query sees it
+stored state is read back from the checkpoint (``keyedstate.state.read``, as the query sees it
 at its last batch). On Spark's RocksDB provider, which has no per-column-family TTL, a TTL'd
 state is refused before the query starts.
 """

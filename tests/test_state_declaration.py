@@ -136,7 +136,7 @@ def test_the_declaration_is_kept_in_each_manifest_and_a_refused_run_does_not_cha
     # The refused run changed nothing: the original code continues where it stopped.
     collector = run(spark, key_by(source.read_stream(spark), "k").process(Sum(), OUT), checkpoint)
     assert collector.batches == {1: [{"k": "a", "n": 11}]}, collector.batches
-    assert keyedstate.read_state(spark, str(checkpoint), "total").drop("partition_id").sort(
+    assert keyedstate.state.read(spark, str(checkpoint), state="total").drop("partition_id").sort(
         "k"
     ).collect() == [("a", 11), ("b", 2)]
 
@@ -199,8 +199,8 @@ def chain(
     return key_by(counted, "k").process(second, OUT, uid=second_uid)
 
 
-def read_n(spark: SparkSession, checkpoint: Path, **which: Any) -> list[tuple[str, int]]:  # noqa: ANN401
-    frame = keyedstate.read_state(spark, str(checkpoint), "n", **which)
+def read_n(spark: SparkSession, checkpoint: Path, operator: str | int) -> list[tuple[str, int]]:
+    frame = keyedstate.state.read(spark, str(checkpoint), operator, "n")
     return sorted(tuple(r) for r in frame.drop("partition_id").collect())
 
 
@@ -216,11 +216,13 @@ def test_chained_functions_without_uids_are_numbered_in_order(
     source.add(ROWS)
     run(spark, chain(spark, source, Count(), Maximum()), checkpoint)
     # The docs' order: a chain's first function is operator 1000, the next 1001.
-    assert read_n(spark, checkpoint, operator_id=1000) == COUNTS
-    assert read_n(spark, checkpoint, operator_id=1001) == MAXIMA
-    with pytest.raises(keyedstate.QueryCheckpointError, match="several keyed functions") as several:
-        keyedstate.read_state(spark, str(checkpoint), "n")
-    assert "operator 1000: Count; operator 1001: Maximum" in str(several.value)
+    assert read_n(spark, checkpoint, 1000) == COUNTS
+    assert read_n(spark, checkpoint, 1001) == MAXIMA
+    with pytest.raises(keyedstate.QueryCheckpointError, match="several stateful") as several:
+        keyedstate.state.read(spark, str(checkpoint), state="n")
+    assert (
+        "operator 1000: keyed function Count, states 'n'; operator 1001: keyed function Maximum"
+    ) in str(several.value)
 
     # The functions swapped: each operator's state would go to the other function.
     source.add([{"k": "a", "v": 1}])
@@ -237,15 +239,15 @@ def test_keyed_functions_are_found_and_checked_by_uid(spark: SparkSession, tmp_p
     checkpoint = tmp_path / "checkpoint"
     source.add(ROWS)
     run(spark, chain(spark, source, Count(), Maximum(), ("counts", "maxima")), checkpoint)
-    assert read_n(spark, checkpoint, uid="counts") == COUNTS
-    assert read_n(spark, checkpoint, uid="maxima") == MAXIMA
+    assert read_n(spark, checkpoint, "counts") == COUNTS
+    assert read_n(spark, checkpoint, "maxima") == MAXIMA
     report = keyedstate.inspect(spark, str(checkpoint))
     assert [(o.operator_id, o.operator_name, o.function, o.uid) for o in report.operators] == [
         (1000, "keyedProcess", "Count", "counts"),
         (1001, "keyedProcess", "Maximum", "maxima"),
     ]
-    with pytest.raises(keyedstate.QueryCheckpointError, match="not uid 'maxima'"):
-        read_n(spark, checkpoint, operator_id=1000, uid="maxima")
+    with pytest.raises(keyedstate.QueryCheckpointError, match="no keyed function with uid 'max'"):
+        read_n(spark, checkpoint, "max")
     # Spark's own reader names each operator's function too (its operator properties).
     metadata = spark.read.format("state-metadata").load(str(checkpoint)).collect()
     properties = {r["operatorId"]: json.loads(r["operatorProperties"]) for r in metadata}

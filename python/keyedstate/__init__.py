@@ -46,6 +46,20 @@ from keyedstate.functions import (
     TimerService,
 )
 from keyedstate.keyed_stream import KeyedStream, key_by, side_output
+from keyedstate.offline.inspection import InspectReport, inspect
+from keyedstate.offline.rescale import RescaleResult, rescale
+from keyedstate.offline.savepoints import (
+    RestoreResult,
+    SavepointInfo,
+    SavepointOperator,
+    SavepointTable,
+    dispose_savepoint,
+    inspect_savepoint,
+    list_savepoints,
+    restore_savepoint,
+    savepoint,
+    stop_with_savepoint,
+)
 from keyedstate.runtime import (
     CheckpointConfig,
     CheckpointTimeoutError,
@@ -85,22 +99,6 @@ from keyedstate.state import (
     ValueState,
     ValueStateDescriptor,
 )
-from keyedstate.tools.ops import (
-    InspectReport,
-    RescaleResult,
-    RestoreResult,
-    SavepointInfo,
-    SavepointOperator,
-    dispose_savepoint,
-    inspect,
-    inspect_savepoint,
-    list_savepoints,
-    read_state,
-    rescale,
-    restore_savepoint,
-    savepoint,
-    stop_with_savepoint,
-)
 
 __all__ = [
     "CheckpointConfig",
@@ -133,11 +131,11 @@ __all__ = [
     "RestoreResult",
     "SavepointInfo",
     "SavepointOperator",
+    "SavepointTable",
     "dispose_savepoint",
     "inspect",
     "inspect_savepoint",
     "list_savepoints",
-    "read_state",
     "rescale",
     "restore_savepoint",
     "savepoint",

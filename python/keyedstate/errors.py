@@ -90,7 +90,7 @@ class RescaleError(KeyedStateException):
 
 
 class QueryCheckpointError(KeyedStateException):
-    """A tool (``inspect``, ``rescale``, ``read_state``) was given no checkpoint, one without a
+    """A tool (``inspect``, ``rescale``, ``state.read``) was given no checkpoint, one without a
     committed batch or state, or an operator or state the checkpoint does not hold."""
 
 
@@ -116,7 +116,7 @@ class StateSchemaError(KeyedStateException):
 
 
 class CheckpointOperationError(KeyedStateException, RuntimeError):
-    """A rescale, inspect or ``read_state`` refused or failed; the message says why. A failure
+    """A rescale, inspect or ``state.read`` refused or failed; the message says why. A failure
     with a keyedstate identifier is also an instance of its family's class (a refused rescale
     is a ``RescaleError`` and a ``CheckpointOperationError``)."""
 
@@ -428,7 +428,7 @@ def _stored_schemas(checkpoint: str) -> Iterator[tuple[str, tuple[str, str]]]:
     sc = SparkContext._active_spark_context
     if sc is None:
         return
-    entry = sc._jvm.io.keyedstate.rescale.StoredSchemas  # type: ignore[union-attr]
+    entry = sc._jvm.io.keyedstate.offline.StoredSchemas  # type: ignore[union-attr]
     stored = json.loads(str(entry.json(checkpoint, sc._jsc.hadoopConfiguration())))  # type: ignore[union-attr]
     for family in stored:
         name = family["operatorName"] or "unknown operator"

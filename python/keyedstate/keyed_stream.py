@@ -118,8 +118,8 @@ class KeyedStream:
         is the DataFrame of one.
 
         ``uid`` (every method takes it): the operator's name, Flink's ``uid``. It is kept with the
-        function's state: tools find the operator by it (``read_state(..., uid=...)``,
-        ``inspect``) and a run that puts another function at its place is refused.
+        function's state: tools find the operator by it (``keyedstate.state.read(spark, path,
+        uid)``, ``inspect``) and a run that puts another function at its place is refused.
         """
         return self._build(
             "process",

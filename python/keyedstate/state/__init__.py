@@ -1,4 +1,7 @@
-"""Keyed state: descriptors, state objects, TTL, types and time (PyFlink's names)."""
+"""Keyed state: descriptors, state objects, TTL, types and time (PyFlink's names), and
+``read``, the state processor's reader of stored state (docs/state-processor.md)."""
+
+from typing import TYPE_CHECKING, Any
 
 from keyedstate.state.descriptors import (
     AggregatingStateDescriptor,
@@ -23,6 +26,19 @@ from keyedstate.state.time import Duration, Time
 from keyedstate.state.ttl import StateTtlConfig
 from keyedstate.state.types import StateTypeError, TypeInformation, Types, to_type_info
 
+if TYPE_CHECKING:
+    from keyedstate.offline.reader import read
+
+
+def __getattr__(name: str) -> Any:  # noqa: ANN401 - the attribute asked for
+    # ``read`` runs in the JVM: loaded when first used, so the API modules load no runtime code.
+    if name == "read":
+        from keyedstate.offline.reader import read
+
+        return read
+    raise AttributeError(f"module 'keyedstate.state' has no attribute {name!r}")
+
+
 __all__ = [
     "AggregatingState",
     "AggregatingStateDescriptor",
@@ -45,5 +61,6 @@ __all__ = [
     "Types",
     "ValueState",
     "ValueStateDescriptor",
+    "read",
     "to_type_info",
 ]

@@ -144,7 +144,7 @@ def _operator(name: str, function: str, uid: str) -> str:
 
 
 def _rescale(args: argparse.Namespace) -> int:
-    from keyedstate.tools.ops import rescale
+    from keyedstate.offline.rescale import rescale
 
     spark = _spark(args, "keyedstate rescale")
     try:
@@ -167,7 +167,7 @@ def _rescale(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from keyedstate.tools.ops import inspect
+    from keyedstate.offline.inspection import inspect
 
     spark = _spark(args, "keyedstate inspect")
     try:
@@ -203,15 +203,19 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _savepoint(args: argparse.Namespace) -> int:
-    from keyedstate.tools import ops
+    from keyedstate.offline import savepoints as ops
 
     spark = _spark(args, f"keyedstate savepoint {args.action}")
     try:
         if args.action == "create":
-            result: object = ops.savepoint(spark, args.checkpoint, args.target)
+            result: object = ops.savepoint(spark, args.checkpoint, args.target, format=args.format)
         elif args.action == "restore":
             result = ops.restore_savepoint(
-                spark, args.savepoint, args.checkpoint, partitions=args.partitions
+                spark,
+                args.savepoint,
+                args.checkpoint,
+                partitions=args.partitions,
+                provider=args.provider,
             )
         elif args.action == "inspect":
             result = ops.inspect_savepoint(spark, args.savepoint, verify=args.verify)
@@ -283,10 +287,19 @@ def main(argv: list[str] | None = None) -> int:
     create = actions.add_parser("create", help="a savepoint of a running or stopped query")
     create.add_argument("--checkpoint", required=True, help="the query's checkpoint location")
     create.add_argument("--target", required=True, help="where to write the savepoint")
+    create.add_argument(
+        "--format",
+        choices=["native", "canonical"],
+        default="native",
+        help="native: the provider's files (default); canonical: Parquet tables",
+    )
     restore = actions.add_parser("restore", help="a new checkpoint from a savepoint")
     restore.add_argument("--savepoint", required=True)
     restore.add_argument("--checkpoint", required=True, help="the new checkpoint location")
     restore.add_argument("--partitions", type=int, help="another partition count (rescaled)")
+    restore.add_argument(
+        "--provider", help="a canonical savepoint's state into another state store provider class"
+    )
     show = actions.add_parser("inspect", help="a savepoint's metadata")
     show.add_argument("--savepoint", required=True)
     show.add_argument("--verify", action="store_true", help="read every file, check its CRC32C")
@@ -302,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "jar":
         print(_session.jar_path())
         return 0
-    from keyedstate.tools.ops import CheckpointOperationError
+    from keyedstate.errors import CheckpointOperationError
 
     run = {"rescale": _rescale, "inspect": _inspect, "savepoint": _savepoint}.get(args.command)
     if run is None:

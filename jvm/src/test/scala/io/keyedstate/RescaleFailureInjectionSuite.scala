@@ -19,7 +19,8 @@ import org.scalatest.funsuite.AnyFunSuite
 
 import io.keyedstate.checkpoint.{RescaleJournal, StoreLease}
 import io.keyedstate.conf.KeyedStateConf
-import io.keyedstate.rescale.{QueryCheckpoint, RescaleTasks, Rescaler, StoreRef}
+import io.keyedstate.offline.{OfflineJob, QueryCheckpoint, StoreRef, StoreVersions}
+import io.keyedstate.offline.rescale.Rescaler
 import io.keyedstate.rocks.KeyGroups
 
 /**
@@ -89,16 +90,16 @@ class RescaleFailureInjectionSuite extends AnyFunSuite with BeforeAndAfterAll wi
 
   /** The raw entries (column family, key, value, key-group tag) of each partition's store at the rescaled version. */
   private def stateOf(dir: File): Map[Int, Entries] = {
-    val settings = RescaleTasks.fromHadoop(localConf)
+    val settings = OfflineJob.hadoopSettings(localConf)
     val ckpt = QueryCheckpoint.at(dir.getAbsolutePath, localConf)
     val conf = KeyedStateConf.fromMap(Map(KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath))
     val hex = (b: Array[Byte]) => b.map(x => f"$x%02x").mkString
     (for (op <- ckpt.operators; p <- ckpt.partitions(op); store <- ckpt.storeNames(op, p)) yield {
       val ref = StoreRef(op, store, p)
-      val entries = RescaleTasks.withStoreVersion(ref, ckpt.storeDir(ref).toString, StateVersion, settings, conf) {
+      val entries = StoreVersions.open(ref, ckpt.storeDir(ref).toString, StateVersion, settings, conf) {
         (_, manifest, db, _) =>
           manifest.columnFamilies.filter(cf => db.hasColumnFamily(cf.name)).flatMap { cf =>
-            val tagOf = RescaleTasks.tagReader(ref, cf, StateVersion)
+            val tagOf = StoreVersions.tagReader(ref, cf, StateVersion)
             val it = db.scan(cf.name, None, None)
             try it.map { case (k, v) => (s"$op/$store/${cf.name}", hex(k), hex(v), tagOf(k)) }.toSeq finally it.close()
           }.toSet

@@ -49,7 +49,7 @@ private[process] object StoreAccess {
 }
 
 /** Options a keyed function passes to the provider: the TTL of each state variable. */
-private[process] object StoreOptions {
+private[keyedstate] object StoreOptions {
   /**
    * Refuses states whose reads write under Spark's pipelined Python runner
    * (`spark.python.udf.pipelined.enabled`): it runs the lookup, which reads every state, in its

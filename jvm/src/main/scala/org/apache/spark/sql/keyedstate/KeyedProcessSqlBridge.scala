@@ -61,6 +61,10 @@ object KeyedProcessSqlBridge {
       schema: org.apache.spark.sql.types.StructType): DataFrame =
     session.asInstanceOf[ClassicSession].internalCreateDataFrame(rdd, schema)
 
+  /** A DataFrame's rows as Spark computes them internally (no conversion to external rows). */
+  def internalRows(df: DataFrame): org.apache.spark.rdd.RDD[org.apache.spark.sql.catalyst.InternalRow] =
+    df.asInstanceOf[ClassicDataset[_]].queryExecution.toRdd
+
   def hadoopConf(session: SparkSession): org.apache.hadoop.conf.Configuration =
     session.asInstanceOf[ClassicSession].sessionState.newHadoopConf()
 }

@@ -1,4 +1,4 @@
-package io.keyedstate.rescale
+package io.keyedstate.offline.rescale
 
 import scala.util.control.NonFatal
 
@@ -12,6 +12,7 @@ import org.json4s.jackson.Serialization
 import io.keyedstate.checkpoint.{LeaseHolder, RescaleJournal, StoreLease}
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.errors.ErrorId
+import io.keyedstate.offline.{CheckpointWriter, OfflineJob, QueryCheckpoint, StoreRef}
 
 /** What a rescale did. */
 final case class RescaleResult(
@@ -269,8 +270,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
 
   private def publishCopy(src: QueryCheckpoint, dst: QueryCheckpoint, j: RescaleJournal): Unit = {
     progress("writing the query metadata")
-    src.metadataFiles().filterNot(isRetiredPartitionFile(_, j.toPartitions)).foreach(src.copyTo(_, dst))
-    pinPartitions(dst, j)
+    new CheckpointWriter(spark, dst, j.batchId, j.toPartitions).copyMetadata(src, src.metadataFiles())
     deleteOrFail(dst.fs, new Path(dst.root, RescaleDir))
   }
 
@@ -320,33 +320,6 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
   private def undoInPlace(src: QueryCheckpoint): Unit =
     src.fs.delete(new Path(src.root, RescaleDir), true)
 
-  private def isRetiredPartitionFile(relative: String, partitions: Int): Boolean =
-    relative.split('/') match {
-      case Array("state", _, p, _*) => p.toIntOption.exists(_ >= partitions)
-      case _ => false
-    }
-
-  /**
-   * The new count in the offset log entry Spark restores its session from, and in the metadata.
-   * Entries after the rescaled batch exist only when a restart planned a batch that the provider
-   * then refused (the journal stood): Spark re-runs it as planned, so it gets the new count too.
-   */
-  private def pinPartitions(ckpt: QueryCheckpoint, j: RescaleJournal): Unit =
-    pinnedFiles(ckpt, j).foreach(relative => ckpt.writeFile(new Path(ckpt.root, relative), pinnedText(ckpt, relative, j)))
-
-  /** The files that say the partition count, relative to the checkpoint root. */
-  private def pinnedFiles(ckpt: QueryCheckpoint, j: RescaleJournal): Seq[String] =
-    ckpt.batches("offsets").filter(_ >= j.batchId).map(b => s"offsets/$b") ++
-      ckpt.operators.flatMap(ckpt.operatorMetadataFiles)
-
-  private def pinnedText(ckpt: QueryCheckpoint, relative: String, j: RescaleJournal): String =
-    if (relative.startsWith("offsets/")) {
-      ckpt.withPinnedConf(relative.stripPrefix("offsets/").toLong, PartitionsKey, j.toPartitions.toString)
-    } else {
-      ckpt.readLines(new Path(ckpt.root, relative)).mkString("\n")
-        .replaceAll("\"numPartitions\":\\d+", s"\"numPartitions\":${j.toPartitions}")
-    }
-
   /**
    * In place, Spark's own files are overwritten, and an overwrite interrupted half-way leaves a
    * truncated file. So their new contents are first staged whole (a marker file says when all
@@ -356,13 +329,13 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
   private def pinPartitionsInPlace(src: QueryCheckpoint, j: RescaleJournal): Unit = {
     val staged = new Path(new Path(src.root, RescaleDir), "staging/pinned")
     val complete = new Path(staged, "_complete")
-    val files = pinnedFiles(src, j)
+    val files = CheckpointWriter.pinnedFiles(src, j.batchId)
     if (!src.fs.exists(complete)) {
       // No live file was overwritten yet: their contents are the source's.
       if (!src.fs.delete(staged, true) && src.fs.exists(staged)) {
         throw KeyedStateErrors.checkpointWrite(s"The file system did not delete $staged; run the rescale again")
       }
-      files.foreach(relative => src.writeFile(new Path(staged, relative), pinnedText(src, relative, j)))
+      files.foreach(relative => src.writeFile(new Path(staged, relative), CheckpointWriter.pinnedText(src, relative, j.toPartitions)))
       src.writeFile(complete, files.mkString("\n"))
     }
     files.foreach { relative =>
@@ -376,7 +349,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
 
   private def runTasks[T: scala.reflect.ClassTag, R: scala.reflect.ClassTag](phase: String, tasks: Seq[T])(
       f: (T, Map[String, String], KeyedStateConf) => R): Seq[R] =
-    OfflineJob.run(spark, "rescale", phase, tasks, RescaleTasks.fromHadoop(hadoopConf), conf, progress)(f)
+    OfflineJob.run(spark, "rescale", phase, tasks, OfflineJob.hadoopSettings(hadoopConf), conf, progress)(f)
 }
 
 object Rescaler {

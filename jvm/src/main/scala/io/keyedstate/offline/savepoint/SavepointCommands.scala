@@ -1,4 +1,4 @@
-package io.keyedstate.savepoint
+package io.keyedstate.offline.savepoint
 
 import org.apache.spark.sql.SparkSession
 import org.json4s.{DefaultFormats, Formats}
@@ -11,12 +11,13 @@ object SavepointCommands {
   private def withProgress(spark: SparkSession): Savepoints =
     new Savepoints(spark, msg => System.err.println(s"[keyedstate savepoint] $msg"))
 
-  def create(spark: SparkSession, checkpoint: String, target: String): String =
-    Serialization.write(withProgress(spark).create(checkpoint, target))
+  def create(spark: SparkSession, checkpoint: String, target: String, format: String): String =
+    Serialization.write(withProgress(spark).create(checkpoint, target, format))
 
-  /** `partitions` 0: the savepoint's count. */
-  def restore(spark: SparkSession, savepoint: String, checkpoint: String, partitions: Int): String =
-    Serialization.write(withProgress(spark).restore(savepoint, checkpoint, Option(partitions).filter(_ != 0)))
+  /** `partitions` 0: the savepoint's count; `provider` "": the one the savepoint's query used. */
+  def restore(spark: SparkSession, savepoint: String, checkpoint: String, partitions: Int, provider: String): String =
+    Serialization.write(withProgress(spark).restore(savepoint, checkpoint, Option(partitions).filter(_ != 0),
+      Option(provider).filter(_.nonEmpty)))
 
   def inspect(spark: SparkSession, savepoint: String, verifyFiles: Boolean): String =
     Serialization.write(withProgress(spark).inspect(savepoint, verifyFiles))

@@ -1,4 +1,4 @@
-package io.keyedstate.rescale
+package io.keyedstate.offline.rescale
 
 import java.io.File
 import java.net.URLEncoder
@@ -19,6 +19,7 @@ import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.errors.ErrorId
 import io.keyedstate.rocks.{KeyGroups, LocalRocksDB, SstWriter}
+import io.keyedstate.offline.{OfflineJob, StoreRef, StoreVersions}
 
 /** One SST file of a source partition's keys that belong to one target partition. */
 final case class StagedFile(columnFamily: String, source: Int, target: Int, file: ManifestFile, keys: Long)
@@ -64,15 +65,15 @@ object RescaleTasks {
   val MaxLevel0Files = 16
 
   def split(task: SplitTask, hadoopSettings: Map[String, String], conf: KeyedStateConf): SplitResult =
-    withStoreVersion(task.store, task.sourceDir, task.version, hadoopSettings, conf) { (work, manifest, db, load) =>
-      val staging = new CheckpointStore(new Path(task.stagingDir), toHadoop(hadoopSettings))
+    StoreVersions.open(task.store, task.sourceDir, task.version, hadoopSettings, conf) { (work, manifest, db, load) =>
+      val staging = new CheckpointStore(new Path(task.stagingDir), OfflineJob.hadoopConf(hadoopSettings))
       val outDir = new File(work, "out")
       outDir.mkdirs()
       val staged = manifest.columnFamilies.filter(cf => db.hasColumnFamily(cf.name)).flatMap { cf =>
         val writers = Array.tabulate(task.toPartitions)(t => new SstWriter(new File(outDir, s"${encode(cf.name)}-$t.sst"), conf))
         try {
           var misplaced = 0L
-          val tagOf = tagReader(task.store, cf, task.version)
+          val tagOf = StoreVersions.tagReader(task.store, cf, task.version)
           // Operator state is keyed by the partition that wrote it, not by a key Spark partitions.
           val keyGrouped = !KeyGroups.isPartitionLocal(cf.name)
           val it = db.scan(cf.name, None, None)
@@ -104,39 +105,9 @@ object RescaleTasks {
         staged.iterator.map(_.keys).sum, load.bytesDownloaded)
     }
 
-  /** How the stored keys of `cf` give their key-group tags (see [[KeyGroups]]). */
-  def tagReader(store: StoreRef, cf: ManifestColumnFamily, version: Long): Array[Byte] => Int = {
-    if (cf.keySchemaJson.isEmpty || cf.keySpecJson.isEmpty) {
-      throw KeyedStateErrors.badState(ErrorId.RescaleRefused, s"column family '${cf.name}' of " +
-        s"${store.describe} (version $version) records no key schema: its keys' key groups are unknown")
-    }
-    val tagOf = KeyGroups.tagReader(store.storeName, cf.keySchemaJson, cf.keySpecJson)
-    key => try tagOf(key) catch {
-      case NonFatal(e) => throw KeyedStateErrors.badState(ErrorId.RescaleRefused, s"a key of ${key.length} " +
-        s"bytes in column family '${cf.name}' of ${store.describe} (version $version) does not decode with its " +
-        s"recorded key schema and encoding (${e.getClass.getSimpleName}: ${e.getMessage})")
-    }
-  }
-
-  /** Opens `version` of a store in a local scratch directory, dropped afterwards. */
-  def withStoreVersion[T](
-      store: StoreRef,
-      storeDir: String,
-      version: Long,
-      hadoopSettings: Map[String, String],
-      conf: KeyedStateConf,
-      checkpointId: Option[String] = None)(f: (File, VersionManifest, LocalRocksDB, LoadStats) => T): T =
-    withWorkDir(conf) { work =>
-      val source = new CheckpointStore(new Path(storeDir), toHadoop(hadoopSettings))
-      val restores = new RestoreOperation(source, LocalFileCache.forStore(new File(work, "cache"), storeDir), conf)
-      val manifest = restores.latestBase(source.readManifest(version, checkpointId))
-      val (db, load) = restores.rebuild(manifest, new File(work, "db"), work, store.describe)
-      try f(work, manifest, db, load) finally db.close()
-    }
-
   def build(task: BuildTask, hadoopSettings: Map[String, String], conf: KeyedStateConf): BuildResult =
-    withWorkDir(conf) { work =>
-      val hadoopConf = toHadoop(hadoopSettings)
+    StoreVersions.withWorkDir(conf) { work =>
+      val hadoopConf = OfflineJob.hadoopConf(hadoopSettings)
       val target = new CheckpointStore(new Path(task.targetDir), hadoopConf)
       target.ensureRoot()
       val staging = new CheckpointStore(new Path(task.stagingDir), hadoopConf)
@@ -174,20 +145,5 @@ object RescaleTasks {
       } finally db.close()
     }
 
-  private def withWorkDir[T](conf: KeyedStateConf)(f: File => T): T = {
-    val dir = new File(KeyedStateStoreProvider.localBaseDir(conf), s"rescale-${UUID.randomUUID()}")
-    dir.mkdirs()
-    try f(dir) finally LocalFiles.deleteRecursively(dir)
-  }
-
   private def encode(name: String): String = URLEncoder.encode(name, UTF_8)
-
-  def toHadoop(settings: Map[String, String]): Configuration = {
-    val c = new Configuration(false)
-    settings.foreach { case (k, v) => c.set(k, v) }
-    c
-  }
-
-  def fromHadoop(c: Configuration): Map[String, String] =
-    c.iterator().asScala.map(e => e.getKey -> e.getValue).toMap
 }

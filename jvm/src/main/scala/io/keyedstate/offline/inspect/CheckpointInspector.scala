@@ -1,4 +1,4 @@
-package io.keyedstate.rescale
+package io.keyedstate.offline.inspect
 
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.execution.streaming.state.StateStoreId
@@ -9,6 +9,7 @@ import io.keyedstate.checkpoint.CheckpointStore
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.errors.ErrorId
 import io.keyedstate.rocks.KeyGroups
+import io.keyedstate.offline.{OfflineJob, QueryCheckpoint, StoreRef, StoreVersions}
 
 /** One store partition: its keys and bytes, and how they spread over the key groups. */
 final case class PartitionReport(
@@ -77,7 +78,7 @@ final class CheckpointInspector(spark: SparkSession, keyGroups: Int) {
       store <- ckpt.storeNames(op, 0)
       p <- ckpt.partitions(op)
     } yield (StoreRef(op, store, p), ckpt.storeDir(StoreRef(op, store, p)).toString, ids.get(p))
-    val settings = RescaleTasks.fromHadoop(hadoopConf)
+    val settings = OfflineJob.hadoopSettings(hadoopConf)
     val conf = KeyedStateConf.fromMap(spark.conf.getAll)
     val groups = keyGroups
     spark.sparkContext.setJobDescription(s"keyedstate inspect ${ckpt.root}")
@@ -124,12 +125,12 @@ object CheckpointInspector {
       keyGroups: Int,
       settings: Map[String, String],
       conf: KeyedStateConf): PartitionReport =
-    RescaleTasks.withStoreVersion(ref, dir, version, settings, conf, checkpointId) { (_, manifest, db, _) =>
+    StoreVersions.open(ref, dir, version, settings, conf, checkpointId) { (_, manifest, db, _) =>
       val keys = new Array[Long](keyGroups)
       val bytes = new Array[Long](keyGroups)
       var misplaced = 0L
       manifest.columnFamilies.filter(cf => db.hasColumnFamily(cf.name)).foreach { cf =>
-        val tagOf = RescaleTasks.tagReader(ref, cf, version)
+        val tagOf = StoreVersions.tagReader(ref, cf, version)
         val keyGrouped = !KeyGroups.isPartitionLocal(cf.name)
         val it = db.scan(cf.name, None, None)
         try it.foreach { case (k, v) =>

@@ -1,4 +1,4 @@
-package io.keyedstate.rescale
+package io.keyedstate.offline
 
 import java.util.UUID
 
@@ -8,7 +8,6 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.execution.streaming.state.{StateSchemaCompatibilityChecker, StateStoreId, StateStoreProviderId}
 import org.json4s._
-import org.json4s.jackson.JsonMethods.parse
 import org.json4s.jackson.Serialization
 
 /** The key and value schema of one column family of a store, as Spark's schema file holds them. */
@@ -23,7 +22,8 @@ object StoredSchemas {
   private implicit val formats: Formats = DefaultFormats
 
   def read(ckpt: QueryCheckpoint): Seq[StoredSchema] = ckpt.operators.flatMap { op =>
-    val (name, stores) = operatorMetadata(ckpt, op)
+    val name = ckpt.operatorName(op)
+    val stores = Some(ckpt.operatorStoreNames(op)).filter(_.nonEmpty).getOrElse(Seq(StateStoreId.DEFAULT_STORE_NAME))
     stores.flatMap { store =>
       val storeId = StateStoreId(ckpt.stateRoot.toString, op, 0, store)
       val checker = new StateSchemaCompatibilityChecker(
@@ -32,17 +32,6 @@ object StoredSchemas {
       val families = try checker.readSchemaFile() catch { case NonFatal(_) => Nil }
       families.map(f => StoredSchema(op, name, store, f.keySchema.toString, f.valueSchema.toString))
     }
-  }
-
-  /** The operator's short name and its store names, from Spark's operator metadata
-   *  (`state/<op>/_metadata/metadata`, format v1: a version line, then JSON). */
-  private def operatorMetadata(ckpt: QueryCheckpoint, op: Int): (String, Seq[String]) = {
-    val path = new Path(ckpt.stateRoot, s"$op/_metadata/metadata")
-    if (!ckpt.fs.exists(path)) return ("", Seq(StateStoreId.DEFAULT_STORE_NAME))
-    val json = parse(ckpt.readLines(path).drop(1).mkString("\n"))
-    val name = (json \ "operatorInfo" \ "operatorName").extractOrElse[String]("")
-    val stores = (json \ "stateStoreInfo").children.map(s => (s \ "storeName").extract[String])
-    (name, if (stores.isEmpty) Seq(StateStoreId.DEFAULT_STORE_NAME) else stores)
   }
 
   /** The entry point of the Python package: the schemas as JSON (read with the context's Hadoop

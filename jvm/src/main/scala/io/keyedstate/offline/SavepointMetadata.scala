@@ -1,4 +1,4 @@
-package io.keyedstate.savepoint
+package io.keyedstate.offline
 
 import java.nio.charset.StandardCharsets.UTF_8
 
@@ -14,14 +14,33 @@ import io.keyedstate.conf.KeyedStateErrors
 /** A file of a savepoint, relative to its root, with its size and CRC32C. */
 final case class SavepointFile(path: String, size: Long, crc32c: Long)
 
-/** An operator whose state a savepoint holds: its stores, and the function and uid it declared. */
-final case class SavepointOperator(operatorId: Int, name: String, stores: Seq[String], function: String, uid: String)
+/**
+ * A table of a canonical savepoint: one state (or the timers) of a keyed function, or one store
+ * of Spark's operator, as Parquet files in `path` (the reader's unflattened rows, see
+ * `offline.StateReader`).
+ */
+final case class SavepointTable(state: String, kind: String, storeName: String, path: String, rows: Long)
+
+/**
+ * An operator whose state a savepoint holds: its stores, the function and uid it declared, and
+ * in a canonical savepoint its tables and a keyed function's declaration (JSON).
+ */
+final case class SavepointOperator(
+    operatorId: Int,
+    name: String,
+    stores: Seq[String],
+    function: String,
+    uid: String,
+    declaration: Option[String] = None,
+    tables: Seq[SavepointTable] = Nil)
 
 /**
  * `_savepoint.json`, written last: a savepoint exists exactly when it does. `format` is
  * `native` (each partition's committed version as keyedstate's provider stores it: manifest,
- * SST files, changelogs; relative paths only, so the folder can move). The query's logs up to
- * `batchId` travel with it, so a query restored from it resumes at the next batch.
+ * SST files, changelogs) or `canonical` (each table of each operator as Parquet files, readable
+ * by anything that reads Parquet and restorable at any partition count, into any provider that
+ * can hold the operator's state). Paths are relative, so the folder can move. The query's logs
+ * up to `batchId` travel with it, so a query restored from it resumes at the next batch.
  */
 final case class SavepointMetadata(
     format: String,
@@ -43,6 +62,8 @@ final case class SavepointMetadata(
 object SavepointMetadata {
   val FileName: String = CheckpointStore.SavepointMetadataFile
   val Native = "native"
+  val Canonical = "canonical"
+  val Formats: Seq[String] = Seq(Native, Canonical)
   val FormatVersion = 1
 
   private implicit val formats: Formats = DefaultFormats
@@ -69,9 +90,9 @@ object SavepointMetadata {
         case NonFatal(e) => throw KeyedStateErrors.fileCorrupt(
           s"Savepoint metadata $file (${text.length} bytes) is corrupt: ${e.getMessage}", e)
       }
-    if (m.format != Native || m.formatVersion != FormatVersion) {
+    if (!Formats.contains(m.format) || m.formatVersion != FormatVersion) {
       throw KeyedStateErrors.fileCorrupt(s"Savepoint $file has format ${m.format} version ${m.formatVersion}; this " +
-        s"build reads $Native version $FormatVersion")
+        s"build reads ${Formats.mkString(" and ")} version $FormatVersion")
     }
     m
   }

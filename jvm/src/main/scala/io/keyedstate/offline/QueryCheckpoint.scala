@@ -1,4 +1,4 @@
-package io.keyedstate.rescale
+package io.keyedstate.offline
 
 import java.nio.charset.StandardCharsets.UTF_8
 
@@ -164,6 +164,16 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
     operatorMetadataFiles(op).lastOption.flatMap { relative =>
       "\"operatorName\":\"([^\"]*)\"".r.findFirstMatchIn(readLines(new Path(root, relative)).mkString).map(_.group(1))
     }.getOrElse("")
+
+  /** The store names of operator `op` as Spark's newest operator metadata lists them (empty: none listed). */
+  def operatorStoreNames(op: Int): Seq[String] =
+    operatorMetadataFiles(op).lastOption.toSeq.flatMap { relative =>
+      val json = parse(readLines(new Path(root, relative)).drop(1).mkString("\n"))
+      (json \ "stateStoreInfo").children.flatMap(s => (s \ "storeName") match {
+        case JString(name) => Some(name)
+        case _ => None
+      })
+    }
 
   def partitions(operatorId: Int): Seq[Int] =
     listNames(new Path(stateRoot, operatorId.toString)).flatMap(_.toIntOption).sorted

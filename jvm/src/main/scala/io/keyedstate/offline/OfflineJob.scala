@@ -1,10 +1,12 @@
-package io.keyedstate.rescale
+package io.keyedstate.offline
 
 import java.util.concurrent.atomic.AtomicBoolean
 
+import scala.jdk.CollectionConverters._
 import scala.reflect.ClassTag
 import scala.util.control.NonFatal
 
+import org.apache.hadoop.conf.Configuration
 import org.apache.spark.{SparkContext, SparkStageInfo}
 import org.apache.spark.sql.SparkSession
 
@@ -65,4 +67,15 @@ object OfflineJob {
     sc.statusTracker.getJobIdsForGroup(group).iterator
       .flatMap(id => sc.statusTracker.getJobInfo(id))
       .flatMap(_.stageIds().iterator.flatMap(s => sc.statusTracker.getStageInfo(s)))
+
+  /** A Hadoop configuration as the map a task carries (a `Configuration` is not serializable). */
+  def hadoopSettings(c: Configuration): Map[String, String] =
+    c.iterator().asScala.map(e => e.getKey -> e.getValue).toMap
+
+  /** The Hadoop configuration of a task's settings. */
+  def hadoopConf(settings: Map[String, String]): Configuration = {
+    val c = new Configuration(false)
+    settings.foreach { case (k, v) => c.set(k, v) }
+    c
+  }
 }

@@ -1,4 +1,4 @@
-package io.keyedstate.savepoint
+package io.keyedstate.offline.savepoint
 
 import java.nio.charset.StandardCharsets.UTF_8
 import java.util.zip.CRC32C
@@ -14,13 +14,8 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import io.keyedstate.checkpoint.CheckpointStore
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.errors.ErrorId
-import io.keyedstate.rescale.{OfflineJob, QueryCheckpoint, RescaleTasks, Rescaler, StoreRef}
-
-/** One store partition's committed version, copied with its manifest from one root to another. */
-final case class StoreCopy(store: StoreRef, sourceDir: String, targetDir: String, version: Long, checkpointId: Option[String])
-
-/** What a copy wrote: the files (relative to the target root) and the function its manifest declares. */
-final case class CopiedStore(store: StoreRef, files: Seq[SavepointFile], function: String, uid: String)
+import io.keyedstate.offline.{OfflineJob, QueryCheckpoint, StoreRef, SavepointFile, SavepointMetadata, SavepointOperator, SavepointTable}
+import io.keyedstate.offline.rescale.Rescaler
 
 /** What a restore did. */
 final case class RestoreResult(savepoint: String, checkpoint: String, batchId: Long, fromPartitions: Int,
@@ -28,12 +23,10 @@ final case class RestoreResult(savepoint: String, checkpoint: String, batchId: L
 
 /**
  * Savepoints (docs/savepoints.md): a user-triggered image of a query's state at one committed
- * batch, kept until the user disposes of it. A native savepoint is laid out as a checkpoint
- * holding one batch: every store partition's committed version (its manifest and the files it
- * lists, copied and checked against their CRC32C), the query's logs up to that batch, and
- * `_savepoint.json`, written last. So a restore is a copy into a new checkpoint, or a rescale of
- * the savepoint into one at another partition count; and a savepoint of a running query reads
- * only files its commits never change.
+ * batch, kept until the user disposes of it. Every savepoint holds the query's logs up to that
+ * batch and `_savepoint.json`, written last; its state is held by a [[SavepointFormat]]: native
+ * ([[NativeFormat]]) or canonical ([[CanonicalFormat]]). A savepoint of a running query reads
+ * only committed state, which the query's later commits never change.
  */
 final class Savepoints(spark: SparkSession, progress: String => Unit) {
   import Savepoints._
@@ -41,12 +34,19 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
   private val hadoopConf = QueryCheckpoint.hadoopConf(spark)
   private lazy val conf = KeyedStateConf.fromMap(spark.conf.getAll)
 
-  /** A native savepoint of `checkpoint` (running or stopped) at its last committed batch, at `target`. */
-  def create(checkpoint: String, target: String): SavepointMetadata = {
+  private def formatOf(format: String): SavepointFormat = format match {
+    case SavepointMetadata.Native => new NativeFormat(spark, hadoopConf, conf, progress)
+    case SavepointMetadata.Canonical => new CanonicalFormat(spark, hadoopConf, progress)
+    case other => throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"Invalid savepoint format " +
+      s"'$other': allowed are ${SavepointMetadata.Formats.mkString(", ")}")
+  }
+
+  /** A savepoint of `checkpoint` (running or stopped) at its last committed batch, at `target`. */
+  def create(checkpoint: String, target: String, format: String = SavepointMetadata.Native): SavepointMetadata = {
+    val strategy = formatOf(format)
     val started = System.currentTimeMillis()
     val src = QueryCheckpoint.at(checkpoint, hadoopConf)
     val batch = src.lastCommit()
-    src.requireKeyedStateProvider(batch, "savepoint")
     val partitions = src.pinnedConf(batch).get(QueryCheckpoint.PartitionsKey).flatMap(_.toIntOption).getOrElse(
       throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
         s"${src.offsetPath(batch)} does not pin ${QueryCheckpoint.PartitionsKey}"))
@@ -58,16 +58,10 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     }
     prepareTarget(dst)
     val usesIds = src.usesCheckpointIds(batch)
-    val stores = for (op <- src.operators; store <- src.storeNames(op, 0)) yield op -> store
-    if (usesIds && stores.exists(_._2 != StateStoreId.DEFAULT_STORE_NAME)) {
-      throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid, s"${src.root} keeps several state stores " +
-        "per operator (a stream-stream join) and its commits record state checkpoint ids (checkpoint format v2): " +
-        "a savepoint reads such a query with format v1 only")
-    }
+    strategy.check(src, batch, usesIds)
     val version = batch + 1
-    val tasks = storeCopies(src, dst, stores, batch, partitions, usesIds)
-    progress(s"savepoint of ${src.root} at batch $batch (state version $version, $partitions partitions, " +
-      s"${stores.size} store(s)) to ${dst.root}")
+    progress(s"${strategy.name} savepoint of ${src.root} at batch $batch (state version $version, " +
+      s"$partitions partitions) to ${dst.root}")
     try {
       // The marker says the folder is a savepoint being written: only such a folder is dropped
       // when a savepoint is taken again into it (never a checkpoint given as the target).
@@ -88,16 +82,11 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
           s"$batch is missing: the query's retention (spark.sql.streaming.minBatchesToRetain) may have deleted it " +
           "as the savepoint started; take the savepoint again")
       }
-      val copied = OfflineJob.run(spark, "savepoint", "copy", tasks, RescaleTasks.fromHadoop(hadoopConf), conf,
-        progress)((t: StoreCopy, h, _) => copyStore(t, h))
-      val operators = stores.groupBy(_._1).toSeq.sortBy(_._1).map { case (op, s) =>
-        val first = copied.find(c => c.store.operatorId == op && c.store.partition == 0)
-        SavepointOperator(op, src.operatorName(op), s.map(_._2), first.map(_.function).getOrElse(""),
-          first.map(_.uid).getOrElse(""))
-      }
-      val metadata = SavepointMetadata(SavepointMetadata.Native, SavepointMetadata.FormatVersion, KeyedstateVersion,
+      val (operators, stateFiles) = strategy.write(src, dst, batch, partitions, usesIds)
+      val metadata = SavepointMetadata(strategy.name, SavepointMetadata.FormatVersion, KeyedstateVersion,
         SPARK_VERSION, System.currentTimeMillis(), src.root.toString, batch, version, partitions,
-        QueryCheckpoint.OurProvider, usesIds, operators, copied.flatMap(_.files) ++ logs)
+        src.pinnedConf(batch).getOrElse(QueryCheckpoint.ProviderKey, QueryCheckpoint.SparkDefaultProvider), usesIds,
+        operators, stateFiles ++ logs)
       writeMetadata(dst, metadata)
       dst.fs.delete(pendingMarker(dst), false)
       progress(s"savepoint written: ${metadata.files.size} files, ${metadata.totalBytes} bytes in " +
@@ -113,9 +102,10 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
 
   /**
    * A new checkpoint at `checkpoint` from the savepoint at `savepoint`, from which the query
-   * resumes after the savepoint's batch: a copy, or at `partitions` a rescale of the savepoint.
+   * resumes after the savepoint's batch, at `partitions` (default: the savepoint's count); a
+   * canonical savepoint's state may go into another `provider` (the class pinned for the query).
    */
-  def restore(savepoint: String, checkpoint: String, partitions: Option[Int]): RestoreResult = {
+  def restore(savepoint: String, checkpoint: String, partitions: Option[Int], provider: Option[String] = None): RestoreResult = {
     val started = System.currentTimeMillis()
     val sp = QueryCheckpoint.at(savepoint, hadoopConf)
     val metadata = SavepointMetadata.read(sp.fs, sp.root)
@@ -124,40 +114,24 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
       throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
         s"restore: ${dst.root} is not empty; a restore writes a new checkpoint")
     }
-    verify(sp, metadata, stateFiles = false) // state files are checked against their manifests as they are read
+    // A native savepoint's state files are checked against their manifests as they are read.
+    verify(sp, metadata, stateFiles = metadata.format != SavepointMetadata.Native)
     val to = partitions.getOrElse(metadata.partitions)
-    if (to < 1) {
+    if (to < 1 || to > Rescaler.MaxPartitions) {
       throw KeyedStateErrors.badArgument(ErrorId.RescaleRefused, s"Invalid partition count $to for restore: allowed " +
         s"is an integer from 1 to ${Rescaler.MaxPartitions}")
     }
-    if (to != metadata.partitions) {
-      progress(s"restoring ${sp.root} (batch ${metadata.batchId}) into ${dst.root} at $to partitions " +
-        s"(the savepoint has ${metadata.partitions})")
-      val rescaled =
-        try new Rescaler(spark, progress).run(sp.root.toString, to, Some(dst.root.toString), inPlace = false)
-        catch {
-          case NonFatal(e) =>
-            dst.fs.delete(dst.root, true) // a failed restore leaves no checkpoint behind
-            throw e
-        }
-      return RestoreResult(sp.root.toString, dst.root.toString, metadata.batchId, metadata.partitions, to,
-        rescaled.bytesWritten, System.currentTimeMillis() - started)
-    }
-    progress(s"restoring ${sp.root} (batch ${metadata.batchId}) into ${dst.root}")
-    try {
-      val stores = for (op <- metadata.operators; store <- op.stores) yield op.operatorId -> store
-      val tasks = storeCopies(sp, dst, stores, metadata.batchId, metadata.partitions, metadata.checkpointIds)
-      val copied = OfflineJob.run(spark, "restore", "copy", tasks, RescaleTasks.fromHadoop(hadoopConf), conf,
-        progress)((t: StoreCopy, h, _) => copyStore(t, h))
-      val stateFiles = copied.flatMap(_.files).map(_.path).toSet
-      val logs = metadata.files.filterNot(f => stateFiles(f.path)).map(f => copyFile(sp, dst, f.path))
-      RestoreResult(sp.root.toString, dst.root.toString, metadata.batchId, metadata.partitions, to,
-        (copied.flatMap(_.files) ++ logs).iterator.map(_.size).sum, System.currentTimeMillis() - started)
-    } catch {
-      case NonFatal(e) =>
-        dst.fs.delete(dst.root, true)
-        throw e
-    }
+    progress(s"restoring ${sp.root} (${metadata.format}, batch ${metadata.batchId}) into ${dst.root} at $to " +
+      s"partitions (the savepoint has ${metadata.partitions})")
+    val bytes =
+      try formatOf(metadata.format).restore(sp, metadata, dst, to, provider)
+      catch {
+        case NonFatal(e) =>
+          dst.fs.delete(dst.root, true) // a failed restore leaves no checkpoint behind
+          throw e
+      }
+    RestoreResult(sp.root.toString, dst.root.toString, metadata.batchId, metadata.partitions, to, bytes,
+      System.currentTimeMillis() - started)
   }
 
   /** The savepoint's metadata; with `verifyFiles`, every file it lists is read and checked. */
@@ -214,20 +188,6 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
       }
     }
 
-  /**
-   * One copy per store partition of version `batch + 1`, from `from` to `to`; under format v2 by
-   * the checkpoint ids the commit of `batch` records (read once per operator).
-   */
-  private def storeCopies(from: QueryCheckpoint, to: QueryCheckpoint, stores: Seq[(Int, String)], batch: Long,
-      partitions: Int, usesIds: Boolean): Seq[StoreCopy] =
-    stores.flatMap { case (op, store) =>
-      val ids = if (usesIds) from.defaultStoreCheckpointIds(batch, op, 0 until partitions) else Map.empty[Int, String]
-      (0 until partitions).map { p =>
-        val ref = StoreRef(op, store, p)
-        StoreCopy(ref, from.storeDir(ref).toString, to.storeDir(ref).toString, batch + 1, ids.get(p))
-      }
-    }
-
   private def pendingMarker(dst: QueryCheckpoint): Path = new Path(dst.root, PendingMarker)
 
   /** A savepoint is never written into its checkpoint, nor a checkpoint into it. */
@@ -266,8 +226,16 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
       throw KeyedStateErrors.checkpointWrite(s"Cannot publish ${SavepointMetadata.path(dst.root)}: the rename of $tmp failed")
     }
   }
+}
 
-  private def copyFile(from: QueryCheckpoint, to: QueryCheckpoint, relative: String): SavepointFile = {
+object Savepoints {
+  val KeyedstateVersion: String = Option(classOf[Savepoints].getPackage.getImplementationVersion).getOrElse("0.1.0")
+
+  /** In a savepoint's folder while it is written, removed once `_savepoint.json` is. */
+  val PendingMarker = ".keyedstate-savepoint-pending"
+
+  /** Copies a file of `from` to the same place under `to`, with its size and CRC32C. */
+  def copyFile(from: QueryCheckpoint, to: QueryCheckpoint, relative: String): SavepointFile = {
     val source = new Path(from.root, relative)
     val target = new Path(to.root, relative)
     val crc = new CRC32C()
@@ -283,13 +251,6 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
       } finally in.close()
     SavepointFile(relative, size, crc.getValue)
   }
-}
-
-object Savepoints {
-  val KeyedstateVersion: String = Option(classOf[Savepoints].getPackage.getImplementationVersion).getOrElse("0.1.0")
-
-  /** In a savepoint's folder while it is written, removed once `_savepoint.json` is. */
-  val PendingMarker = ".keyedstate-savepoint-pending"
 
   /** The batch a query log's file belongs to (`offsets/12`, `sources/0/12.compact`, `.../12_<uuid>`), if any. */
   def batchOf(relative: String): Option[Long] = {
@@ -303,7 +264,7 @@ object Savepoints {
     Seq(CheckpointStore.SharedDir, CheckpointStore.PrivateDir, CheckpointStore.ChangelogDir)
       .exists(d => relative.contains(s"/$d/"))
 
-  private def checksum(fs: FileSystem, path: Path, what: String): (Long, Long) = {
+  def checksum(fs: FileSystem, path: Path, what: String): (Long, Long) = {
     val crc = new CRC32C()
     val in =
       try fs.open(path)
@@ -315,22 +276,5 @@ object Savepoints {
         case e: java.io.IOException => throw KeyedStateErrors.fileCorrupt(s"$what is damaged: ${e.getMessage}", e)
       } finally in.close()
     (size, crc.getValue)
-  }
-
-  /** Executor side: copies one store partition's version and its manifest, each file checked. */
-  def copyStore(task: StoreCopy, hadoopSettings: Map[String, String]): CopiedStore = {
-    val hadoopConf: Configuration = RescaleTasks.toHadoop(hadoopSettings)
-    val source = new CheckpointStore(new Path(task.sourceDir), hadoopConf)
-    val target = new CheckpointStore(new Path(task.targetDir), hadoopConf)
-    val manifest = source.readManifest(task.version, task.checkpointId)
-    target.ensureRoot()
-    manifest.allFiles.foreach(f => source.copyTo(f, task.version, target))
-    target.writeManifest(manifest, checkpointIdsEnabled = task.checkpointId.isDefined)
-    val manifestPath = target.manifestPath(task.version, task.checkpointId)
-    val dir = task.store.describe // state/<op>/<partition>[/<store>], relative to the root
-    val (size, crc) = checksum(manifestPath.getFileSystem(hadoopConf), manifestPath, s"manifest $manifestPath")
-    val files = manifest.allFiles.map(f => SavepointFile(s"$dir/${f.path}", f.size, f.crc32c)) :+
-      SavepointFile(s"$dir/${manifestPath.getName}", size, crc)
-    CopiedStore(task.store, files, manifest.declaredFunction.getOrElse(""), manifest.declaredUid.getOrElse(""))
   }
 }

@@ -1,0 +1,210 @@
+package io.keyedstate.offline
+
+import java.util.UUID
+
+import scala.collection.mutable
+
+import org.apache.hadoop.fs.Path
+import org.apache.spark.Partitioner
+import org.apache.spark.sql.{DataFrame, SparkSession}
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.util.ArrayData
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
+import org.apache.spark.sql.types._
+import org.apache.spark.util.SerializableConfiguration
+import org.json4s.jackson.JsonMethods
+
+import io.keyedstate.KeyedStateStore
+import io.keyedstate.conf.KeyedStateErrors
+import io.keyedstate.errors.ErrorId
+import io.keyedstate.process.StateKind
+import io.keyedstate.rocks.{KeyGroupHasher, KeyGroups}
+
+/**
+ * The writer of a new query checkpoint at one committed batch B, the counterpart of
+ * [[StateReader]]: the query's logs and Spark's metadata files copied from a source with the
+ * partition count pinned, and each store partition's version B+1 written through the state store
+ * provider itself (a store opened empty at B, filled, committed), so the state is exactly what
+ * the provider would have written. Tables come in the reader's unflattened form (a list or a map
+ * per key); each row goes to the partition Spark's hash partitioning gives its key at the new
+ * count. Restoring a canonical savepoint, bootstrapping and transforming state are built on it.
+ */
+final class CheckpointWriter(spark: SparkSession, val target: QueryCheckpoint, val batch: Long, val partitions: Int) {
+
+  /** Copies `files` (relative: the logs and Spark's metadata of `src`), pinning the partition count. */
+  def copyMetadata(src: QueryCheckpoint, files: Seq[String]): Unit = {
+    files.filterNot(CheckpointWriter.isRetiredPartitionFile(_, partitions)).foreach(src.copyTo(_, target))
+    CheckpointWriter.pinnedFiles(target, batch).foreach { relative =>
+      target.writeFile(new Path(target.root, relative), CheckpointWriter.pinnedText(target, relative, partitions))
+    }
+  }
+
+  /**
+   * Writes version `batch + 1` of every partition of one store of operator `op` from `tables`
+   * (each the reader's unflattened rows of one table of that store), with `declaration` (a
+   * keyed function's) in every manifest. Returns the rows written per table (a map's row one
+   * entry per map key, operator lists joined per partition: rows, not entries, are counted).
+   */
+  def writeStore(op: Int, storeName: String, tables: Seq[(StateTable, DataFrame)],
+      declaration: Option[String], settings: Map[String, String]): Seq[Long] = {
+    require(tables.nonEmpty && tables.forall(t => t._1.operatorId == op && t._1.storeName == storeName))
+    val conf = KeyedProcessSqlBridge.sqlConfWith(spark, target.pinnedConf(batch) ++ settings)
+    val storeConf = new StateStoreConf(conf, tables.flatMap(_._1.ttlOptions).toMap)
+    val hadoopConf = new SerializableConfiguration(target.hadoopConf)
+    val stateRoot = target.stateRoot.toString
+    val specs = tables.map(_._1)
+    val n = partitions
+    val rows = tables.zipWithIndex.map { case ((table, df), i) =>
+      KeyedProcessSqlBridge.internalRows(df).mapPartitions { it =>
+        val encoder = new TableRowEncoder(table)
+        it.flatMap(row => encoder.entries(row).zipWithIndex.map { case ((key, values), e) =>
+          encoder.owner(key, n) -> ((i, key, values, e == 0))
+        })
+      }
+    }
+    val v = batch
+    val written = spark.sparkContext.union(rows).partitionBy(new CheckpointWriter.ByPartition(n))
+      .mapPartitionsWithIndex { (p, entries) =>
+        Iterator(CheckpointWriter.writePartition(stateRoot, op, storeName, p, v, specs, declaration, storeConf,
+          hadoopConf.value, entries.map(_._2)))
+      }.collect()
+    specs.indices.map(i => written.iterator.map(_(i)).sum)
+  }
+}
+
+object CheckpointWriter {
+  /** Routes an entry to the partition its key was given. */
+  private final class ByPartition(n: Int) extends Partitioner {
+    override def numPartitions: Int = n
+    override def getPartition(key: Any): Int = key.asInstanceOf[Int]
+  }
+
+  /** Executor side: one store partition's version `batch + 1`; the entries written per table. */
+  private def writePartition(
+      stateRoot: String,
+      op: Int,
+      storeName: String,
+      partition: Int,
+      batch: Long,
+      tables: Seq[StateTable],
+      declaration: Option[String],
+      storeConf: StateStoreConf,
+      hadoopConf: org.apache.hadoop.conf.Configuration,
+      entries: Iterator[(Int, UnsafeRow, Array[UnsafeRow], Boolean)]): Array[Long] = {
+    val first = tables.head
+    val providerId = StateStoreProviderId(StateStoreId(stateRoot, op, partition, storeName), UUID.randomUUID())
+    val provider = StateStoreProvider.createAndInit(providerId, first.storeKeySchema, first.storeValueSchema,
+      first.storeSpec, useColumnFamilies = first.columnFamilies, storeConf, hadoopConf,
+      useMultipleValuesPerKey = first.columnFamilies, None)
+    val counts = new Array[Long](tables.size)
+    try {
+      val store = provider.getStore(batch, None, forceSnapshotOnCommit = true, loadEmpty = true)
+      try {
+        if (first.columnFamilies) tables.foreach { t =>
+          val f = t.family
+          store.createColFamilyIfAbsent(f.name, f.keySchema, f.valueSchema, f.spec, f.multipleValues,
+            f.name.startsWith("$"))
+        }
+        declaration.foreach { d =>
+          store match {
+            case ours: KeyedStateStore => ours.declare(JsonMethods.parse(d))
+            case other => throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid,
+              s"operator $op is a keyed function: its state is written by keyedstate's provider only, not by " +
+                other.getClass.getName)
+          }
+        }
+        // An operator's list state is one entry per partition: the lists landing here are joined.
+        val operatorLists = mutable.LinkedHashMap.empty[(Int, UnsafeRow), mutable.ArrayBuffer[Any]]
+        entries.foreach { case (i, key, values, startsRow) =>
+          val t = tables(i)
+          val cf = t.family.name
+          if (startsRow) counts(i) += 1
+          if (t.kind == StateKind.OperatorList.name) {
+            val elementType = t.family.valueSchema.head.dataType.asInstanceOf[ArrayType].elementType
+            val array = values.head.getArray(0)
+            operatorLists.getOrElseUpdate((i, key), mutable.ArrayBuffer.empty) ++=
+              (0 until array.numElements()).map(e => array.get(e, elementType))
+          } else {
+            if (t.family.multipleValues) store.putList(key, values, cf) else store.put(key, values.head, cf)
+          }
+        }
+        operatorLists.foreach { case ((i, key), elements) =>
+          val t = tables(i)
+          val value = UnsafeProjection.create(t.family.valueSchema)(
+            new GenericInternalRow(Array[Any](ArrayData.toArrayData(elements.toArray))))
+          store.put(key, value, t.family.name)
+        }
+        store.commit()
+      } finally if (!store.hasCommitted) store.abort()
+    } finally provider.close()
+    counts
+  }
+
+  private def isRetiredPartitionFile(relative: String, partitions: Int): Boolean =
+    relative.split('/') match {
+      case Array("state", _, p, _*) => p.toIntOption.exists(_ >= partitions)
+      case _ => false
+    }
+
+  /** The files that say the partition count, relative to the checkpoint root: the offset log
+   *  entries from `batch` on and Spark's operator metadata. */
+  def pinnedFiles(ckpt: QueryCheckpoint, batch: Long): Seq[String] =
+    ckpt.batches("offsets").filter(_ >= batch).map(b => s"offsets/$b") ++
+      ckpt.operators.flatMap(ckpt.operatorMetadataFiles)
+
+  /** A pinned file's text with the partition count `partitions`. */
+  def pinnedText(ckpt: QueryCheckpoint, relative: String, partitions: Int): String =
+    if (relative.startsWith("offsets/")) {
+      ckpt.withPinnedConf(relative.stripPrefix("offsets/").toLong, QueryCheckpoint.PartitionsKey, partitions.toString)
+    } else {
+      ckpt.readLines(new Path(ckpt.root, relative)).mkString("\n")
+        .replaceAll("\"numPartitions\":\\d+", s"\"numPartitions\":$partitions")
+    }
+}
+
+/**
+ * One row of a table in the reader's unflattened form, as its store keeps it: the family's key
+ * and its value (a list state's values, a map state one entry per map key), and the partition
+ * that owns the key (Spark's `pmod(murmur3(partitioning columns), n)`). Not thread-safe.
+ */
+private final class TableRowEncoder(table: StateTable) {
+  private val f = table.family
+  private val keyProjection = UnsafeProjection.create(f.keySchema)
+  private val valueProjection = UnsafeProjection.create(f.valueSchema)
+  private val hasher = new KeyGroupHasher(f.keySchema, KeyGroups.partitionKeyOrdinals(table.storeName, f.keySchema, f.spec))
+  private val keyTypes = f.keySchema.fields.map(_.dataType)
+
+  def owner(key: UnsafeRow, n: Int): Int = KeyGroups.owner(hasher.tag(key), n)
+
+  private def key(values: Seq[Any]): UnsafeRow = keyProjection(new GenericInternalRow(values.toArray)).copy()
+  private def value(v: Any): UnsafeRow = valueProjection(new GenericInternalRow(Array(v))).copy()
+  private def fields(row: InternalRow, from: Int, n: Int): Seq[Any] = (0 until n).map(i => row.get(from + i, keyTypes(i)))
+
+  def entries(row: InternalRow): Seq[(UnsafeRow, Array[UnsafeRow])] = table.kind match {
+    case StateTable.SparkStore =>
+      Seq(keyProjection(row.getStruct(1, f.keySchema.length)).copy() ->
+        Array(valueProjection(row.getStruct(2, f.valueSchema.length)).copy()))
+    case StateTable.Timers => Seq(key(fields(row, 1, keyTypes.length)) -> Array(value(true)))
+    case kind => StateKind.parse(kind) match {
+      case StateKind.Value =>
+        Seq(key(fields(row, 1, keyTypes.length)) -> Array(value(row.get(1 + keyTypes.length, f.valueSchema.head.dataType))))
+      case StateKind.List =>
+        val array = row.getArray(1 + keyTypes.length)
+        val t = f.valueSchema.head.dataType
+        if (array == null || array.numElements() == 0) Nil
+        else Seq(key(fields(row, 1, keyTypes.length)) -> (0 until array.numElements()).map(i => value(array.get(i, t))).toArray)
+      case StateKind.Map =>
+        val map = row.getMap(keyTypes.length)
+        val grouping = fields(row, 1, keyTypes.length - 1)
+        if (map == null) Nil
+        else (0 until map.numElements()).map { i =>
+          key(grouping :+ map.keyArray().get(i, keyTypes.last)) -> Array(value(map.valueArray().get(i, f.valueSchema.head.dataType)))
+        }
+      case StateKind.OperatorList =>
+        // Kept by the partition it was read from: a rescale's rule gives it to the one that id hashes to.
+        Seq(key(Seq(row.getInt(0))) -> Array(value(row.getArray(1))))
+    }
+  }
+}

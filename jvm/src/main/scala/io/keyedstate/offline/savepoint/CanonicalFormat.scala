@@ -1,0 +1,101 @@
+package io.keyedstate.offline.savepoint
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.execution.streaming.state.StateStoreId
+import org.json4s.jackson.JsonMethods
+
+import io.keyedstate.conf.KeyedStateErrors
+import io.keyedstate.errors.ErrorId
+import io.keyedstate.offline.{CheckpointWriter, QueryCheckpoint, StateReader, StateTable, StateTables, SavepointFile, SavepointMetadata, SavepointOperator, SavepointTable}
+
+/**
+ * The canonical format: each table of each operator (a keyed function's states, timers and
+ * operator state; each store of Spark's operators) as Parquet files under
+ * `tables/<operator>/<n>-<state>/`, in the reader's unflattened form (`keyedstate.state.read`
+ * with `flatten=False`): key columns and values typed as the query declared them, readable by
+ * anything that reads Parquet. Independent of the backend: a restore writes every row through
+ * the target provider at any partition count ([[CheckpointWriter]]), so Spark's own operators may
+ * move to Spark's RocksDB provider and back. TTL'd entries restore with the restored batch's time
+ * as their last access.
+ */
+final class CanonicalFormat(spark: SparkSession, hadoopConf: Configuration, progress: String => Unit)
+    extends SavepointFormat {
+
+  def name: String = SavepointMetadata.Canonical
+
+  def check(src: QueryCheckpoint, batch: Long, usesCheckpointIds: Boolean): Unit =
+    if (usesCheckpointIds) {
+      throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid, s"${src.commitPath(batch)} carries state " +
+        "checkpoint ids (spark.sql.streaming.stateStore.checkpointFormatVersion=2): a canonical savepoint is taken " +
+        "of checkpoint format version 1 only; take a native one")
+    }
+
+  def write(src: QueryCheckpoint, dst: QueryCheckpoint, batch: Long, partitions: Int,
+      usesCheckpointIds: Boolean): (Seq[SavepointOperator], Seq[SavepointFile]) = {
+    val tables = StateTables(src, batch)
+    val operators = tables.operators.map { case (op, opTables) =>
+      val written = opTables.zipWithIndex.map { case (table, i) =>
+        val relative = s"${CanonicalFormat.TablesDir}/$op/$i-${CanonicalFormat.safeName(table.state)}"
+        progress(s"writing ${table.describe} to $relative")
+        StateReader.read(spark, src, batch, table, flatten = false).write.parquet(new Path(dst.root, relative).toString)
+        val rows = spark.read.parquet(new Path(dst.root, relative).toString).count()
+        SavepointTable(table.state, table.kind, table.storeName, relative, rows)
+      }
+      val declaration = tables.declarationOf(op).map(d => JsonMethods.compact(d.toJson))
+      val first = opTables.headOption
+      SavepointOperator(op, src.operatorName(op), opTables.map(_.storeName).distinct,
+        first.map(_.function).getOrElse(""), first.map(_.uid).getOrElse(""), declaration, written)
+    }
+    (operators, operators.flatMap(_.tables).flatMap(t => dataFiles(dst, t.path)))
+  }
+
+  /** The Parquet files Spark wrote for one table, with their sizes and CRC32C. */
+  private def dataFiles(dst: QueryCheckpoint, relative: String): Seq[SavepointFile] =
+    dst.fs.listStatus(new Path(dst.root, relative)).toSeq
+      .filter(st => st.isFile && !st.getPath.getName.startsWith(".") && !st.getPath.getName.startsWith("_"))
+      .map { st =>
+        val file = s"$relative/${st.getPath.getName}"
+        val (size, crc) = Savepoints.checksum(dst.fs, st.getPath, s"Savepoint file ${st.getPath}")
+        SavepointFile(file, size, crc)
+      }
+      .sortBy(_.path)
+
+  def restore(sp: QueryCheckpoint, metadata: SavepointMetadata, dst: QueryCheckpoint, partitions: Int,
+      provider: Option[String]): Long = {
+    val writer = new CheckpointWriter(spark, dst, metadata.batchId, partitions)
+    val tableFiles = metadata.files.filter(_.path.startsWith(CanonicalFormat.TablesDir + "/"))
+    val logs = metadata.files.filterNot(tableFiles.contains).map(_.path)
+    writer.copyMetadata(sp, logs)
+    provider.foreach { p =>
+      dst.batches("offsets").filter(_ >= metadata.batchId).foreach { b =>
+        dst.writeFile(dst.offsetPath(b), dst.withPinnedConf(b, QueryCheckpoint.ProviderKey, p))
+      }
+    }
+    val tables = StateTables(sp, metadata)
+    for (o <- metadata.operators; (store, stored) <- o.tables.groupBy(_.storeName).toSeq.sortBy(_._1)) {
+      val frames = stored.map { t =>
+        val table = tables.find(o.operatorId.toString, t.state)
+        table -> StateReader.readTable(spark, sp, t, table, flatten = false)
+      }
+      progress(s"writing operator ${o.operatorId}${if (store == StateStoreId.DEFAULT_STORE_NAME) "" else s" store '$store'"} " +
+        s"at $partitions partitions")
+      val written = writer.writeStore(o.operatorId, store, frames, o.declaration, Map.empty)
+      stored.zip(written).foreach { case (t, n) =>
+        if (n != t.rows) {
+          throw KeyedStateErrors.fileCorrupt(s"Savepoint table ${new Path(sp.root, t.path)} holds ${t.rows} rows " +
+            s"(${SavepointMetadata.path(sp.root)}); $n were restored")
+        }
+      }
+    }
+    tableFiles.iterator.map(_.size).sum
+  }
+}
+
+object CanonicalFormat {
+  val TablesDir = "tables"
+
+  /** A state's name as a folder name: letters, digits, `-` and `_` (the metadata keeps the name). */
+  def safeName(state: String): String = state.map(c => if (c.isLetterOrDigit || c == '-' || c == '_') c else '_')
+}

@@ -1,0 +1,107 @@
+package io.keyedstate.offline.savepoint
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.execution.streaming.state.StateStoreId
+
+import io.keyedstate.checkpoint.CheckpointStore
+import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
+import io.keyedstate.errors.ErrorId
+import io.keyedstate.offline.{OfflineJob, QueryCheckpoint, StoreRef, SavepointFile, SavepointMetadata, SavepointOperator, SavepointTable}
+import io.keyedstate.offline.rescale.Rescaler
+
+/** One store partition's committed version, copied with its manifest from one root to another. */
+final case class StoreCopy(store: StoreRef, sourceDir: String, targetDir: String, version: Long, checkpointId: Option[String])
+
+/** What a copy wrote: the files (relative to the target root) and the function its manifest declares. */
+final case class CopiedStore(store: StoreRef, files: Seq[SavepointFile], function: String, uid: String)
+
+/**
+ * The native format: every store partition's committed version as keyedstate's provider keeps
+ * it (its manifest and the files it lists, copied and checked against their CRC32C), laid out
+ * as in a checkpoint. A restore is a copy, or at another partition count a rescale of the
+ * savepoint; it restores into keyedstate's provider only.
+ */
+final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: KeyedStateConf,
+    progress: String => Unit) extends SavepointFormat {
+  import NativeFormat._
+
+  def name: String = SavepointMetadata.Native
+
+  def check(src: QueryCheckpoint, batch: Long, usesCheckpointIds: Boolean): Unit = {
+    src.requireKeyedStateProvider(batch, "native savepoint")
+    if (usesCheckpointIds && src.operators.exists(op => src.storeNames(op, 0).exists(_ != StateStoreId.DEFAULT_STORE_NAME))) {
+      throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid, s"${src.root} keeps several state stores " +
+        "per operator (a stream-stream join) and its commits record state checkpoint ids (checkpoint format v2): " +
+        "a savepoint reads such a query with format v1 only")
+    }
+  }
+
+  def write(src: QueryCheckpoint, dst: QueryCheckpoint, batch: Long, partitions: Int,
+      usesCheckpointIds: Boolean): (Seq[SavepointOperator], Seq[SavepointFile]) = {
+    val stores = for (op <- src.operators; store <- src.storeNames(op, 0)) yield op -> store
+    val copied = copy(src, dst, stores, batch, partitions, usesCheckpointIds, "savepoint")
+    val operators = stores.groupBy(_._1).toSeq.sortBy(_._1).map { case (op, s) =>
+      val first = copied.find(c => c.store.operatorId == op && c.store.partition == 0)
+      SavepointOperator(op, src.operatorName(op), s.map(_._2), first.map(_.function).getOrElse(""),
+        first.map(_.uid).getOrElse(""))
+    }
+    (operators, copied.flatMap(_.files))
+  }
+
+  def restore(sp: QueryCheckpoint, metadata: SavepointMetadata, dst: QueryCheckpoint, partitions: Int,
+      provider: Option[String]): Long = {
+    provider.filter(_ != QueryCheckpoint.OurProvider).foreach { p =>
+      throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"a native savepoint holds " +
+        s"${QueryCheckpoint.OurProvider}'s files and restores into it only, not $p; take a canonical savepoint " +
+        "to move the state to another provider")
+    }
+    if (partitions != metadata.partitions) {
+      new Rescaler(spark, progress).run(sp.root.toString, partitions, Some(dst.root.toString), inPlace = false)
+        .bytesWritten
+    } else {
+      val stores = for (op <- metadata.operators; store <- op.stores) yield op.operatorId -> store
+      val copied = copy(sp, dst, stores, metadata.batchId, metadata.partitions, metadata.checkpointIds, "restore")
+      val stateFiles = copied.flatMap(_.files).map(_.path).toSet
+      val logs = metadata.files.filterNot(f => stateFiles(f.path)).map(f => Savepoints.copyFile(sp, dst, f.path))
+      (copied.flatMap(_.files) ++ logs).iterator.map(_.size).sum
+    }
+  }
+
+  /**
+   * Copies every store partition's version `batch + 1` from `from` to `to`; under format v2 by
+   * the checkpoint ids the commit of `batch` records (read once per operator).
+   */
+  private def copy(from: QueryCheckpoint, to: QueryCheckpoint, stores: Seq[(Int, String)], batch: Long,
+      partitions: Int, usesIds: Boolean, operation: String): Seq[CopiedStore] = {
+    val tasks = stores.flatMap { case (op, store) =>
+      val ids = if (usesIds) from.defaultStoreCheckpointIds(batch, op, 0 until partitions) else Map.empty[Int, String]
+      (0 until partitions).map { p =>
+        val ref = StoreRef(op, store, p)
+        StoreCopy(ref, from.storeDir(ref).toString, to.storeDir(ref).toString, batch + 1, ids.get(p))
+      }
+    }
+    OfflineJob.run(spark, operation, "copy", tasks, OfflineJob.hadoopSettings(hadoopConf), conf,
+      progress)((t: StoreCopy, h, _) => copyStore(t, h))
+  }
+}
+
+object NativeFormat {
+  /** Executor side: copies one store partition's version and its manifest, each file checked. */
+  def copyStore(task: StoreCopy, hadoopSettings: Map[String, String]): CopiedStore = {
+    val hadoopConf: Configuration = OfflineJob.hadoopConf(hadoopSettings)
+    val source = new CheckpointStore(new Path(task.sourceDir), hadoopConf)
+    val target = new CheckpointStore(new Path(task.targetDir), hadoopConf)
+    val manifest = source.readManifest(task.version, task.checkpointId)
+    target.ensureRoot()
+    manifest.allFiles.foreach(f => source.copyTo(f, task.version, target))
+    target.writeManifest(manifest, checkpointIdsEnabled = task.checkpointId.isDefined)
+    val manifestPath = target.manifestPath(task.version, task.checkpointId)
+    val dir = task.store.describe // state/<op>/<partition>[/<store>], relative to the root
+    val (size, crc) = Savepoints.checksum(manifestPath.getFileSystem(hadoopConf), manifestPath, s"manifest $manifestPath")
+    val files = manifest.allFiles.map(f => SavepointFile(s"$dir/${f.path}", f.size, f.crc32c)) :+
+      SavepointFile(s"$dir/${manifestPath.getName}", size, crc)
+    CopiedStore(task.store, files, manifest.declaredFunction.getOrElse(""), manifest.declaredUid.getOrElse(""))
+  }
+}

@@ -1,0 +1,64 @@
+"""The JVM side of the offline operations (``io.keyedstate.offline``): calling an entry point
+and turning its failures and its JSON results into the package's errors and dataclasses."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from typing import Any, TypeVar
+
+from py4j.java_gateway import JavaClass
+from py4j.protocol import Py4JJavaError
+from pyspark.errors.exceptions.captured import CapturedException
+from pyspark.sql import SparkSession
+
+from keyedstate._session import PROVIDER_CLASS
+from keyedstate.errors import CheckpointOperationError, first_line, state_error
+
+T = TypeVar("T")
+
+
+def call(method: Any, *args: Any) -> Any:
+    """``method(*args)`` in the JVM. A failure is a ``CheckpointOperationError``: keyedstate's
+    own (the store, the version, the file), found among the causes of Spark's wrappers (a failed
+    job, a state-store error class), also of its family's class (``keyedstate.errors``); else
+    the error's first line. Spark's job failures embed executor stack traces: never shown.
+
+    pyspark converts some JVM errors (``IllegalArgumentException``, Spark's error classes) into
+    its ``CapturedException`` classes before they reach here; the rest stay ``Py4JJavaError``."""
+    try:
+        return method(*args)
+    except (Py4JJavaError, CapturedException) as e:
+        mapped = state_error(e, operation=True)
+        if mapped is None:
+            java = e.java_exception if isinstance(e, Py4JJavaError) else None
+            line = first_line(java) if java is not None else str(e).splitlines()[0]
+            mapped = CheckpointOperationError(line or str(e))
+        raise mapped from e
+
+
+def snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def decode(cls: type[T], raw: dict[str, Any]) -> T:
+    """A result dataclass from the JVM's JSON (camelCase field names, same fields)."""
+    values = {snake(k): v for k, v in raw.items()}
+    return cls(**{f.name: values[f.name] for f in fields(cls)})  # type: ignore[call-arg]
+
+
+def entry_point(spark: SparkSession, name: str, package: str = "") -> tuple[Any, Any]:
+    """The JVM object ``io.keyedstate.offline[.<package>].<name>`` and the session's JVM side."""
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    if jvm is None:
+        raise RuntimeError("the SparkSession has no JVM (Spark Connect is not supported here)")
+    where = jvm.io.keyedstate.offline
+    for part in filter(None, package.split(".")):
+        where = getattr(where, part)
+    entry = getattr(where, name)
+    if not isinstance(entry, JavaClass):
+        raise RuntimeError(
+            f"{PROVIDER_CLASS} is not on the session's classpath; build the session with "
+            "keyedstate.configure(SparkSession.builder)"
+        )
+    return entry, spark._jsparkSession  # type: ignore[attr-defined]

@@ -1,0 +1,180 @@
+"""Savepoints (docs/savepoints.md): take one of a running or stopped query, stop a query with
+one, restore one into a new checkpoint, inspect, list and dispose of them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from keyedstate.offline._bridge import call, decode, entry_point, snake
+
+
+@dataclass(frozen=True)
+class SavepointTable:
+    """A table of a canonical savepoint: one state (or the timers) of a keyed function, or one
+    store of Spark's operator, as Parquet files under ``path`` (relative to the savepoint)."""
+
+    state: str
+    kind: str  # value, list, map, reducing, aggregating, operator_list, timers, or store
+    store_name: str
+    path: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class SavepointOperator:
+    """An operator whose state a savepoint holds."""
+
+    operator_id: int
+    name: str  # Spark's operator name (``keyedProcess`` for a keyed function)
+    stores: list[str]
+    function: str  # the keyed function ("" for Spark's operators)
+    uid: str  # its uid ("" if none)
+    tables: list[SavepointTable]  # a canonical savepoint's tables (none in a native one)
+
+
+@dataclass(frozen=True)
+class SavepointInfo:
+    """A savepoint's metadata (``_savepoint.json``): where its state comes from, what it holds."""
+
+    path: str
+    format: str
+    keyedstate_version: str
+    spark_version: str
+    created_at_ms: int
+    source: str
+    batch_id: int
+    state_version: int
+    partitions: int
+    provider: str
+    checkpoint_ids: bool
+    operators: list[SavepointOperator]
+    files: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What ``restore_savepoint`` did."""
+
+    savepoint: str
+    checkpoint: str
+    batch_id: int
+    from_partitions: int
+    to_partitions: int
+    bytes: int
+    total_ms: int
+
+
+def _operator(raw: dict[str, Any]) -> SavepointOperator:
+    tables = [decode(SavepointTable, t) for t in raw.get("tables", [])]
+    return decode(SavepointOperator, {**raw, "tables": tables})
+
+
+def _savepoint_info(path: str, raw: dict[str, Any]) -> SavepointInfo:
+    files = raw.get("files", [])
+    values = {snake(k): v for k, v in raw.items()}
+    return SavepointInfo(
+        path=path,
+        operators=[_operator(o) for o in raw["operators"]],
+        files=len(files),
+        bytes=sum(f["size"] for f in files),
+        **{
+            f.name: values[f.name]
+            for f in fields(SavepointInfo)
+            if f.name not in ("path", "operators", "files", "bytes")
+        },
+    )
+
+
+FORMATS = ("native", "canonical")
+
+
+def savepoint(
+    spark: SparkSession, checkpoint: str, target: str, *, format: str = "native"
+) -> SavepointInfo:
+    """Take a savepoint of a query's state at ``target``: every operator's state at the
+    checkpoint's last committed batch, with the query's logs up to it. The query may be running
+    (it goes on; its later batches are not in the savepoint) or stopped. Flink's
+    ``flink savepoint --type native|canonical``: ``native`` copies the provider's files (fast;
+    restores into keyedstate's provider), ``canonical`` writes each state as Parquet tables
+    (readable by anything that reads Parquet; restores into any provider that holds the
+    operator's state)."""
+    _check_format(format)
+    savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
+    raw = json.loads(call(savepoints.create, session, checkpoint, target, format))
+    return _savepoint_info(target, raw)
+
+
+def _check_format(format: str) -> None:
+    if format not in FORMATS:
+        raise ValueError(f"Invalid savepoint format {format!r}: allowed are {', '.join(FORMATS)}")
+
+
+def stop_with_savepoint(
+    query: Any,  # noqa: ANN401 - a StreamingQuery
+    target: str,
+    *,
+    format: str = "native",
+) -> SavepointInfo:
+    """Stop ``query`` and take a savepoint of its last committed batch (Flink's ``flink stop
+    --savepointPath``). A batch in flight when it stops is not committed and not in the
+    savepoint: a query restored from it runs that batch again, exactly once."""
+    checkpoint = query._jsq.streamingQuery().resolvedCheckpointRoot()
+    # The query's own session: its file system settings are the ones its checkpoint needs.
+    from pyspark import SparkContext
+
+    spark = SparkSession(SparkContext._active_spark_context, query._jsq.sparkSession())
+    _check_format(format)
+    query.stop()
+    return savepoint(spark, checkpoint, target, format=format)
+
+
+def restore_savepoint(
+    spark: SparkSession,
+    savepoint: str,
+    checkpoint: str,
+    *,
+    partitions: int | None = None,
+    provider: str | None = None,
+) -> RestoreResult:
+    """Write a new checkpoint at ``checkpoint`` from the savepoint at ``savepoint``: the query
+    started on it resumes after the savepoint's batch, none replayed and none skipped. With
+    ``partitions`` (another count than the savepoint's) the state is rescaled on the way. A
+    canonical savepoint's state may go into another state store ``provider`` (a class name,
+    e.g. Spark's RocksDB provider for Spark's own operators), which the query then uses."""
+    if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)):
+        raise TypeError(f"partitions must be an int, got {partitions!r}")
+    if partitions is not None and partitions < 1:
+        raise ValueError(f"partitions must be at least 1, got {partitions}")
+    savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
+    raw = json.loads(
+        call(savepoints.restore, session, savepoint, checkpoint, partitions or 0, provider or "")
+    )
+    return decode(RestoreResult, raw)
+
+
+def inspect_savepoint(
+    spark: SparkSession, savepoint: str, *, verify: bool = False
+) -> SavepointInfo:
+    """A savepoint's metadata; ``verify`` reads every file and checks its size and CRC32C."""
+    savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
+    raw = json.loads(call(savepoints.inspect, session, savepoint, verify))
+    return _savepoint_info(savepoint, raw)
+
+
+def list_savepoints(spark: SparkSession, directory: str) -> list[SavepointInfo]:
+    """The savepoints directly under ``directory``, oldest first."""
+    savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
+    raw = json.loads(call(savepoints.list, session, directory))
+    return [_savepoint_info(entry["path"], entry["metadata"]) for entry in raw]
+
+
+def dispose_savepoint(spark: SparkSession, savepoint: str) -> SavepointInfo:
+    """Delete a savepoint: the files it lists and its metadata (nothing else in its folder)."""
+    savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
+    raw = json.loads(call(savepoints.dispose, session, savepoint))
+    return _savepoint_info(savepoint, raw)
