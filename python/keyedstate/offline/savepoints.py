@@ -140,19 +140,34 @@ def restore_savepoint(
     *,
     partitions: int | None = None,
     provider: str | None = None,
+    allow_non_restored_state: bool = False,
 ) -> RestoreResult:
     """Write a new checkpoint at ``checkpoint`` from the savepoint at ``savepoint``: the query
     started on it resumes after the savepoint's batch, none replayed and none skipped. With
     ``partitions`` (another count than the savepoint's) the state is rescaled on the way. A
     canonical savepoint's state may go into another state store ``provider`` (a class name,
-    e.g. Spark's RocksDB provider for Spark's own operators), which the query then uses."""
+    e.g. Spark's RocksDB provider for Spark's own operators), which the query then uses.
+
+    The query started on the new checkpoint may differ from the savepoint's: its keyed functions
+    get their state by uid (without a uid: by position and class), a new function or state
+    starts empty, and a savepoint's function or state the query no longer has fails its start
+    unless ``allow_non_restored_state`` (Flink's ``--allowNonRestoredState``) drops it. Spark's
+    own stateful operators must stay as they were (Spark refuses another set)."""
     if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)):
         raise TypeError(f"partitions must be an int, got {partitions!r}")
     if partitions is not None and partitions < 1:
         raise ValueError(f"partitions must be at least 1, got {partitions}")
     savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
     raw = json.loads(
-        call(savepoints.restore, session, savepoint, checkpoint, partitions or 0, provider or "")
+        call(
+            savepoints.restore,
+            session,
+            savepoint,
+            checkpoint,
+            partitions or 0,
+            provider or "",
+            bool(allow_non_restored_state),
+        )
     )
     return decode(RestoreResult, raw)
 

@@ -216,6 +216,7 @@ def _savepoint(args: argparse.Namespace) -> int:
                 args.checkpoint,
                 partitions=args.partitions,
                 provider=args.provider,
+                allow_non_restored_state=args.allow_non_restored_state,
             )
         elif args.action == "inspect":
             result = ops.inspect_savepoint(spark, args.savepoint, verify=args.verify)
@@ -299,6 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     restore.add_argument("--partitions", type=int, help="another partition count (rescaled)")
     restore.add_argument(
         "--provider", help="a canonical savepoint's state into another state store provider class"
+    )
+    restore.add_argument(
+        "--allow-non-restored-state",
+        action="store_true",
+        help="let the query drop a keyed function or state it no longer has",
     )
     show = actions.add_parser("inspect", help="a savepoint's metadata")
     show.add_argument("--savepoint", required=True)

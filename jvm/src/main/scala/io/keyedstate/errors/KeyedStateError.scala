@@ -86,6 +86,8 @@ object ErrorId {
     "a keyed function restarted at an operator id whose state another uid (another function) wrote")
   case object KeyedFunctionDuplicateUid extends ErrorId("KEYED_FUNCTION_DUPLICATE_UID", KeyedFunction,
     "two keyed functions of one query with the same uid")
+  case object KeyedFunctionStateNotRestored extends ErrorId("KEYED_FUNCTION_STATE_NOT_RESTORED", KeyedFunction,
+    "a savepoint's keyed function or state that the restored query no longer has, without allow_non_restored_state")
   case object KeyedFunctionDeclarationMissing extends ErrorId("KEYED_FUNCTION_DECLARATION_MISSING",
     KeyedFunction, "a keyed function's state version whose manifest records no declaration of its states")
   case object KeyedFunctionPipelinedRunner extends ErrorId("KEYED_FUNCTION_PIPELINED_RUNNER", KeyedFunction,
@@ -96,7 +98,7 @@ object ErrorId {
     StateLoadFailed, CommitFailed, LocalDiskWriteFailed, InvalidOption, RescaleRefused, RescaleInProgress,
     QueryCheckpointInvalid, StoreBusy, UnsupportedOperation, InvalidStoreArgument, KeyedFunctionKeyChanged,
     KeyedFunctionStateChanged, KeyedFunctionCompleteMode, KeyedFunctionUnsupportedProvider,
-    KeyedFunctionUidChanged, KeyedFunctionDuplicateUid, KeyedFunctionDeclarationMissing, KeyedFunctionPipelinedRunner, KafkaSinkFailed, KafkaInvalidRecord,
+    KeyedFunctionUidChanged, KeyedFunctionDuplicateUid, KeyedFunctionStateNotRestored, KeyedFunctionDeclarationMissing, KeyedFunctionPipelinedRunner, KafkaSinkFailed, KafkaInvalidRecord,
     KafkaBatchAlreadyCommitted)
 
   def named(name: String): Option[ErrorId] = all.find(_.name == name)

@@ -37,6 +37,9 @@ object KeyedProcessOperators {
   /** Spark numbers its own stateful operators 0..n-1 per query; keyed functions take 1000 + n. */
   val FirstOperatorId = 1000
 
+  /** Spark's name of a keyed function's operator (its operator metadata, `state-metadata`). */
+  val ShortName = "keyedProcess"
+
   /**
    * The state info of the keyed function whose plan nodes carry `nodeId`, in the micro-batch
    * being planned on this thread, or None outside a streaming query (`explain` of the streaming
@@ -47,7 +50,8 @@ object KeyedProcessOperators {
    */
   def batchContext(session: SparkSession, nodeId: String): Option[BatchContext] =
     KeyedProcessSqlBridge.currentIncrementalExecution(session).map { exec =>
-      val functions = inApplicationOrder(exec.optimizedPlan)
+      val nodes = inApplicationOrder(exec.optimizedPlan)
+      val functions = nodes.map(_.spec)
       val index = functions.indexWhere(_.nodeId == nodeId)
       require(index >= 0, s"keyed function $nodeId is not in the plan of batch ${exec.currentBatchId}")
       functions.flatMap(_.uid).groupBy(identity).collectFirst { case (uid, all) if all.size > 1 =>
@@ -61,6 +65,11 @@ object KeyedProcessOperators {
           "keyed functions emit rows per key and cannot run in Complete output mode; use append or update")
       }
       checkProvider(session.sessionState.conf)
+      // A savepoint restored into this checkpoint: its state goes to these functions first.
+      if (exec.isFirstBatch) {
+        RestoreMapping.applyIfPending(session, exec.checkpointLocation, KeyedProcessSqlBridge.numStateStores(exec),
+          nodes.map(n => n.spec -> n.inputSchema))
+      }
       val info = StatefulOperatorStateInfo(
         exec.checkpointLocation,
         exec.runId,
@@ -73,10 +82,10 @@ object KeyedProcessOperators {
     }
 
   /** The keyed functions of a plan, inputs first: children before their parent, left to right. */
-  private def inApplicationOrder(plan: LogicalPlan): Seq[ProcessSpec] = {
+  private def inApplicationOrder(plan: LogicalPlan): Seq[KeyedStateLookup] = {
     val below = plan.children.flatMap(inApplicationOrder)
-    val here = plan match { case l: KeyedStateLookup => Seq(l.spec); case _ => Nil }
-    (below ++ here).distinctBy(_.nodeId)
+    val here = plan match { case l: KeyedStateLookup => Seq(l); case _ => Nil }
+    (below ++ here).distinctBy(_.spec.nodeId)
   }
 
   /** The eviction watermark Spark propagated to this operator (executed plans only). */

@@ -35,7 +35,7 @@ final case class KeyedStateApplyExec(
 
   override def stateInfo: Option[StatefulOperatorStateInfo] = context.map(_.stateInfo)
 
-  override def shortName: String = "keyedProcess"
+  override def shortName: String = KeyedProcessOperators.ShortName
 
   override def simpleString(maxFields: Int): String =
     s"KeyedStateApply ${spec.functionName} by ${spec.keyColumns.mkString(", ")}" +

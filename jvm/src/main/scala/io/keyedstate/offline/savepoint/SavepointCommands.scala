@@ -15,9 +15,10 @@ object SavepointCommands {
     Serialization.write(withProgress(spark).create(checkpoint, target, format))
 
   /** `partitions` 0: the savepoint's count; `provider` "": the one the savepoint's query used. */
-  def restore(spark: SparkSession, savepoint: String, checkpoint: String, partitions: Int, provider: String): String =
+  def restore(spark: SparkSession, savepoint: String, checkpoint: String, partitions: Int, provider: String,
+      allowNonRestoredState: Boolean): String =
     Serialization.write(withProgress(spark).restore(savepoint, checkpoint, Option(partitions).filter(_ != 0),
-      Option(provider).filter(_.nonEmpty)))
+      Option(provider).filter(_.nonEmpty), allowNonRestoredState))
 
   def inspect(spark: SparkSession, savepoint: String, verifyFiles: Boolean): String =
     Serialization.write(withProgress(spark).inspect(savepoint, verifyFiles))

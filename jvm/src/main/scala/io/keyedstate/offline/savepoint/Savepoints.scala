@@ -15,7 +15,9 @@ import io.keyedstate.checkpoint.CheckpointStore
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.errors.ErrorId
 import io.keyedstate.offline.{OfflineJob, QueryCheckpoint, StoreRef, SavepointFile, SavepointMetadata, SavepointOperator, SavepointTable}
+import io.keyedstate.offline.StateTables
 import io.keyedstate.offline.rescale.Rescaler
+import io.keyedstate.process.{PendingRestore, RestoreMapping, SavedFunction}
 
 /** What a restore did. */
 final case class RestoreResult(savepoint: String, checkpoint: String, batchId: Long, fromPartitions: Int,
@@ -105,7 +107,8 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
    * resumes after the savepoint's batch, at `partitions` (default: the savepoint's count); a
    * canonical savepoint's state may go into another `provider` (the class pinned for the query).
    */
-  def restore(savepoint: String, checkpoint: String, partitions: Option[Int], provider: Option[String] = None): RestoreResult = {
+  def restore(savepoint: String, checkpoint: String, partitions: Option[Int], provider: Option[String] = None,
+      allowNonRestoredState: Boolean = false): RestoreResult = {
     val started = System.currentTimeMillis()
     val sp = QueryCheckpoint.at(savepoint, hadoopConf)
     val metadata = SavepointMetadata.read(sp.fs, sp.root)
@@ -124,14 +127,32 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     progress(s"restoring ${sp.root} (${metadata.format}, batch ${metadata.batchId}) into ${dst.root} at $to " +
       s"partitions (the savepoint has ${metadata.partitions})")
     val bytes =
-      try formatOf(metadata.format).restore(sp, metadata, dst, to, provider)
-      catch {
+      try {
+        val written = formatOf(metadata.format).restore(sp, metadata, dst, to, provider)
+        leaveMapping(sp, metadata, dst, allowNonRestoredState)
+        written
+      } catch {
         case NonFatal(e) =>
           dst.fs.delete(dst.root, true) // a failed restore leaves no checkpoint behind
           throw e
       }
     RestoreResult(sp.root.toString, dst.root.toString, metadata.batchId, metadata.partitions, to, bytes,
       System.currentTimeMillis() - started)
+  }
+
+  /**
+   * The savepoint's keyed functions, for the restored query's first batch to map to its own by
+   * uid ([[RestoreMapping]]): the query may add, remove or reorder keyed functions.
+   */
+  private def leaveMapping(sp: QueryCheckpoint, metadata: SavepointMetadata, dst: QueryCheckpoint,
+      allowNonRestoredState: Boolean): Unit = {
+    val tables =
+      if (metadata.format == SavepointMetadata.Canonical) StateTables(sp, metadata) else StateTables(sp, metadata.batchId)
+    val functions = metadata.operators.flatMap(o => tables.declarationOf(o.operatorId).map(d =>
+      SavedFunction(o.operatorId, d.uid, d.function, d.states.map(_.name))))
+    if (functions.nonEmpty) {
+      RestoreMapping.write(dst.root, hadoopConf, PendingRestore(metadata.batchId, allowNonRestoredState, functions))
+    }
   }
 
   /** The savepoint's metadata; with `verifyFiles`, every file it lists is read and checked. */

@@ -1,0 +1,179 @@
+package io.keyedstate.process
+
+import java.nio.charset.StandardCharsets.UTF_8
+import java.util.UUID
+
+import scala.util.control.NonFatal
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.{FileSystem, Path}
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.types.StructType
+import org.json4s.{DefaultFormats, Formats}
+import org.json4s.jackson.{JsonMethods, Serialization}
+
+import io.keyedstate.KeyedStateStore
+import io.keyedstate.conf.KeyedStateErrors
+import io.keyedstate.errors.ErrorId
+
+/** A keyed function of the savepoint a checkpoint was restored from: its operator id there. */
+final case class SavedFunction(operatorId: Int, uid: Option[String], function: String, states: Seq[String]) {
+  def describe: String = function + uid.fold("")(u => s" (uid '$u')")
+}
+
+/**
+ * What a restore leaves for the query's first batch (`_keyedstate_restore.json` at the
+ * checkpoint's root): the savepoint's keyed functions under their operator ids there, and
+ * whether state the restored query no longer has may be dropped.
+ */
+final case class PendingRestore(batchId: Long, allowNonRestoredState: Boolean, functions: Seq[SavedFunction])
+
+/**
+ * Maps a restored savepoint's keyed-function state to the query that runs on it, as Flink maps
+ * a savepoint's state to operators by uid: when the first batch of a run is planned on the
+ * driver, before Spark checks the checkpoint's operators against the plan. Keyed functions'
+ * operator ids follow the order the query applies them; a function is the savepoint's function
+ * with its uid (without a uid: the one at its operator id, of the same class). Its state moves to
+ * its new id; a new function starts empty (a version at the savepoint's batch, declared); a
+ * savepoint's function or state the query no longer has is refused unless the restore allowed
+ * non-restored state, and then dropped. Every step can be redone: a driver that dies half-way
+ * leaves the pending file, and the next start finishes the mapping.
+ */
+object RestoreMapping {
+  val FileName = "_keyedstate_restore.json"
+  private val Staging = "_keyedstate_restore"
+
+  private implicit val formats: Formats = DefaultFormats
+
+  def write(root: Path, hadoopConf: Configuration, pending: PendingRestore): Unit = {
+    val fs = root.getFileSystem(hadoopConf)
+    val out = fs.create(new Path(root, FileName), true)
+    try out.write(Serialization.writePretty(pending).getBytes(UTF_8)) finally out.close()
+  }
+
+  private def read(fs: FileSystem, file: Path): PendingRestore = {
+    val in = fs.open(file)
+    val text = try new String(in.readAllBytes(), UTF_8) finally in.close()
+    try Serialization.read[PendingRestore](text)
+    catch { case NonFatal(e) => throw KeyedStateErrors.fileCorrupt(s"$file is corrupt: ${e.getMessage}", e) }
+  }
+
+  /**
+   * Maps the pending restore of the checkpoint whose state root is `stateRoot`, if any, to the
+   * keyed functions `now` (in application order, with their input schemas).
+   */
+  def applyIfPending(session: SparkSession, stateRoot: String, numPartitions: Int,
+      now: Seq[(ProcessSpec, StructType)]): Unit = synchronized {
+    val hadoopConf = session.sessionState.newHadoopConf()
+    val state = new Path(stateRoot)
+    val fs = state.getFileSystem(hadoopConf)
+    val file = new Path(state.getParent, FileName)
+    if (!fs.exists(file)) return
+    val pending = read(fs, file)
+    val ids = now.indices.map(KeyedProcessOperators.FirstOperatorId + _)
+    val matched: Map[Int, SavedFunction] = ids.zip(now).flatMap { case (id, (spec, _)) =>
+      val saved = spec.uid match {
+        case Some(u) => pending.functions.find(_.uid.contains(u))
+        case None => pending.functions.find(f => f.uid.isEmpty && f.operatorId == id && f.function == spec.functionName)
+      }
+      saved.map(id -> _)
+    }.toMap
+    val dropped = pending.functions.filterNot(f => matched.values.exists(_ eq f))
+    val removedStates = ids.zip(now).flatMap { case (id, (spec, _)) =>
+      matched.get(id).toSeq.flatMap(_.states.filterNot(s => spec.states.exists(_.name == s)).map(s => (matched(id), s)))
+    }
+    if (!pending.allowNonRestoredState) {
+      dropped.headOption.foreach { f =>
+        throw new KeyedProcessError(ErrorId.KeyedFunctionStateNotRestored, s"the savepoint restored into " +
+          s"${state.getParent} holds the state of keyed function ${f.describe} (operator ${f.operatorId} there), " +
+          s"and the query has no keyed function ${f.uid.fold(s"of class ${f.function} at operator ${f.operatorId}")(u => s"with uid '$u'")}; " +
+          "restore with allow_non_restored_state=True (--allow-non-restored-state) to drop its state")
+      }
+      removedStates.headOption.foreach { case (f, s) =>
+        throw new KeyedProcessError(ErrorId.KeyedFunctionStateNotRestored, s"state '$s' of keyed function " +
+          s"${f.describe} is in the savepoint restored into ${state.getParent}, and the function no longer declares " +
+          "it; restore with allow_non_restored_state=True (--allow-non-restored-state) to leave it unread")
+      }
+    }
+    // Every directory that moves or goes is staged first, so that a new id may be an old one.
+    val staging = new Path(state, Staging)
+    val moves = matched.toSeq.collect { case (id, f) if id != f.operatorId => f.operatorId -> id }
+    (moves.map(_._1) ++ dropped.map(_.operatorId)).foreach { old =>
+      val from = new Path(state, old.toString)
+      if (fs.exists(from) && !fs.exists(new Path(staging, old.toString))) {
+        fs.mkdirs(staging)
+        rename(fs, from, new Path(staging, old.toString))
+      }
+    }
+    moves.foreach { case (old, id) =>
+      val staged = new Path(staging, old.toString)
+      if (fs.exists(staged)) {
+        rename(fs, staged, new Path(state, id.toString))
+        renumberMetadata(fs, new Path(state, id.toString), old, id)
+      }
+    }
+    if (fs.exists(staging) && !fs.delete(staging, true)) {
+      throw KeyedStateErrors.checkpointWrite(s"The file system did not delete $staging; start the query again")
+    }
+    ids.zip(now).filterNot(x => matched.contains(x._1)).foreach { case (id, (spec, input)) =>
+      startEmpty(session, hadoopConf, stateRoot, id, numPartitions, pending.batchId, spec, input)
+    }
+    if (!fs.delete(file, false) && fs.exists(file)) {
+      throw KeyedStateErrors.checkpointWrite(s"The file system did not delete $file; start the query again")
+    }
+  }
+
+  private def rename(fs: FileSystem, from: Path, to: Path): Unit =
+    if (!fs.rename(from, to)) {
+      throw KeyedStateErrors.checkpointWrite(s"The file system did not rename $from to $to; start the query again")
+    }
+
+  /** Spark's operator metadata under an operator's directory names the operator's id. */
+  private def renumberMetadata(fs: FileSystem, dir: Path, old: Int, id: Int): Unit = {
+    val metadata = new Path(dir, "_metadata")
+    if (fs.exists(metadata)) {
+      val files = fs.listFiles(metadata, true)
+      while (files.hasNext) {
+        val f = files.next().getPath
+        if (!f.getName.startsWith(".")) {
+          val in = fs.open(f)
+          val text = try new String(in.readAllBytes(), UTF_8) finally in.close()
+          val renumbered = text.replace(s""""operatorId":$old""", s""""operatorId":$id""")
+          if (renumbered != text) {
+            val out = fs.create(f, true)
+            try out.write(renumbered.getBytes(UTF_8)) finally out.close()
+          }
+        }
+      }
+    }
+  }
+
+  /**
+   * A keyed function new in the restored query: an empty, declared version at the savepoint's
+   * batch in every partition, and Spark's operator metadata for it, as if it had run all along.
+   */
+  private def startEmpty(session: SparkSession, hadoopConf: Configuration, stateRoot: String, id: Int,
+      numPartitions: Int, batch: Long, spec: ProcessSpec, input: StructType): Unit = {
+    val layout = new StateLayout(spec, input)
+    val declaration = OperatorDeclaration.of(spec, input)
+    val storeConf = new StateStoreConf(session.sessionState.conf, StoreOptions.ttlOptions(spec.states, id))
+    (0 until numPartitions).foreach { p =>
+      val providerId = StateStoreProviderId(StateStoreId(stateRoot, id, p), UUID.randomUUID())
+      val provider = StateStoreProvider.createAndInit(providerId, layout.keySchema, layout.defaultValueSchema,
+        NoPrefixKeyStateEncoderSpec(layout.keySchema), useColumnFamilies = true, storeConf, hadoopConf,
+        useMultipleValuesPerKey = true, None)
+      try {
+        val store = provider.getStore(batch, None, forceSnapshotOnCommit = true, loadEmpty = true)
+        try {
+          store.asInstanceOf[KeyedStateStore].declare(declaration.toJson)
+          store.commit()
+        } finally if (!store.hasCommitted) store.abort()
+      } finally provider.close()
+    }
+    val metadata = OperatorStateMetadataV2(OperatorInfoV1(id, KeyedProcessOperators.ShortName),
+      Array(StateStoreMetadataV2(StateStoreId.DEFAULT_STORE_NAME, 0, numPartitions, Nil)),
+      JsonMethods.compact(declaration.toJson))
+    new OperatorStateMetadataV2Writer(new Path(stateRoot, id.toString), hadoopConf, batch).write(metadata)
+  }
+}
