@@ -74,7 +74,8 @@ def _operator(raw: dict[str, Any]) -> SavepointOperator:
     return decode(SavepointOperator, {**raw, "tables": tables})
 
 
-def _savepoint_info(path: str, raw: dict[str, Any]) -> SavepointInfo:
+def savepoint_info(path: str, raw: dict[str, Any]) -> SavepointInfo:
+    """A savepoint's metadata as the JVM returned it (JSON), for the savepoint at ``path``."""
     files = raw.get("files", [])
     values = {snake(k): v for k, v in raw.items()}
     return SavepointInfo(
@@ -106,7 +107,7 @@ def savepoint(
     _check_format(format)
     savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
     raw = json.loads(call(savepoints.create, session, checkpoint, target, format))
-    return _savepoint_info(target, raw)
+    return savepoint_info(target, raw)
 
 
 def _check_format(format: str) -> None:
@@ -178,18 +179,18 @@ def inspect_savepoint(
     """A savepoint's metadata; ``verify`` reads every file and checks its size and CRC32C."""
     savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
     raw = json.loads(call(savepoints.inspect, session, savepoint, verify))
-    return _savepoint_info(savepoint, raw)
+    return savepoint_info(savepoint, raw)
 
 
 def list_savepoints(spark: SparkSession, directory: str) -> list[SavepointInfo]:
     """The savepoints directly under ``directory``, oldest first."""
     savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
     raw = json.loads(call(savepoints.list, session, directory))
-    return [_savepoint_info(entry["path"], entry["metadata"]) for entry in raw]
+    return [savepoint_info(entry["path"], entry["metadata"]) for entry in raw]
 
 
 def dispose_savepoint(spark: SparkSession, savepoint: str) -> SavepointInfo:
     """Delete a savepoint: the files it lists and its metadata (nothing else in its folder)."""
     savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
     raw = json.loads(call(savepoints.dispose, session, savepoint))
-    return _savepoint_info(savepoint, raw)
+    return savepoint_info(savepoint, raw)

@@ -1,5 +1,6 @@
 """Keyed state: descriptors, state objects, TTL, types and time (PyFlink's names), and
-``read``, the state processor's reader of stored state (docs/state-processor.md)."""
+``read`` and ``bootstrap``, the state processor's reader of stored state and writer of state
+for a new query (docs/state-processor.md)."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -27,15 +28,21 @@ from keyedstate.state.ttl import StateTtlConfig
 from keyedstate.state.types import StateTypeError, TypeInformation, Types, to_type_info
 
 if TYPE_CHECKING:
+    from keyedstate.offline.bootstrap import bootstrap
     from keyedstate.offline.reader import read
 
 
 def __getattr__(name: str) -> Any:  # noqa: ANN401 - the attribute asked for
-    # ``read`` runs in the JVM: loaded when first used, so the API modules load no runtime code.
+    # The state processor runs in the JVM: loaded when first used, so that the API modules load
+    # no runtime code.
     if name == "read":
         from keyedstate.offline.reader import read
 
         return read
+    if name == "bootstrap":
+        from keyedstate.offline.bootstrap import bootstrap
+
+        return bootstrap
     raise AttributeError(f"module 'keyedstate.state' has no attribute {name!r}")
 
 
@@ -61,6 +68,7 @@ __all__ = [
     "Types",
     "ValueState",
     "ValueStateDescriptor",
+    "bootstrap",
     "read",
     "to_type_info",
 ]

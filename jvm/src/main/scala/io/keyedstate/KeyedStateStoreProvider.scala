@@ -234,7 +234,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     } else {
       if (loaded != null) discardLoaded()
       val (next, stats) =
-        if (loadEmpty || version == 0) (loader.empty(version), LoadStats())
+        if (loadEmpty || (version == 0 && !loader.bootstrapped)) (loader.empty(version), LoadStats())
         else loader.restore(version, checkpointId)
       loaded = next.instance
       lineage = next.lineage

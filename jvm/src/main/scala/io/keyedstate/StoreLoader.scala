@@ -10,7 +10,7 @@ import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, Stat
 import org.apache.spark.sql.types.StructType
 import org.json4s.JValue
 
-import io.keyedstate.checkpoint.{ChangelogFile, CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, VersionManifest}
+import io.keyedstate.checkpoint.{BootstrappedState, ChangelogFile, CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, VersionManifest}
 import io.keyedstate.checkpoint.commit.{Changelog, SnapshotStrategy, VersionLineage}
 import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
@@ -51,6 +51,12 @@ private[keyedstate] final class StoreLoader(
     loaded(LocalRocksDB.open(dbDir, conf), Nil, Map.empty, None,
       lineage(version, None, snapshotVersion = version, Nil, Vector.empty))
   }
+
+  /**
+   * Whether version 0 holds state: a bootstrapped checkpoint's ([[BootstrappedState]]), which a
+   * query's first batch starts from. Otherwise version 0 is the empty state before the first batch.
+   */
+  def bootstrapped: Boolean = BootstrappedState.adopt(checkpointStore, id)
 
   /** The committed state of `version` (of the commit `checkpointId` names, under format v2). */
   def restore(version: Long, checkpointId: Option[String]): (LoadedVersion, LoadStats) = {

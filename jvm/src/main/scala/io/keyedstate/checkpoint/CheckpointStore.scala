@@ -28,7 +28,7 @@ final case class ManifestRef(version: Long, checkpointId: Option[String], path: 
  *   <version>_<commit id>.manifest       checkpoint format v2: one per commit id
  * }}}
  */
-final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends Logging {
+final class CheckpointStore(val root: Path, val hadoopConf: Configuration) extends Logging {
   import CheckpointStore._
 
   // On the local file system, skip Hadoop's checksummed wrapper: its .crc side files double
@@ -73,6 +73,8 @@ final class CheckpointStore(val root: Path, hadoopConf: Configuration) extends L
     new Path(root, manifestName(version, checkpointId))
 
   def resolve(relative: String): Path = new Path(root, relative)
+
+  def hasManifest(version: Long, checkpointId: Option[String]): Boolean = fs.exists(manifestPath(version, checkpointId))
 
   /** Makes the partition directory exist: Spark's state reader discovers partitions by listing. */
   def ensureRoot(): Unit =

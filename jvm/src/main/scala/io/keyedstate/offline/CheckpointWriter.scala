@@ -16,8 +16,9 @@ import org.apache.spark.sql.types._
 import org.apache.spark.util.SerializableConfiguration
 import org.json4s.jackson.JsonMethods
 
-import io.keyedstate.KeyedStateStore
-import io.keyedstate.conf.KeyedStateErrors
+import io.keyedstate.{KeyedStateStore, KeyedStateStoreProvider}
+import io.keyedstate.checkpoint.{BootstrappedState, CheckpointStore}
+import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.errors.ErrorId
 import io.keyedstate.process.StateKind
 import io.keyedstate.rocks.{KeyGroupHasher, KeyGroups}
@@ -30,6 +31,8 @@ import io.keyedstate.rocks.{KeyGroupHasher, KeyGroups}
  * the provider would have written. Tables come in the reader's unflattened form (a list or a map
  * per key); each row goes to the partition Spark's hash partitioning gives its key at the new
  * count. Restoring a canonical savepoint, bootstrapping and transforming state are built on it.
+ * `batch` -1 writes bootstrapped state: version 0, which a new query's first batch starts from
+ * (keyedstate's provider only; the others' version 0 is always empty), see `BootstrappedState`.
  */
 final class CheckpointWriter(spark: SparkSession, val target: QueryCheckpoint, val batch: Long, val partitions: Int) {
 
@@ -50,10 +53,15 @@ final class CheckpointWriter(spark: SparkSession, val target: QueryCheckpoint, v
   def writeStore(op: Int, storeName: String, tables: Seq[(StateTable, DataFrame)],
       declaration: Option[String], settings: Map[String, String]): Seq[Long] = {
     require(tables.nonEmpty && tables.forall(t => t._1.operatorId == op && t._1.storeName == storeName))
-    val conf = KeyedProcessSqlBridge.sqlConfWith(spark, target.pinnedConf(batch) ++ settings)
+    val pinned = if (batch < 0) Map.empty[String, String] else target.pinnedConf(batch)
+    // Each written version is a full snapshot, committed with it: the restored query loads
+    // files, replays nothing, and bootstrapped state can be published as version 0.
+    val snapshots = Map(KeyedStateConf.Prefix + "changelogCheckpointing" -> "false")
+    val conf = KeyedProcessSqlBridge.sqlConfWith(spark, pinned ++ settings ++ snapshots)
     val storeConf = new StateStoreConf(conf, tables.flatMap(_._1.ttlOptions).toMap)
     val hadoopConf = new SerializableConfiguration(target.hadoopConf)
-    val stateRoot = target.stateRoot.toString
+    // Bootstrapped state waits beside `state`, which a new query must find empty.
+    val stateRoot = (if (batch < 0) BootstrappedState.stateRoot(target.root) else target.stateRoot).toString
     val specs = tables.map(_._1)
     val n = partitions
     val rows = tables.zipWithIndex.map { case ((table, df), i) =>
@@ -99,8 +107,14 @@ object CheckpointWriter {
       first.storeSpec, useColumnFamilies = first.columnFamilies, storeConf, hadoopConf,
       useMultipleValuesPerKey = first.columnFamilies, None)
     val counts = new Array[Long](tables.size)
+    val bootstrap = batch < 0
+    if (bootstrap && !provider.isInstanceOf[KeyedStateStoreProvider]) {
+      provider.close()
+      throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid, s"bootstrapped state is read by " +
+        s"keyedstate's provider only (the others start every query empty), not ${provider.getClass.getName}")
+    }
     try {
-      val store = provider.getStore(batch, None, forceSnapshotOnCommit = true, loadEmpty = true)
+      val store = provider.getStore(math.max(batch, 0), None, forceSnapshotOnCommit = true, loadEmpty = true)
       try {
         if (first.columnFamilies) tables.foreach { t =>
           val f = t.family
@@ -139,7 +153,25 @@ object CheckpointWriter {
         store.commit()
       } finally if (!store.hasCommitted) store.abort()
     } finally provider.close()
+    if (bootstrap) asVersionZero(providerId.storeId.storeCheckpointLocation(), hadoopConf)
     counts
+  }
+
+  /**
+   * The committed version 1 (a full snapshot of an empty store filled) published as version 0:
+   * the same files, listed by a manifest of version 0, so that the first batch loads them.
+   */
+  private def asVersionZero(storeDir: Path, hadoopConf: org.apache.hadoop.conf.Configuration): Unit = {
+    val store = new CheckpointStore(storeDir, hadoopConf)
+    val written = store.readManifest(1, None)
+    if (written.changelogs.nonEmpty || written.snapshotVersion != 1) {
+      throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid, s"${store.manifestPath(1, None)} is no " +
+        "full snapshot: it cannot become bootstrapped state")
+    }
+    store.writeManifest(written.copy(version = 0, snapshotVersion = 0, baseCheckpointId = None),
+      checkpointIdsEnabled = false)
+    store.delete(store.manifestPath(1, None))
+    store.listSnapshotDescriptors().filter(_.version == 1).foreach(d => store.delete(d.path))
   }
 
   private def isRetiredPartitionFile(relative: String, partitions: Int): Boolean =

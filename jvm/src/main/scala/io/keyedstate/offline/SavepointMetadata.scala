@@ -17,9 +17,11 @@ final case class SavepointFile(path: String, size: Long, crc32c: Long)
 /**
  * A table of a canonical savepoint: one state (or the timers) of a keyed function, or one store
  * of Spark's operator, as Parquet files in `path` (the reader's unflattened rows, see
- * `offline.StateReader`).
+ * `offline.StateReader`). A store of Spark's operator records its key and value schemas and key
+ * encoding (JSON), so that the savepoint is read and restored without Spark's schema files.
  */
-final case class SavepointTable(state: String, kind: String, storeName: String, path: String, rows: Long)
+final case class SavepointTable(state: String, kind: String, storeName: String, path: String, rows: Long,
+    keySchema: Option[String] = None, valueSchema: Option[String] = None, keySpec: Option[String] = None)
 
 /**
  * An operator whose state a savepoint holds: its stores, the function and uid it declared, and

@@ -56,13 +56,15 @@ object StateTable {
 /**
  * The tables of a checkpoint at one committed batch, and which one a read asks for. A keyed
  * function's tables come from its declaration (`declared`), Spark's operators' from the schema
- * files Spark wrote for each of their stores (`storesOf`).
+ * files Spark wrote for each of their stores (`storesOf`), or from a canonical savepoint's
+ * metadata (`recorded`).
  */
 final class StateTables private (
     ckpt: QueryCheckpoint,
     operatorIds: Seq[Int],
     declared: Int => Option[OperatorDeclaration],
-    storesOf: Int => Seq[String]) {
+    storesOf: Int => Seq[String],
+    recorded: Int => Option[Seq[StateTable]] = _ => None) {
   import StateTable._
 
   /** Every stateful operator of the checkpoint, with its tables. */
@@ -70,7 +72,7 @@ final class StateTables private (
 
   private def tablesOf(op: Int): Seq[StateTable] = declarationOf(op) match {
     case Some(d) => keyedFunctionTables(op, d)
-    case None => sparkOperatorTables(op)
+    case None => recorded(op).getOrElse(sparkOperatorTables(op))
   }
 
   /** A keyed function's declaration; None for Spark's own operators. */
@@ -99,10 +101,8 @@ final class StateTables private (
         StateStoreProviderId(StateStoreId(ckpt.stateRoot.toString, op, 0, store), UUID.randomUUID()), ckpt.hadoopConf)
       val schemas = try checker.readSchemaFile() catch { case NonFatal(_) => Nil }
       schemas.filter(_.colFamilyName == StateStore.DEFAULT_COL_FAMILY_NAME).map { s =>
-        val spec = s.keyStateEncoderSpec.getOrElse(defaultSpec(name, s.keySchema))
-        StateTable(op, name, "", "", store, SparkStore, store,
-          Family(StateStore.DEFAULT_COL_FAMILY_NAME, s.keySchema, s.valueSchema, spec, multipleValues = false),
-          s.keySchema, s.valueSchema, spec, columnFamilies = false, Map.empty)
+        StateTables.sparkStore(op, name, store, s.keySchema, s.valueSchema,
+          s.keyStateEncoderSpec.getOrElse(defaultSpec(name, s.keySchema)))
       }
     }
   }
@@ -165,16 +165,36 @@ object StateTables {
       if (listed.nonEmpty) listed else if (found.nonEmpty) found else Seq(StateStoreId.DEFAULT_STORE_NAME)
     })
 
-  /** The tables of a canonical savepoint: its operators, declarations and stores as its metadata lists them. */
+  /** The tables of a canonical savepoint: its operators, declarations and schemas as its metadata records them. */
   def apply(root: QueryCheckpoint, metadata: SavepointMetadata): StateTables = {
     val byId = metadata.operators.map(o => o.operatorId -> o).toMap
+    val source = SavepointMetadata.path(root.root).toString
     def declared(op: Int) = byId(op).declaration.map { json =>
-      val source = SavepointMetadata.path(root.root).toString
       OperatorDeclaration.fromJson(JsonMethods.parse(json), source).getOrElse(throw KeyedStateErrors.fileCorrupt(
         s"$source: the declaration of operator $op is not a keyed function's"))
     }
-    new StateTables(root, metadata.operators.map(_.operatorId), declared, op => byId(op).tables.map(_.storeName).distinct)
+    def recorded(op: Int): Option[Seq[StateTable]] = {
+      val o = byId(op)
+      if (o.declaration.isDefined) None
+      else Some(o.tables.map { t =>
+        val schemas = for (k <- t.keySchema; v <- t.valueSchema; spec <- t.keySpec) yield (k, v, spec)
+        val (k, v, spec) = schemas.getOrElse(throw KeyedStateErrors.fileCorrupt(
+          s"$source records no key and value schema for store '${t.storeName}' of operator $op"))
+        val keySchema = DataType.fromJson(k).asInstanceOf[StructType]
+        sparkStore(op, o.name, t.storeName, keySchema, DataType.fromJson(v).asInstanceOf[StructType],
+          KeyStateEncoderSpec.fromJson(keySchema, JsonMethods.parse(spec).values.asInstanceOf[Map[String, Any]]))
+      })
+    }
+    new StateTables(root, metadata.operators.map(_.operatorId), declared, op => byId(op).tables.map(_.storeName).distinct,
+      recorded)
   }
+
+  /** A store of Spark's own operator as a table: its key and value rows as the store keeps them. */
+  def sparkStore(op: Int, operatorName: String, store: String, keySchema: StructType, valueSchema: StructType,
+      spec: KeyStateEncoderSpec): StateTable =
+    StateTable(op, operatorName, "", "", store, StateTable.SparkStore, store,
+      Family(StateStore.DEFAULT_COL_FAMILY_NAME, keySchema, valueSchema, spec, multipleValues = false),
+      keySchema, valueSchema, spec, columnFamilies = false, Map.empty)
 
   /**
    * A keyed function's declaration, from partition 0's manifest of the version `batch`

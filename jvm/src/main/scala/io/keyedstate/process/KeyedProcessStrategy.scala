@@ -2,6 +2,7 @@ package io.keyedstate.process
 
 import org.apache.spark.sql.{SparkSession, SparkSessionExtensions}
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
+import org.apache.spark.sql.catalyst.streaming.WriteToStream
 import org.apache.spark.sql.execution.{SparkPlan, SparkStrategy}
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.internal.SQLConf
@@ -26,6 +27,10 @@ final class KeyedStateExtensions extends (SparkSessionExtensions => Unit) {
       if (plan.isStreaming) {
         KeyedStateConf.validateSession(session.sessionState.conf.getAllConfs)
         QueryLeaseListener.installOn(session)
+        plan match {
+          case start: WriteToStream => RestoreMapping.checkAtStart(session, start.resolvedCheckpointLocation)
+          case _ => ()
+        }
       })
   }
 }

@@ -14,6 +14,7 @@ import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.{JsonMethods, Serialization}
 
 import io.keyedstate.KeyedStateStore
+import io.keyedstate.checkpoint.BootstrappedState
 import io.keyedstate.conf.KeyedStateErrors
 import io.keyedstate.errors.ErrorId
 
@@ -24,10 +25,15 @@ final case class SavedFunction(operatorId: Int, uid: Option[String], function: S
 
 /**
  * What a restore leaves for the query's first batch (`_keyedstate_restore.json` at the
- * checkpoint's root): the savepoint's keyed functions under their operator ids there, and
- * whether state the restored query no longer has may be dropped.
+ * checkpoint's root): the savepoint's keyed functions under their operator ids there, whether
+ * state the restored query no longer has may be dropped, and the partition count its state was
+ * written for. `batchId` -1: a bootstrapped savepoint, whose state is version 0, the state a new
+ * query's first batch starts from.
  */
-final case class PendingRestore(batchId: Long, allowNonRestoredState: Boolean, functions: Seq[SavedFunction])
+final case class PendingRestore(batchId: Long, allowNonRestoredState: Boolean, functions: Seq[SavedFunction],
+    partitions: Int) {
+  def bootstrapped: Boolean = batchId < 0
+}
 
 /**
  * Maps a restored savepoint's keyed-function state to the query that runs on it, as Flink maps
@@ -66,11 +72,13 @@ object RestoreMapping {
   def applyIfPending(session: SparkSession, stateRoot: String, numPartitions: Int,
       now: Seq[(ProcessSpec, StructType)]): Unit = synchronized {
     val hadoopConf = session.sessionState.newHadoopConf()
-    val state = new Path(stateRoot)
-    val fs = state.getFileSystem(hadoopConf)
-    val file = new Path(state.getParent, FileName)
+    val checkpointState = new Path(stateRoot)
+    val fs = checkpointState.getFileSystem(hadoopConf)
+    val file = new Path(checkpointState.getParent, FileName)
     if (!fs.exists(file)) return
     val pending = read(fs, file)
+    // Bootstrapped state waits beside the state folder until the first batch adopts it.
+    val state = if (pending.bootstrapped) BootstrappedState.stateRoot(checkpointState.getParent) else checkpointState
     val ids = now.indices.map(KeyedProcessOperators.FirstOperatorId + _)
     val matched: Map[Int, SavedFunction] = ids.zip(now).flatMap { case (id, (spec, _)) =>
       val saved = spec.uid match {
@@ -86,13 +94,13 @@ object RestoreMapping {
     if (!pending.allowNonRestoredState) {
       dropped.headOption.foreach { f =>
         throw new KeyedProcessError(ErrorId.KeyedFunctionStateNotRestored, s"the savepoint restored into " +
-          s"${state.getParent} holds the state of keyed function ${f.describe} (operator ${f.operatorId} there), " +
+          s"${checkpointState.getParent} holds the state of keyed function ${f.describe} (operator ${f.operatorId} there), " +
           s"and the query has no keyed function ${f.uid.fold(s"of class ${f.function} at operator ${f.operatorId}")(u => s"with uid '$u'")}; " +
           "restore with allow_non_restored_state=True (--allow-non-restored-state) to drop its state")
       }
       removedStates.headOption.foreach { case (f, s) =>
         throw new KeyedProcessError(ErrorId.KeyedFunctionStateNotRestored, s"state '$s' of keyed function " +
-          s"${f.describe} is in the savepoint restored into ${state.getParent}, and the function no longer declares " +
+          s"${f.describe} is in the savepoint restored into ${checkpointState.getParent}, and the function no longer declares " +
           "it; restore with allow_non_restored_state=True (--allow-non-restored-state) to leave it unread")
       }
     }
@@ -116,11 +124,46 @@ object RestoreMapping {
     if (fs.exists(staging) && !fs.delete(staging, true)) {
       throw KeyedStateErrors.checkpointWrite(s"The file system did not delete $staging; start the query again")
     }
-    ids.zip(now).filterNot(x => matched.contains(x._1)).foreach { case (id, (spec, input)) =>
+    // Bootstrapped state is version 0: a new function's version 0 is empty without any file.
+    if (!pending.bootstrapped) ids.zip(now).filterNot(x => matched.contains(x._1)).foreach { case (id, (spec, input)) =>
       startEmpty(session, hadoopConf, stateRoot, id, numPartitions, pending.batchId, spec, input)
     }
     if (!fs.delete(file, false) && fs.exists(file)) {
       throw KeyedStateErrors.checkpointWrite(s"The file system did not delete $file; start the query again")
+    }
+  }
+
+  /**
+   * When a streaming query starts on `checkpointRoot` (on the driver, before its first batch): a
+   * bootstrapped checkpoint's state was written for one partition count, and a new query takes
+   * its count from the session, not from the checkpoint: another count would read every key
+   * from the wrong partition, so it is refused. A bootstrap's pending file left by a query that
+   * has committed batches (and ran no keyed function to map) is dropped.
+   */
+  def checkAtStart(session: SparkSession, checkpointRoot: String): Unit = {
+    val hadoopConf = session.sessionState.newHadoopConf()
+    val root = new Path(checkpointRoot)
+    val fs = root.getFileSystem(hadoopConf)
+    val file = new Path(root, FileName)
+    if (!fs.exists(file)) return
+    val pending = read(fs, file)
+    if (!pending.bootstrapped) return
+    val commits = new Path(root, "commits")
+    val committed = fs.exists(commits) && fs.listStatus(commits).exists(s => s.getPath.getName.forall(_.isDigit))
+    if (committed) {
+      // Every store adopted its bootstrapped version with the first commit.
+      fs.delete(new Path(root, BootstrappedState.Dir), true)
+      fs.delete(file, false)
+    }
+    else {
+      val partitions = session.sessionState.conf.numShufflePartitions
+      if (partitions != pending.partitions) {
+        throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"the state bootstrapped into $root " +
+          s"is written for ${pending.partitions} partitions and the query would run with $partitions " +
+          s"(spark.sql.shuffle.partitions): every key would be read from the wrong partition. Set " +
+          s"spark.sql.shuffle.partitions=${pending.partitions}, or restore the bootstrapped savepoint again with " +
+          s"partitions=$partitions")
+      }
     }
   }
 

@@ -41,7 +41,9 @@ final class CanonicalFormat(spark: SparkSession, hadoopConf: Configuration, prog
         progress(s"writing ${table.describe} to $relative")
         StateReader.read(spark, src, batch, table, flatten = false).write.parquet(new Path(dst.root, relative).toString)
         val rows = spark.read.parquet(new Path(dst.root, relative).toString).count()
-        SavepointTable(table.state, table.kind, table.storeName, relative, rows)
+        val schemas = if (table.isKeyedFunction) None else Some(table.family)
+        SavepointTable(table.state, table.kind, table.storeName, relative, rows, schemas.map(_.keySchema.json),
+          schemas.map(_.valueSchema.json), schemas.map(f => JsonMethods.compact(f.spec.jsonValue)))
       }
       val declaration = tables.declarationOf(op).map(d => JsonMethods.compact(d.toJson))
       val first = opTables.headOption

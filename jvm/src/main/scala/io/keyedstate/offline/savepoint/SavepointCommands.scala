@@ -4,6 +4,8 @@ import org.apache.spark.sql.SparkSession
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
+import io.keyedstate.offline.SavepointMetadata
+
 /** The entry points of the Python package and the CLI (`keyedstate savepoint ...`): results as JSON. */
 object SavepointCommands {
   private implicit val formats: Formats = DefaultFormats
@@ -13,6 +15,10 @@ object SavepointCommands {
 
   def create(spark: SparkSession, checkpoint: String, target: String, format: String): String =
     Serialization.write(withProgress(spark).create(checkpoint, target, format))
+
+  /** The state of `checkpoint` (a bootstrapping query's) as a savepoint a new query starts from. */
+  def bootstrap(spark: SparkSession, checkpoint: String, target: String): String =
+    Serialization.write(withProgress(spark).create(checkpoint, target, SavepointMetadata.Canonical, bootstrap = true))
 
   /** `partitions` 0: the savepoint's count; `provider` "": the one the savepoint's query used. */
   def restore(spark: SparkSession, savepoint: String, checkpoint: String, partitions: Int, provider: String,

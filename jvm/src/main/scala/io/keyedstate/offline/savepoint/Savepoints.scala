@@ -43,8 +43,13 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
       s"'$other': allowed are ${SavepointMetadata.Formats.mkString(", ")}")
   }
 
-  /** A savepoint of `checkpoint` (running or stopped) at its last committed batch, at `target`. */
-  def create(checkpoint: String, target: String, format: String = SavepointMetadata.Native): SavepointMetadata = {
+  /**
+   * A savepoint of `checkpoint` (running or stopped) at its last committed batch, at `target`.
+   * `bootstrap`: the state only, without the query's logs (a bootstrapping query's state, see
+   * [[bootstrap]]), as the state a new query starts from.
+   */
+  def create(checkpoint: String, target: String, format: String = SavepointMetadata.Native,
+      bootstrap: Boolean = false): SavepointMetadata = {
     val strategy = formatOf(format)
     val started = System.currentTimeMillis()
     val src = QueryCheckpoint.at(checkpoint, hadoopConf)
@@ -72,11 +77,11 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
       // query planned after it (a run stopped mid-batch, or running) comes along: a restored
       // query runs it again with the same offsets, as the query itself would have.
       val upTo = src.batches("offsets").find(_ > batch).getOrElse(batch)
-      progress("copying the query's logs")
-      val logs = src.metadataFiles()
+      if (!bootstrap) progress("copying the query's logs")
+      val logs = if (bootstrap) Nil else src.metadataFiles()
         .filter(rel => batchOf(rel).forall(b => b <= upTo && (b <= batch || !rel.startsWith("commits/"))))
         .map(copyFile(src, dst, _))
-      val needed = Seq("metadata", s"offsets/$batch", s"commits/$batch") ++
+      val needed = if (bootstrap) Nil else Seq("metadata", s"offsets/$batch", s"commits/$batch") ++
         (if (batch > 0) Seq(s"offsets/${batch - 1}") else Nil)
       val missing = needed.filterNot(n => logs.exists(_.path == n))
       if (missing.nonEmpty) {
@@ -85,8 +90,10 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
           "as the savepoint started; take the savepoint again")
       }
       val (operators, stateFiles) = strategy.write(src, dst, batch, partitions, usesIds)
+      // A bootstrap's state is version 0: the state before a new query's first batch.
+      val (savedBatch, savedVersion) = if (bootstrap) (-1L, 0L) else (batch, version)
       val metadata = SavepointMetadata(strategy.name, SavepointMetadata.FormatVersion, KeyedstateVersion,
-        SPARK_VERSION, System.currentTimeMillis(), src.root.toString, batch, version, partitions,
+        SPARK_VERSION, System.currentTimeMillis(), src.root.toString, savedBatch, savedVersion, partitions,
         src.pinnedConf(batch).getOrElse(QueryCheckpoint.ProviderKey, QueryCheckpoint.SparkDefaultProvider), usesIds,
         operators, stateFiles ++ logs)
       writeMetadata(dst, metadata)
@@ -119,7 +126,9 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     }
     // A native savepoint's state files are checked against their manifests as they are read.
     verify(sp, metadata, stateFiles = metadata.format != SavepointMetadata.Native)
-    val to = partitions.getOrElse(metadata.partitions)
+    // A bootstrapped savepoint starts a new query, whose partition count is the session's.
+    val to = partitions.getOrElse(
+      if (metadata.batchId < 0) spark.sessionState.conf.numShufflePartitions else metadata.partitions)
     if (to < 1 || to > Rescaler.MaxPartitions) {
       throw KeyedStateErrors.badArgument(ErrorId.RescaleRefused, s"Invalid partition count $to for restore: allowed " +
         s"is an integer from 1 to ${Rescaler.MaxPartitions}")
@@ -129,7 +138,7 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     val bytes =
       try {
         val written = formatOf(metadata.format).restore(sp, metadata, dst, to, provider)
-        leaveMapping(sp, metadata, dst, allowNonRestoredState)
+        leaveMapping(sp, metadata, dst, allowNonRestoredState, to)
         written
       } catch {
         case NonFatal(e) =>
@@ -145,13 +154,15 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
    * uid ([[RestoreMapping]]): the query may add, remove or reorder keyed functions.
    */
   private def leaveMapping(sp: QueryCheckpoint, metadata: SavepointMetadata, dst: QueryCheckpoint,
-      allowNonRestoredState: Boolean): Unit = {
+      allowNonRestoredState: Boolean, partitions: Int): Unit = {
     val tables =
       if (metadata.format == SavepointMetadata.Canonical) StateTables(sp, metadata) else StateTables(sp, metadata.batchId)
     val functions = metadata.operators.flatMap(o => tables.declarationOf(o.operatorId).map(d =>
       SavedFunction(o.operatorId, d.uid, d.function, d.states.map(_.name))))
-    if (functions.nonEmpty) {
-      RestoreMapping.write(dst.root, hadoopConf, PendingRestore(metadata.batchId, allowNonRestoredState, functions))
+    // A bootstrap's partition count is checked when the new query starts, whatever its operators.
+    if (functions.nonEmpty || metadata.batchId < 0) {
+      RestoreMapping.write(dst.root, hadoopConf, PendingRestore(metadata.batchId, allowNonRestoredState, functions,
+        partitions))
     }
   }
 
