@@ -381,3 +381,26 @@ def test_damaged_missing_and_unfinished_savepoints(spark: SparkSession, tmp_path
         keyedstate.inspect_savepoint(spark, str(target), verify=True)
     with pytest.raises(keyedstate.QueryCheckpointError, match="is not empty"):
         keyedstate.restore_savepoint(spark, str(target), str(checkpoint))
+
+
+def test_a_damaged_or_missing_canonical_table_file_is_named(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    line = Line(spark, tmp_path / "line", tally, "append")
+    checkpoint = tmp_path / "line" / "checkpoint"
+    line.run(checkpoint, PHASES[0])
+    target = tmp_path / "savepoint"
+    keyedstate.savepoint(spark, str(checkpoint), str(target), format="canonical")
+    parquet = sorted((target / "tables").rglob("*.parquet"))
+    assert parquet, "the canonical savepoint wrote no table"
+    truncated, missing = parquet[0], parquet[-1]
+    original = truncated.read_bytes()
+    truncated.write_bytes(original[: len(original) // 2])
+    with pytest.raises(keyedstate.CheckpointError, match=rf"Savepoint file .*{truncated.name} is"):
+        keyedstate.restore_savepoint(spark, str(target), str(tmp_path / "r1"))
+    assert not (tmp_path / "r1").exists()
+    truncated.write_bytes(original)
+    missing.unlink()
+    with pytest.raises(keyedstate.CheckpointError, match=rf"{missing.name} is missing"):
+        keyedstate.restore_savepoint(spark, str(target), str(tmp_path / "r2"))
+    assert not (tmp_path / "r2").exists()
