@@ -1,4 +1,5 @@
-"""Savepoint benchmark: a native savepoint and its restores against copying the checkpoint folder.
+"""Savepoint benchmark: native and canonical savepoints and their restores against copying the
+checkpoint folder, and ``keyedstate.state.read`` against Spark's ``statestore`` reader.
 
 One process, one local[2] session on keyedstate's provider:
 
@@ -8,8 +9,11 @@ One process, one local[2] session on keyedstate's provider:
    against its CRC32C) against ``shutil.copytree`` of the whole checkpoint folder (which also
    copies retained older versions, logs and Spark's metadata), and reports both sizes;
 3. times ``restore_savepoint`` at the same count (a copy) and at twice the count (a rescale);
-4. restarts the query on each restored checkpoint with one more batch and checks its key count;
-5. runs a query with small processing-time batches and reports its median batch time before a
+4. the same for a canonical savepoint (every key written as Parquet, then through the provider);
+5. restarts the query on each restored checkpoint with one more batch and checks its key count;
+6. reads the whole state (every row's key and value hashed and summed) with ``state.read`` and
+   with Spark's ``statestore`` reader, and checks both give the same sum;
+7. runs a query with small processing-time batches and reports its median batch time before a
    savepoint and while one of the big state is taken beside it (the same two cores serve both).
 
 Prints a table and the load average (the machine is shared). Usage:
@@ -152,25 +156,43 @@ def main() -> int:
         rows.append(
             ("copy of the checkpoint folder", copy_s, dir_bytes(work / "copied"), "shutil.copytree")
         )
-        for name, partitions in (
-            ("restore, same count", None),
-            ("restore, twice the count", args.partitions * 2),
-        ):
-            target = work / f"restored-{partitions}"
-            result, took = timed(
-                lambda t=target, p=partitions: keyedstate.restore_savepoint(
-                    spark, str(work / "savepoint"), str(t), partitions=p
+        canonical, took = timed(
+            lambda: keyedstate.savepoint(
+                spark, str(checkpoint), str(work / "canonical"), format="canonical"
+            )
+        )
+        rows.append(("savepoint (canonical)", took, canonical.bytes, f"{canonical.files} files"))
+        for fmt, folder in (("native", "savepoint"), ("canonical", "canonical")):
+            for name, partitions in (
+                (f"restore {fmt}, same count", None),
+                (f"restore {fmt}, twice the count", args.partitions * 2),
+            ):
+                target = work / f"restored-{fmt}-{partitions}"
+                result, took = timed(
+                    lambda t=target, p=partitions, f=folder: keyedstate.restore_savepoint(
+                        spark, str(work / f), str(t), partitions=p
+                    )
                 )
-            )
-            write_batch(spark, inputs, f"after-{partitions}", args.keys, 1000)  # 1000 new keys
-            state = run_to_end(spark, inputs, target)
-            shutil.rmtree(inputs / f"after-{partitions}")
-            expected = args.keys + 1000
-            check = "ok" if state["numRowsTotal"] == expected else f"WRONG {state['numRowsTotal']}"
-            rows.append(
-                (name, took, dir_bytes(target), f"restarted: {state['numRowsTotal']} keys, {check}")
-            )
+                after = f"after-{fmt}-{partitions}"
+                write_batch(spark, inputs, after, args.keys, 1000)  # 1000 new keys
+                state = run_to_end(spark, inputs, target)
+                shutil.rmtree(inputs / after)
+                expected = args.keys + 1000
+                total = state["numRowsTotal"]
+                check = "ok" if total == expected else f"WRONG {total}"
+                rows.append((name, took, dir_bytes(target), f"restarted: {total} keys, {check}"))
+                shutil.rmtree(target)
         keyedstate.dispose_savepoint(spark, str(work / "savepoint"))
+        keyedstate.dispose_savepoint(spark, str(work / "canonical"))
+
+        def whole_state(frame) -> int:  # noqa: ANN001 - a DataFrame
+            return frame.agg(F.sum(F.hash("key", "value").cast("long"))).first()[0]
+
+        ours, ours_s = timed(lambda: whole_state(keyedstate.state.read(spark, str(checkpoint))))
+        spark_s_sum, spark_s = timed(
+            lambda: whole_state(spark.read.format("statestore").load(str(checkpoint)))
+        )
+        reads = (ours_s, spark_s, "same" if ours == spark_s_sum else "DIFFERENT")
         taken = []
 
         def savepoints_for(seconds: float) -> None:
@@ -195,7 +217,12 @@ def main() -> int:
             print(f"{name:<34}{seconds:>9.2f}{size:>15,}  {notes}")
         print(
             f"savepoint / folder copy: time {rows[0][1] / rows[1][1]:.2f}x, "
-            f"bytes {rows[0][2] / rows[1][2]:.2f}x"
+            f"bytes {rows[0][2] / rows[1][2]:.2f}x; canonical: "
+            f"time {rows[2][1] / rows[1][1]:.2f}x, bytes {rows[2][2] / rows[1][2]:.2f}x"
+        )
+        print(
+            f"reading the whole state: state.read {reads[0]:.2f} s, Spark's statestore reader "
+            f"{reads[1]:.2f} s ({reads[1] / reads[0]:.2f}x state.read's time; rows {reads[2]})"
         )
         print(
             f"a small query's median batch: {before:.0f} ms before, "

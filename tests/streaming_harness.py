@@ -220,6 +220,23 @@ def await_finished(query: StreamingQuery, timeout_s: float = QUERY_TIMEOUT_S) ->
         raise AssertionError(f"streaming query failed: {error}")
 
 
+def refusal(
+    spark: SparkSession, frame: DataFrame, checkpoint: Path, mode: str = "append"
+) -> keyedstate.KeyedStateException:
+    """The keyedstate error that fails ``frame``'s query on ``checkpoint`` before any batch."""
+    import pytest
+    from pyspark.errors import StreamingQueryException
+
+    collector = BatchCollector()
+    query = start_query(spark, PROVIDER_UNDER_TEST, frame, mode, checkpoint, collector)
+    with pytest.raises(StreamingQueryException) as failure:
+        await_finished(query)
+    assert collector.batches == {}, collector.batches
+    error = keyedstate.state_error(failure.value)
+    assert error is not None, str(failure.value)[:3000]
+    return error
+
+
 @dataclass
 class RunResult:
     provider: str

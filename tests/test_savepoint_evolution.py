@@ -19,14 +19,13 @@ from keyedstate import (
     ValueStateDescriptor,
     key_by,
 )
-from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from state_api_support import ship_by_value
 from streaming_harness import (
     PROVIDER_UNDER_TEST,
-    BatchCollector,
     await_finished,
     committed_batches,
+    refusal,
     start_query,
 )
 from test_savepoints import OUT, PHASES, Line, normalized, tally
@@ -96,19 +95,6 @@ def run(spark: SparkSession, line: Line, frame: DataFrame, checkpoint: Path) -> 
     await_finished(query)
 
 
-def refused(
-    spark: SparkSession, frame: DataFrame, checkpoint: Path
-) -> keyedstate.KeyedStateException:
-    collector = BatchCollector()
-    query = start_query(spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector)
-    with pytest.raises(StreamingQueryException) as failure:
-        await_finished(query)
-    assert collector.batches == {}, collector.batches
-    error = keyedstate.state_error(failure.value)
-    assert error is not None, str(failure.value)[:3000]
-    return error
-
-
 @pytest.fixture
 def reference(spark: SparkSession, tmp_path: Path) -> dict[int, list[dict[str, Any]]]:
     """Tally's output, run uninterrupted over both phases."""
@@ -145,7 +131,7 @@ def test_a_removed_function_needs_allow_non_restored_state(
     line, savepoint, batch = savepoint_of_phase_one(spark, tmp_path, passing_then_tally, fmt)
     strict = tmp_path / "strict"
     keyedstate.restore_savepoint(spark, str(savepoint), str(strict))
-    error = refused(spark, tally(line.source.read_stream(spark)), strict)
+    error = refusal(spark, tally(line.source.read_stream(spark)), strict)
     assert error.error_id == "KEYED_FUNCTION_STATE_NOT_RESTORED", error
     assert "keyed function Passing (uid 'pass') (operator 1000 there)" in str(error), error
     assert "allow_non_restored_state" in str(error)
@@ -160,7 +146,7 @@ def test_a_removed_function_needs_allow_non_restored_state(
     assert not (allowed / "state" / "1001").exists()
 
 
-def test_a_removed_state_needs_allow_and_a_changed_type_is_refused(
+def test_a_removed_state_needs_allow_and_a_changed_type_is_refusal(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     line, savepoint, _ = savepoint_of_phase_one(spark, tmp_path, tally, "native")
@@ -168,13 +154,13 @@ def test_a_removed_state_needs_allow_and_a_changed_type_is_refused(
 
     strict = tmp_path / "strict"
     keyedstate.restore_savepoint(spark, str(savepoint), str(strict))
-    error = refused(spark, narrower(source.read_stream(spark)), strict)
+    error = refusal(spark, narrower(source.read_stream(spark)), strict)
     assert error.error_id == "KEYED_FUNCTION_STATE_NOT_RESTORED", error
     assert "state 'parity' of keyed function Tally (uid 'tally')" in str(error)
 
     text = tmp_path / "text"
     keyedstate.restore_savepoint(spark, str(savepoint), str(text), allow_non_restored_state=True)
-    error = refused(spark, narrower(source.read_stream(spark), as_text=True), text)
+    error = refusal(spark, narrower(source.read_stream(spark), as_text=True), text)
     assert error.error_id == "KEYED_FUNCTION_STATE_CHANGED", error
     assert "state 'count'" in str(error)
 

@@ -20,7 +20,6 @@ from keyedstate import (
     ValueStateDescriptor,
     key_by,
 )
-from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from state_api_support import ship_by_value
@@ -30,6 +29,7 @@ from streaming_harness import (
     FileInput,
     await_finished,
     committed_batches,
+    refusal,
     start_query,
 )
 
@@ -90,19 +90,6 @@ def run(spark: SparkSession, frame: DataFrame, checkpoint: Path) -> BatchCollect
     collector = BatchCollector()
     await_finished(start_query(spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector))
     return collector
-
-
-def refusal(
-    spark: SparkSession, frame: DataFrame, checkpoint: Path
-) -> keyedstate.KeyedStateException:
-    collector = BatchCollector()
-    query = start_query(spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector)
-    with pytest.raises(StreamingQueryException) as failure:
-        await_finished(query)
-    assert collector.batches == {}, collector.batches
-    error = keyedstate.state_error(failure.value)
-    assert error is not None, str(failure.value)[:3000]
-    return error
 
 
 def manifests(checkpoint: Path, operator: int) -> list[Path]:
