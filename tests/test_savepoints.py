@@ -77,6 +77,12 @@ def counts(frame: DataFrame) -> DataFrame:
     return frame.groupBy("k").agg(F.count(F.lit(1)).alias("n"), F.sum("v").alias("total"))
 
 
+def pairs(frame: DataFrame) -> DataFrame:
+    """A stream-stream join (of the stream with itself): four state stores per operator."""
+    left = frame.select("k", F.col("v").alias("left"))
+    return left.join(frame.select("k", F.col("v").alias("right")), "k")
+
+
 Build = Callable[[DataFrame], DataFrame]
 
 
@@ -130,6 +136,7 @@ SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStor
         (tally, "append", 3, "canonical", None),
         (counts, "update", 1, "canonical", None),
         (counts, "update", 3, "canonical", SPARK_ROCKSDB),
+        (pairs, "append", 3, "canonical", None),
     ],
     ids=[
         "keyed-function",
@@ -140,6 +147,7 @@ SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStor
         "canonical-keyed-function-to-3",
         "canonical-aggregation-to-1",
         "canonical-aggregation-into-spark-rocksdb-at-3",
+        "canonical-join-to-3",
     ],
 )
 def test_a_restored_savepoint_continues_as_the_uninterrupted_query(
