@@ -16,9 +16,13 @@ from typing import Any
 import keyedstate
 import pytest
 from keyedstate import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
     KeyedProcessFunction,
     ListStateDescriptor,
     MapStateDescriptor,
+    ReduceFunction,
+    ReducingStateDescriptor,
     RuntimeContext,
     Types,
     ValueStateDescriptor,
@@ -412,3 +416,83 @@ def test_a_damaged_or_missing_canonical_table_file_is_named(
     with pytest.raises(keyedstate.CheckpointError, match=rf"{missing.name} is missing"):
         keyedstate.restore_savepoint(spark, str(target), str(tmp_path / "r2"))
     assert not (tmp_path / "r2").exists()
+
+
+class Running(ReduceFunction):
+    def reduce(self, value1: int, value2: int) -> int:
+        return value1 + value2
+
+
+class Mean(AggregateFunction):
+    """Inputs are ints, the accumulator a (sum, count) pair, the result a float."""
+
+    def create_accumulator(self) -> tuple[int, int]:
+        return (0, 0)
+
+    def add(self, value: int, accumulator: tuple[int, int]) -> tuple[int, int]:
+        return (accumulator[0] + value, accumulator[1] + 1)
+
+    def get_result(self, accumulator: tuple[int, int]) -> float:
+        return accumulator[0] / accumulator[1]
+
+
+class Timed(KeyedProcessFunction):
+    """Reducing and aggregating state, and an event-time timer 3 s after each element that
+    reports them when the watermark passes it."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.total = runtime_context.get_reducing_state(
+            ReducingStateDescriptor("total", Running(), Types.LONG())
+        )
+        self.mean = runtime_context.get_aggregating_state(
+            AggregatingStateDescriptor("mean", Mean(), Types.TUPLE([Types.LONG(), Types.LONG()]))
+        )
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        self.total.add(value.v)
+        self.mean.add(value.v)
+        ctx.timer_service().register_event_time_timer(value.v * 1000 + 3000)
+        yield (value.k, "element", value.v * 1000, self.total.get(), self.mean.get())
+
+    def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext) -> Any:  # noqa: ANN401
+        yield (ctx.get_current_key(), "timer", timestamp, self.total.get(), self.mean.get())
+
+
+TIMED_OUT = "k string, kind string, at long, total long, mean double"
+# Event times (v, in seconds) rise from batch to batch: each batch's watermark fires timers.
+TIMED_PHASES = [
+    [[{"k": f"k{i % 5}", "v": 10 * b + i} for i in range(8)] for b in range(3)],
+    [[{"k": f"k{i % 4}", "v": 10 * b + i} for i in range(8)] for b in range(3, 6)],
+]
+
+
+def timed(frame: DataFrame) -> DataFrame:
+    events = frame.withColumn("ts", F.timestamp_seconds("v")).withWatermark("ts", "2 seconds")
+    return key_by(events, "k").process(Timed(), TIMED_OUT, uid="timed")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "partitions"), [("native", 3), ("canonical", None), ("canonical", 3)]
+)
+def test_reducing_and_aggregating_state_and_timers_continue_through_a_savepoint(
+    spark: SparkSession, tmp_path: Path, fmt: str, partitions: int | None
+) -> None:
+    reference = Line(spark, tmp_path / "reference", timed, "append")
+    for phase in TIMED_PHASES:
+        reference.run(tmp_path / "reference" / "checkpoint", phase)
+    line = Line(spark, tmp_path / "line", timed, "append")
+    original = tmp_path / "line" / "checkpoint"
+    line.run(original, TIMED_PHASES[0])
+    batch = committed_batches(original)[-1]
+    target = tmp_path / "savepoint"
+    info = keyedstate.savepoint(spark, str(original), str(target), format=fmt)
+    if fmt == "canonical":
+        tables = {t.state: t.rows for o in info.operators for t in o.tables}
+        assert tables["total"] > 0 and tables["mean"] > 0 and tables["$eventTimers"] > 0, tables
+    restored = tmp_path / "restored"
+    keyedstate.restore_savepoint(spark, str(target), str(restored), partitions=partitions)
+    line.run(restored, TIMED_PHASES[1])
+    fired = [r for rows in line.collector.batches.values() for r in rows if r["kind"] == "timer"]
+    assert fired, "no timer fired after the restore"
+    want = normalized(reference.collector.batches, batch)
+    assert normalized(line.collector.batches, batch) == want
