@@ -1,6 +1,6 @@
 """Keyed state: descriptors, state objects, TTL, types and time (PyFlink's names), and
-``read`` and ``bootstrap``, the state processor's reader of stored state and writer of state
-for a new query (docs/state-processor.md)."""
+the state processor API (docs/state-processor.md): ``read`` stored state, ``bootstrap`` a new
+query's state, ``transform`` a savepoint."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from keyedstate.state.types import StateTypeError, TypeInformation, Types, to_ty
 if TYPE_CHECKING:
     from keyedstate.offline.bootstrap import bootstrap
     from keyedstate.offline.reader import read
+    from keyedstate.offline.transform import transform
 
 
 def __getattr__(name: str) -> Any:  # noqa: ANN401 - the attribute asked for
@@ -43,6 +44,10 @@ def __getattr__(name: str) -> Any:  # noqa: ANN401 - the attribute asked for
         from keyedstate.offline.bootstrap import bootstrap
 
         return bootstrap
+    if name == "transform":
+        from keyedstate.offline.transform import transform
+
+        return transform
     raise AttributeError(f"module 'keyedstate.state' has no attribute {name!r}")
 
 
@@ -71,4 +76,5 @@ __all__ = [
     "bootstrap",
     "read",
     "to_type_info",
+    "transform",
 ]

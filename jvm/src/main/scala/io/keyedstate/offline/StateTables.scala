@@ -120,8 +120,22 @@ final class StateTables private (
    * store of Spark's operator, or empty (the operator's only table).
    */
   def find(operator: String, state: String): StateTable = {
+    val (op, tables) = operatorOf(operator)
+    val readable = tables.filterNot(t => t.kind == Timers && state.isEmpty)
+    state match {
+      case "" => readable match {
+        case Seq(only) => only
+        case _ => throw invalid(s"${describeOperator(op, tables)} has several states; name one")
+      }
+      case name => tables.find(_.state == name).getOrElse(throw invalid(
+        s"${describeOperator(op, tables)} has no state '$name'"))
+    }
+  }
+
+  /** The operator `operator` names (a uid, an id, or empty: the only one), with its tables. */
+  def operatorOf(operator: String): (Int, Seq[StateTable]) = {
     def listed = operators.map { case (op, ts) => describeOperator(op, ts) }.mkString("; ")
-    val (op, tables) = operator.trim match {
+    operator.trim match {
       case "" => operators match {
         case Seq(only) => only
         case Seq() => throw invalid(s"${ckpt.root} has no stateful operator")
@@ -131,15 +145,6 @@ final class StateTables private (
         throw invalid(s"${ckpt.root} has no stateful operator $id; its operators: $listed"))
       case uid => operators.find(_._2.exists(_.uid == uid)).getOrElse(
         throw invalid(s"${ckpt.root} has no keyed function with uid '$uid'; its operators: $listed"))
-    }
-    val readable = tables.filterNot(t => t.kind == Timers && state.isEmpty)
-    state match {
-      case "" => readable match {
-        case Seq(only) => only
-        case _ => throw invalid(s"${describeOperator(op, tables)} has several states; name one")
-      }
-      case name => tables.find(_.state == name).getOrElse(throw invalid(
-        s"${describeOperator(op, tables)} has no state '$name'"))
     }
   }
 

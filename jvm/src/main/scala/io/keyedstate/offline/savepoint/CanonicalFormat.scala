@@ -2,7 +2,7 @@ package io.keyedstate.offline.savepoint
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
-import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.{DataFrame, SparkSession}
 import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.json4s.jackson.JsonMethods
 
@@ -37,32 +37,17 @@ final class CanonicalFormat(spark: SparkSession, hadoopConf: Configuration, prog
     val tables = StateTables(src, batch)
     val operators = tables.operators.map { case (op, opTables) =>
       val written = opTables.zipWithIndex.map { case (table, i) =>
-        val relative = s"${CanonicalFormat.TablesDir}/$op/$i-${CanonicalFormat.safeName(table.state)}"
-        progress(s"writing ${table.describe} to $relative")
-        StateReader.read(spark, src, batch, table, flatten = false).write.parquet(new Path(dst.root, relative).toString)
-        val rows = spark.read.parquet(new Path(dst.root, relative).toString).count()
-        val schemas = if (table.isKeyedFunction) None else Some(table.family)
-        SavepointTable(table.state, table.kind, table.storeName, relative, rows, schemas.map(_.keySchema.json),
-          schemas.map(_.valueSchema.json), schemas.map(f => JsonMethods.compact(f.spec.jsonValue)))
+        progress(s"writing ${table.describe}")
+        CanonicalFormat.writeTable(spark, dst, i, table, StateReader.read(spark, src, batch, table, flatten = false))
       }
       val declaration = tables.declarationOf(op).map(d => JsonMethods.compact(d.toJson))
       val first = opTables.headOption
       SavepointOperator(op, src.operatorName(op), opTables.map(_.storeName).distinct,
         first.map(_.function).getOrElse(""), first.map(_.uid).getOrElse(""), declaration, written)
     }
-    (operators, operators.flatMap(_.tables).flatMap(t => dataFiles(dst, t.path)))
+    (operators, operators.flatMap(_.tables).flatMap(t => CanonicalFormat.dataFiles(dst, t.path)))
   }
 
-  /** The Parquet files Spark wrote for one table, with their sizes and CRC32C. */
-  private def dataFiles(dst: QueryCheckpoint, relative: String): Seq[SavepointFile] =
-    dst.fs.listStatus(new Path(dst.root, relative)).toSeq
-      .filter(st => st.isFile && !st.getPath.getName.startsWith(".") && !st.getPath.getName.startsWith("_"))
-      .map { st =>
-        val file = s"$relative/${st.getPath.getName}"
-        val (size, crc) = Savepoints.checksum(dst.fs, st.getPath, s"Savepoint file ${st.getPath}")
-        SavepointFile(file, size, crc)
-      }
-      .sortBy(_.path)
 
   def restore(sp: QueryCheckpoint, metadata: SavepointMetadata, dst: QueryCheckpoint, partitions: Int,
       provider: Option[String]): Long = {
@@ -97,6 +82,31 @@ final class CanonicalFormat(spark: SparkSession, hadoopConf: Configuration, prog
 
 object CanonicalFormat {
   val TablesDir = "tables"
+
+  /**
+   * Writes one table (rows in the reader's unflattened form) as Parquet under
+   * `tables/<operator>/<index>-<state>`; a store of Spark's operator records its schemas.
+   */
+  def writeTable(spark: SparkSession, dst: QueryCheckpoint, index: Int, table: StateTable, rows: DataFrame): SavepointTable = {
+    val relative = s"$TablesDir/${table.operatorId}/$index-${safeName(table.state)}"
+    val path = new Path(dst.root, relative).toString
+    rows.write.parquet(path)
+    val count = spark.read.parquet(path).count()
+    val schemas = if (table.isKeyedFunction) None else Some(table.family)
+    SavepointTable(table.state, table.kind, table.storeName, relative, count, schemas.map(_.keySchema.json),
+      schemas.map(_.valueSchema.json), schemas.map(f => JsonMethods.compact(f.spec.jsonValue)))
+  }
+
+  /** The Parquet files Spark wrote for one table, with their sizes and CRC32C. */
+  def dataFiles(dst: QueryCheckpoint, relative: String): Seq[SavepointFile] =
+    dst.fs.listStatus(new Path(dst.root, relative)).toSeq
+      .filter(st => st.isFile && !st.getPath.getName.startsWith(".") && !st.getPath.getName.startsWith("_"))
+      .map { st =>
+        val file = s"$relative/${st.getPath.getName}"
+        val (size, crc) = Savepoints.checksum(dst.fs, st.getPath, s"Savepoint file ${st.getPath}")
+        SavepointFile(file, size, crc)
+      }
+      .sortBy(_.path)
 
   /** A state's name as a folder name: letters, digits, `-` and `_` (the metadata keeps the name). */
   def safeName(state: String): String = state.map(c => if (c.isLetterOrDigit || c == '-' || c == '_') c else '_')

@@ -1,7 +1,10 @@
 package io.keyedstate.offline.savepoint
 
-import org.apache.spark.sql.SparkSession
+import scala.jdk.CollectionConverters._
+
+import org.apache.spark.sql.{DataFrame, SparkSession}
 import org.json4s.{DefaultFormats, Formats}
+import org.json4s.jackson.JsonMethods.parse
 import org.json4s.jackson.Serialization
 
 import io.keyedstate.offline.SavepointMetadata
@@ -19,6 +22,25 @@ object SavepointCommands {
   /** The state of `checkpoint` (a bootstrapping query's) as a savepoint a new query starts from. */
   def bootstrap(spark: SparkSession, checkpoint: String, target: String): String =
     Serialization.write(withProgress(spark).create(checkpoint, target, SavepointMetadata.Canonical, bootstrap = true))
+
+  /**
+   * [[Savepoints.transform]]: `renames` a JSON object (old uid to new), `drops` a JSON array of
+   * [operator, state] pairs (state "": the whole keyed function), `replacements` the new rows of
+   * tables keyed by `<operator>\u0000<state>`.
+   */
+  def transform(spark: SparkSession, source: String, target: String, renames: String, drops: String,
+      replacements: java.util.Map[String, DataFrame]): String = {
+    val renamed = parse(renames).extract[Map[String, String]]
+    val dropped = parse(drops).extract[List[List[String]]].map {
+      case List(operator, state) => operator -> state
+      case other => throw new IllegalArgumentException(s"a drop is [operator, state], not $other")
+    }
+    val replaced = replacements.asScala.toMap.map { case (key, rows) =>
+      val Array(operator, state) = key.split("\u0000", 2)
+      (operator, state) -> rows
+    }
+    Serialization.write(withProgress(spark).transform(source, target, renamed, dropped, replaced))
+  }
 
   /** `partitions` 0: the savepoint's count; `provider` "": the one the savepoint's query used. */
   def restore(spark: SparkSession, savepoint: String, checkpoint: String, partitions: Int, provider: String,
