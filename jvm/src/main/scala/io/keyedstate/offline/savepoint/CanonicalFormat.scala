@@ -8,7 +8,8 @@ import org.json4s.jackson.JsonMethods
 
 import io.keyedstate.conf.KeyedStateErrors
 import io.keyedstate.errors.ErrorId
-import io.keyedstate.offline.{CheckpointWriter, QueryCheckpoint, StateReader, StateTable, StateTables, SavepointFile, SavepointMetadata, SavepointOperator, SavepointTable}
+import io.keyedstate.offline.{CheckpointWriter, QueryCheckpoint, SavepointFile, SavepointMetadata, SavepointOperator,
+  SavepointTable, StateReader, StateTable, StateTables}
 
 /**
  * The canonical format: each table of each operator (a keyed function's states, timers and

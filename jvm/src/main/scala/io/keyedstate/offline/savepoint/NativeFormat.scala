@@ -8,7 +8,7 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import io.keyedstate.checkpoint.CheckpointStore
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.errors.ErrorId
-import io.keyedstate.offline.{OfflineJob, QueryCheckpoint, StoreRef, SavepointFile, SavepointMetadata, SavepointOperator, SavepointTable}
+import io.keyedstate.offline.{OfflineJob, QueryCheckpoint, SavepointFile, SavepointMetadata, SavepointOperator, StoreRef}
 import io.keyedstate.offline.rescale.Rescaler
 
 /** One store partition's committed version, copied with its manifest from one root to another. */

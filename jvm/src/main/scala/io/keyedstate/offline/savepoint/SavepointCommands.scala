@@ -24,7 +24,7 @@ object SavepointCommands {
     Serialization.write(withProgress(spark).create(checkpoint, target, SavepointMetadata.Canonical, bootstrap = true))
 
   /**
-   * [[Savepoints.transform]]: `renames` a JSON object (old uid to new), `drops` a JSON array of
+   * [[SavepointTransform]]: `renames` a JSON object (old uid to new), `drops` a JSON array of
    * [operator, state] pairs (state "": the whole keyed function), `replacements` the new rows of
    * tables keyed by `<operator>\u0000<state>`.
    */
@@ -36,10 +36,13 @@ object SavepointCommands {
       case other => throw new IllegalArgumentException(s"a drop is [operator, state], not $other")
     }
     val replaced = replacements.asScala.toMap.map { case (key, rows) =>
-      val Array(operator, state) = key.split("\u0000", 2)
-      (operator, state) -> rows
+      key.split("\u0000", 2) match {
+        case Array(operator, state) => (operator, state) -> rows
+        case _ => throw new IllegalArgumentException(s"a replaced table is named <operator>\\u0000<state>, not $key")
+      }
     }
-    Serialization.write(withProgress(spark).transform(source, target, renamed, dropped, replaced))
+    val transform = new SavepointTransform(spark, msg => System.err.println(s"[keyedstate savepoint] $msg"))
+    Serialization.write(transform.run(source, target, renamed, dropped, replaced))
   }
 
   /** `partitions` 0: the savepoint's count; `provider` "": the one the savepoint's query used. */

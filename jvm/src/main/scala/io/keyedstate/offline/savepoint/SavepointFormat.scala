@@ -1,6 +1,6 @@
 package io.keyedstate.offline.savepoint
 
-import io.keyedstate.offline.{QueryCheckpoint, SavepointFile, SavepointMetadata, SavepointOperator, SavepointTable}
+import io.keyedstate.offline.{QueryCheckpoint, SavepointFile, SavepointMetadata, SavepointOperator}
 
 /**
  * How a savepoint holds the state (docs/savepoints.md): one strategy per format behind one

@@ -1,23 +1,17 @@
 package io.keyedstate.offline.savepoint
 
-import java.nio.charset.StandardCharsets.UTF_8
 import java.util.zip.CRC32C
 
 import scala.util.control.NonFatal
 
-import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileSystem, Path}
 import org.apache.spark.SPARK_VERSION
-import org.apache.spark.sql.{DataFrame, SparkSession}
-import org.apache.spark.sql.types.DataType
-import org.json4s.jackson.JsonMethods
-import org.apache.spark.sql.execution.streaming.state.StateStoreId
+import org.apache.spark.sql.SparkSession
 
 import io.keyedstate.checkpoint.CheckpointStore
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.errors.ErrorId
-import io.keyedstate.offline.{OfflineJob, QueryCheckpoint, StoreRef, SavepointFile, SavepointMetadata, SavepointOperator, SavepointTable}
-import io.keyedstate.offline.{StateReader, StateTable, StateTables}
+import io.keyedstate.offline.{QueryCheckpoint, SavepointFile, SavepointMetadata, StateTables}
 import io.keyedstate.offline.rescale.Rescaler
 import io.keyedstate.process.{PendingRestore, RestoreMapping, SavedFunction}
 
@@ -47,8 +41,8 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
 
   /**
    * A savepoint of `checkpoint` (running or stopped) at its last committed batch, at `target`.
-   * `bootstrap`: the state only, without the query's logs (a bootstrapping query's state, see
-   * [[bootstrap]]), as the state a new query starts from.
+   * `bootstrap`: the state only, without the query's logs (a bootstrapping query's state,
+   * `keyedstate.state.bootstrap`), as the state a new query starts from.
    */
   def create(checkpoint: String, target: String, format: String = SavepointMetadata.Native,
       bootstrap: Boolean = false): SavepointMetadata = {
@@ -59,30 +53,24 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     val partitions = src.pinnedConf(batch).get(QueryCheckpoint.PartitionsKey).flatMap(_.toIntOption).getOrElse(
       throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
         s"${src.offsetPath(batch)} does not pin ${QueryCheckpoint.PartitionsKey}"))
-    val dst = QueryCheckpoint.at(target, hadoopConf)
-    refuseOverlap(src, dst)
+    val dst = new SavepointTarget(QueryCheckpoint.at(target, hadoopConf), progress)
+    dst.refuseOverlap(src)
     if (src.fs.exists(new Path(src.root, QueryCheckpoint.RescaleDir))) {
       throw KeyedStateErrors.badState(ErrorId.RescaleInProgress, s"${src.root} is held by an unfinished rescale " +
         s"(${new Path(src.root, QueryCheckpoint.RescaleDir)}): run the rescale again to finish it, then take the savepoint")
     }
-    prepareTarget(dst)
+    dst.prepare()
     val usesIds = src.usesCheckpointIds(batch)
     strategy.check(src, batch, usesIds)
     val version = batch + 1
     progress(s"${strategy.name} savepoint of ${src.root} at batch $batch (state version $version, " +
-      s"$partitions partitions) to ${dst.root}")
-    try {
-      // The marker says the folder is a savepoint being written: only such a folder is dropped
-      // when a savepoint is taken again into it (never a checkpoint given as the target).
-      dst.writeFile(pendingMarker(dst), s"${src.root}\n")
-      // The logs first, while the query's retention still keeps those of the batch. A batch the
-      // query planned after it (a run stopped mid-batch, or running) comes along: a restored
-      // query runs it again with the same offsets, as the query itself would have.
+      s"$partitions partitions) to ${dst.folder.root}")
+    dst.writing(src.root) {
       val upTo = src.batches("offsets").find(_ > batch).getOrElse(batch)
       if (!bootstrap) progress("copying the query's logs")
       val logs = if (bootstrap) Nil else src.metadataFiles()
         .filter(rel => batchOf(rel).forall(b => b <= upTo && (b <= batch || !rel.startsWith("commits/"))))
-        .map(copyFile(src, dst, _))
+        .map(copyFile(src, dst.folder, _))
       val needed = if (bootstrap) Nil else Seq("metadata", s"offsets/$batch", s"commits/$batch") ++
         (if (batch > 0) Seq(s"offsets/${batch - 1}") else Nil)
       val missing = needed.filterNot(n => logs.exists(_.path == n))
@@ -91,23 +79,13 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
           s"$batch is missing: the query's retention (spark.sql.streaming.minBatchesToRetain) may have deleted it " +
           "as the savepoint started; take the savepoint again")
       }
-      val (operators, stateFiles) = strategy.write(src, dst, batch, partitions, usesIds)
+      val (operators, stateFiles) = strategy.write(src, dst.folder, batch, partitions, usesIds)
       // A bootstrap's state is version 0: the state before a new query's first batch.
       val (savedBatch, savedVersion) = if (bootstrap) (-1L, 0L) else (batch, version)
-      val metadata = SavepointMetadata(strategy.name, SavepointMetadata.FormatVersion, KeyedstateVersion,
-        SPARK_VERSION, System.currentTimeMillis(), src.root.toString, savedBatch, savedVersion, partitions,
+      SavepointMetadata(strategy.name, SavepointMetadata.FormatVersion, KeyedstateVersion, SPARK_VERSION,
+        System.currentTimeMillis(), src.root.toString, savedBatch, savedVersion, partitions,
         src.pinnedConf(batch).getOrElse(QueryCheckpoint.ProviderKey, QueryCheckpoint.SparkDefaultProvider), usesIds,
         operators, stateFiles ++ logs)
-      writeMetadata(dst, metadata)
-      dst.fs.delete(pendingMarker(dst), false)
-      progress(s"savepoint written: ${metadata.files.size} files, ${metadata.totalBytes} bytes in " +
-        s"${(System.currentTimeMillis() - started) / 1000.0} s")
-      metadata
-    } catch {
-      case NonFatal(e) =>
-        // Without its metadata the folder is no savepoint; drop it so that nothing looks complete.
-        dst.fs.delete(dst.root, true)
-        throw e
     }
   }
 
@@ -168,99 +146,6 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     }
   }
 
-  /**
-   * A new canonical savepoint at `target` from the savepoint at `source` (native or canonical),
-   * changed: keyed functions' uids renamed (`renames`, old to new), keyed functions or their
-   * states dropped (`drops`: an operator, by uid or id, and a state, or "" for the whole
-   * function), tables replaced by new rows of the same schema (`replacements`, by operator and
-   * state: the reader's unflattened form, typically a map or filter of the table). The query's
-   * logs stay as they are. Flink's `SavepointWriter.fromExistingSavepoint` with
-   * `removeOperator`, `changeOperatorIdentifier` and `withOperator`.
-   */
-  def transform(source: String, target: String, renames: Map[String, String], drops: Seq[(String, String)],
-      replacements: Map[(String, String), DataFrame]): SavepointMetadata = {
-    val started = System.currentTimeMillis()
-    val sp = QueryCheckpoint.at(source, hadoopConf)
-    val m = SavepointMetadata.read(sp.fs, sp.root)
-    val dst = QueryCheckpoint.at(target, hadoopConf)
-    refuseOverlap(sp, dst)
-    val tables = if (m.format == SavepointMetadata.Canonical) StateTables(sp, m) else StateTables(sp, m.batchId)
-    def keyedFunction(operator: String): (Int, Seq[StateTable]) = {
-      val (op, ts) = tables.operatorOf(operator)
-      if (!ts.exists(_.isKeyedFunction)) {
-        throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"operator $op of $source is Spark's " +
-          s"${m.operators.find(_.operatorId == op).map(_.name).getOrElse("")}: only keyed functions are renamed or " +
-          "dropped (Spark's operators have no uid, and a query without one of them cannot start on its state)")
-      }
-      (op, ts)
-    }
-    val droppedOps = drops.filter(_._2.isEmpty).map(d => keyedFunction(d._1)._1).toSet
-    val droppedStates = drops.filter(_._2.nonEmpty).map { case (o, st) =>
-      val op = keyedFunction(o)._1
-      tables.find(op.toString, st).operatorId -> st
-    }.toSet
-    val renamed = renames.map { case (from, to) =>
-      val (op, _) = keyedFunction(from)
-      if (tables.operators.exists(_._2.exists(_.uid == to))) {
-        throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"a keyed function of $source already " +
-          s"has the uid '$to': uids name one operator each")
-      }
-      op -> to
-    }
-    val replaced = replacements.map { case ((o, st), rows) =>
-      val table = tables.find(o, st)
-      val expected = StateReader.schemaOf(table, flatten = false)
-      val sameColumns = rows.schema.fieldNames.sameElements(expected.fieldNames) &&
-        DataType.equalsStructurally(rows.schema, expected, ignoreNullability = true)
-      if (!sameColumns) {
-        throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"the rows replacing ${table.describe} " +
-          s"have the schema ${rows.schema.simpleString}; its table's is ${expected.simpleString} (the reader's " +
-          "unflattened form: keyedstate.state.read(..., flatten=False))")
-      }
-      (table.operatorId, table.state) -> rows
-    }
-    prepareTarget(dst)
-    progress(s"transforming ${sp.root} (${m.format}, batch ${m.batchId}) into a canonical savepoint at ${dst.root}")
-    try {
-      dst.writeFile(pendingMarker(dst), s"${sp.root}\n")
-      val stateFiles = m.files.filter(f => f.path.startsWith(CanonicalFormat.TablesDir + "/") ||
-        (f.path.startsWith("state/") && (isStoreFile(f.path) || f.path.endsWith(".manifest"))))
-      val logs = m.files.filterNot(stateFiles.contains).map(f => copyFile(sp, dst, f.path))
-      val operators = tables.operators.filterNot(o => droppedOps(o._1)).map { case (op, opTables) =>
-        val kept = opTables.filterNot(t => droppedStates((op, t.state)))
-        val written = kept.zipWithIndex.map { case (table, i) =>
-          progress(s"writing ${table.describe}")
-          val rows = replaced.getOrElse((op, table.state),
-            if (m.format == SavepointMetadata.Canonical) {
-              StateReader.readTable(spark, sp, m.operators.find(_.operatorId == op).get.tables
-                .find(_.state == table.state).get, table, flatten = false)
-            } else StateReader.read(spark, sp, m.batchId, table, flatten = false))
-          CanonicalFormat.writeTable(spark, dst, i, table, rows)
-        }
-        val declaration = tables.declarationOf(op).map { d =>
-          d.copy(uid = renamed.get(op).orElse(d.uid), states = d.states.filterNot(s => droppedStates((op, s.name))))
-        }
-        val was = m.operators.find(_.operatorId == op)
-        SavepointOperator(op, was.map(_.name).getOrElse(""), kept.map(_.storeName).distinct,
-          kept.headOption.map(_.function).getOrElse(""), renamed.getOrElse(op, kept.headOption.map(_.uid).getOrElse("")),
-          declaration.map(d => JsonMethods.compact(d.toJson)), written)
-      }
-      val tableFiles = operators.flatMap(_.tables).flatMap(t => CanonicalFormat.dataFiles(dst, t.path))
-      val metadata = m.copy(format = SavepointMetadata.Canonical, keyedstateVersion = KeyedstateVersion,
-        sparkVersion = SPARK_VERSION, createdAtMs = System.currentTimeMillis(), source = sp.root.toString,
-        operators = operators, files = tableFiles ++ logs)
-      writeMetadata(dst, metadata)
-      dst.fs.delete(pendingMarker(dst), false)
-      progress(s"savepoint written: ${metadata.files.size} files, ${metadata.totalBytes} bytes in " +
-        s"${(System.currentTimeMillis() - started) / 1000.0} s")
-      metadata
-    } catch {
-      case NonFatal(e) =>
-        dst.fs.delete(dst.root, true)
-        throw e
-    }
-  }
-
   /** The savepoint's metadata; with `verifyFiles`, every file it lists is read and checked. */
   def inspect(savepoint: String, verifyFiles: Boolean): SavepointMetadata = {
     val sp = QueryCheckpoint.at(savepoint, hadoopConf)
@@ -315,44 +200,7 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
       }
     }
 
-  private def pendingMarker(dst: QueryCheckpoint): Path = new Path(dst.root, PendingMarker)
 
-  /** A savepoint is never written into its checkpoint, nor a checkpoint into it. */
-  private def refuseOverlap(src: QueryCheckpoint, dst: QueryCheckpoint): Unit = {
-    def within(a: Path, b: Path) = a == b || a.toString.startsWith(b.toString.stripSuffix("/") + "/")
-    if (within(dst.root, src.root) || within(src.root, dst.root)) {
-      throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"savepoint: the target ${dst.root} and " +
-        s"the checkpoint ${src.root} overlap; a savepoint goes into a folder of its own")
-    }
-  }
-
-  /**
-   * A savepoint's target: new, or empty, or what a savepoint that died before its metadata left
-   * (its pending marker says so; dropped). A savepoint, or anything else, is refused.
-   */
-  private def prepareTarget(dst: QueryCheckpoint): Unit = if (dst.exists) {
-    if (dst.fs.exists(SavepointMetadata.path(dst.root))) {
-      throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"savepoint: ${dst.root} already holds a " +
-        "savepoint; dispose of it or choose another target")
-    }
-    if (dst.fs.listStatus(dst.root).nonEmpty) {
-      if (!dst.fs.exists(pendingMarker(dst))) {
-        throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
-          s"savepoint: ${dst.root} is not empty and holds no savepoint; choose a new target")
-      }
-      progress(s"dropping the unfinished savepoint at ${dst.root} (no ${SavepointMetadata.FileName})")
-      dst.fs.delete(dst.root, true)
-    }
-  }
-
-  private def writeMetadata(dst: QueryCheckpoint, metadata: SavepointMetadata): Unit = {
-    val tmp = new Path(dst.root, s".${SavepointMetadata.FileName}.tmp")
-    val out = dst.fs.create(tmp, true)
-    try out.write(SavepointMetadata.toJson(metadata).getBytes(UTF_8)) finally out.close()
-    if (!dst.fs.rename(tmp, SavepointMetadata.path(dst.root))) {
-      throw KeyedStateErrors.checkpointWrite(s"Cannot publish ${SavepointMetadata.path(dst.root)}: the rename of $tmp failed")
-    }
-  }
 }
 
 object Savepoints {
