@@ -6,6 +6,8 @@ import scala.collection.mutable
 
 import org.apache.hadoop.fs.Path
 import org.apache.spark.Partitioner
+import org.apache.spark.rdd.ShuffledRDD
+import org.apache.spark.serializer.KryoSerializer
 import org.apache.spark.sql.{DataFrame, SparkSession}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, UnsafeProjection, UnsafeRow}
@@ -73,7 +75,11 @@ final class CheckpointWriter(spark: SparkSession, val target: QueryCheckpoint, v
       }
     }
     val v = batch
-    val written = spark.sparkContext.union(rows).partitionBy(new CheckpointWriter.ByPartition(n))
+    // Kryo, not the session's serializer: UnsafeRow writes itself with Kryo in one call.
+    val routed = new ShuffledRDD[Int, (Int, UnsafeRow, Array[UnsafeRow], Boolean),
+      (Int, UnsafeRow, Array[UnsafeRow], Boolean)](spark.sparkContext.union(rows), new CheckpointWriter.ByPartition(n))
+      .setSerializer(new KryoSerializer(spark.sparkContext.getConf))
+    val written = routed
       .mapPartitionsWithIndex { (p, entries) =>
         Iterator(CheckpointWriter.writePartition(stateRoot, op, storeName, p, v, specs, declaration, storeConf,
           hadoopConf.value, entries.map(_._2)))

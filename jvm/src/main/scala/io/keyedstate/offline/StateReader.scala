@@ -4,8 +4,11 @@ import java.util.UUID
 
 import scala.collection.mutable.ArrayBuffer
 
+import scala.util.control.NonFatal
+
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
+import org.apache.spark.TaskContext
 import org.apache.spark.sql.{DataFrame, SparkSession}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, UnsafeRow}
@@ -129,7 +132,10 @@ object StateReader {
     KeyedProcessSqlBridge.internalCreateDataFrame(spark, rdd, schemaOf(table, flatten))
   }
 
-  /** Executor side: the rows of one partition's version of the table. */
+  /**
+   * Executor side: the rows of one partition's version of the table, streamed from the store's
+   * iterator; the store and its provider close when the rows are exhausted or the task ends.
+   */
   private def readPartition(
       stateRoot: String,
       table: StateTable,
@@ -138,55 +144,75 @@ object StateReader {
       checkpointId: Option[String],
       storeConf: StateStoreConf,
       hadoopConf: Configuration,
-      flatten: Boolean): Seq[InternalRow] = {
+      flatten: Boolean): Iterator[InternalRow] = {
     val providerId = StateStoreProviderId(
       StateStoreId(stateRoot, table.operatorId, partition, table.storeName), UUID.randomUUID())
     val provider = StateStoreProvider.createAndInit(providerId, table.storeKeySchema, table.storeValueSchema,
       table.storeSpec, useColumnFamilies = table.columnFamilies, storeConf, hadoopConf,
       useMultipleValuesPerKey = table.columnFamilies, None)
+    var store: ReadStateStore = null
+    var pairs: StateStoreIterator[UnsafeRowPair] = null
+    var closed = false
+    def close(): Unit = if (!closed) {
+      closed = true
+      try if (pairs != null) pairs.close()
+      finally try if (store != null) store.release() finally provider.close()
+    }
+    Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit](_ => close()))
     try {
-      val store = provider.getReadStore(version, checkpointId)
-      try {
-        val f = table.family
-        val present =
-          if (!table.columnFamilies) true
-          else {
-            // Registering tells the store how to decode the family (it may not exist yet).
-            store.registerColFamily(f.name, f.keySchema, f.valueSchema, f.spec, f.multipleValues, f.name.startsWith("$"))
-            store.allColumnFamilyNames.contains(f.name)
-          }
-        if (!present) Nil
+      store = provider.getReadStore(version, checkpointId)
+      val f = table.family
+      val present =
+        if (!table.columnFamilies) true
         else {
-          val it = if (f.multipleValues) store.iteratorWithMultiValues(f.name) else store.iterator(f.name)
-          try new PartitionRows(table, partition, flatten).of(it.map(p => (p.key, p.value))) finally it.close()
+          // Registering tells the store how to decode the family (it may not exist yet).
+          store.registerColFamily(f.name, f.keySchema, f.valueSchema, f.spec, f.multipleValues, f.name.startsWith("$"))
+          store.allColumnFamilyNames.contains(f.name)
         }
-      } finally store.release()
-    } finally provider.close()
+      if (!present) {
+        close()
+        Iterator.empty
+      } else {
+        pairs = if (f.multipleValues) store.iteratorWithMultiValues(f.name) else store.iterator(f.name)
+        val rows = new PartitionRows(table, partition, flatten).of(pairs.map(p => (p.key, p.value)))
+        new Iterator[InternalRow] {
+          override def hasNext: Boolean = rows.hasNext || { close(); false }
+          override def next(): InternalRow = rows.next()
+        }
+      }
+    } catch {
+      case NonFatal(e) =>
+        close()
+        throw e
+    }
   }
 }
 
-/** One partition's stored pairs of a table as the rows a read returns (see [[StateReader]]). */
+/**
+ * One partition's stored pairs of a table as the rows a read returns (see [[StateReader]]),
+ * streamed. Each row holds its own copies: a store's iterator may reuse its rows.
+ */
 private final class PartitionRows(table: StateTable, partition: Int, flatten: Boolean) {
   private val f = table.family
   private val keyTypes = f.keySchema.fields.map(_.dataType)
+  private val valueType = f.valueSchema.head.dataType
 
-  // Copied: the values may point into the iterator's reused rows.
-  private def row(values: Any*): InternalRow = new GenericInternalRow((partition +: values).toArray[Any]).copy()
+  private def row(values: Any*): InternalRow = new GenericInternalRow((partition +: values).toArray[Any])
   private def keyValues(key: UnsafeRow, n: Int): Seq[Any] = (0 until n).map(i => key.get(i, keyTypes(i)))
-  private def value(v: UnsafeRow): Any = v.get(0, f.valueSchema.head.dataType)
+  private def value(v: UnsafeRow): Any = v.get(0, valueType)
 
-  def of(pairs: Iterator[(UnsafeRow, UnsafeRow)]): Seq[InternalRow] = table.kind match {
-    case StateTable.SparkStore => pairs.map { case (k, v) => row(k.copy(), v.copy()) }.toVector
-    case StateTable.Timers => pairs.map { case (k, _) => row(keyValues(k, keyTypes.length): _*) }.toVector
+  def of(pairs: Iterator[(UnsafeRow, UnsafeRow)]): Iterator[InternalRow] = table.kind match {
+    case StateTable.SparkStore => pairs.map { case (k, v) => row(k.copy(), v.copy()) }
+    case StateTable.Timers => pairs.map { case (k, _) => row(keyValues(k.copy(), keyTypes.length): _*) }
     case kind => StateKind.parse(kind) match {
       case StateKind.OperatorList =>
         pairs.flatMap { case (_, v) =>
-          val elements = value(v).asInstanceOf[ArrayData]
+          val elements = value(v.copy()).asInstanceOf[ArrayData]
           if (flatten) {
-            val t = f.valueSchema.head.dataType.asInstanceOf[ArrayType].elementType
-            (0 until elements.numElements()).map(i => row(elements.get(i, t)))
-          } else Seq(row(elements.copy()))
-        }.toVector
+            val t = valueType.asInstanceOf[ArrayType].elementType
+            (0 until elements.numElements()).iterator.map(i => row(elements.get(i, t)))
+          } else Iterator.single(row(elements))
+        }
       case StateKind.List if !flatten => grouped(pairs, keyTypes.length) { (key, entries) =>
         row(key :+ new GenericArrayData(entries.map(e => value(e._2)).toArray): _*)
       }
@@ -195,26 +221,25 @@ private final class PartitionRows(table: StateTable, partition: Int, flatten: Bo
         row(key :+ ArrayBasedMapData(entries.map(_._1.get(keyTypes.length - 1, mapKeyType)).toArray,
           entries.map(e => value(e._2)).toArray): _*)
       }
-      case _ => pairs.map { case (k, v) => row(keyValues(k, keyTypes.length) :+ value(v): _*) }.toVector
+      case _ => pairs.map { case (k, v) => row(keyValues(k.copy(), keyTypes.length) :+ value(v.copy()): _*) }
     }
   }
 
   /** Consecutive pairs whose first `n` key columns are equal, one row each (a key's list
    *  elements and map entries are stored next to each other). */
   private def grouped(pairs: Iterator[(UnsafeRow, UnsafeRow)], n: Int)(
-      out: (Seq[Any], Seq[(UnsafeRow, UnsafeRow)]) => InternalRow): Seq[InternalRow] = {
-    val rows = Vector.newBuilder[InternalRow]
-    val group = ArrayBuffer.empty[(UnsafeRow, UnsafeRow)]
-    var current: Seq[Any] = null
-    pairs.foreach { case (k, v) =>
-      val stored = k.copy()
-      val key = keyValues(stored, n)
-      if (current != null && !sameKey(key, current)) { rows += out(current, group.toSeq); group.clear() }
-      current = key
-      group += ((stored, v.copy()))
+      out: (Seq[Any], Seq[(UnsafeRow, UnsafeRow)]) => InternalRow): Iterator[InternalRow] = {
+    val in = pairs.map { case (k, v) => (k.copy(), v.copy()) }.buffered
+    new Iterator[InternalRow] {
+      override def hasNext: Boolean = in.hasNext
+      override def next(): InternalRow = {
+        val first = in.next()
+        val key = keyValues(first._1, n)
+        val group = ArrayBuffer(first)
+        while (in.hasNext && sameKey(keyValues(in.head._1, n), key)) group += in.next()
+        out(key, group.toSeq)
+      }
     }
-    if (current != null) rows += out(current, group.toSeq)
-    rows.result()
   }
 
   private def sameKey(a: Seq[Any], b: Seq[Any]): Boolean = a.corresponds(b) {
