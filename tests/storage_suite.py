@@ -304,25 +304,28 @@ def test_rescale_then_continue(
     assert report.partitions == 3 and report.batch_id == len(AGG_FILES) - 1, report
 
 
+@pytest.mark.parametrize("fmt", ["native", "canonical"])
 def test_savepoint_moves_to_the_storage_and_back(
-    spark: SparkSession, remote: Callable[[str], str], tmp_path: Path
+    spark: SparkSession, remote: Callable[[str], str], tmp_path: Path, fmt: str
 ) -> None:
-    """A query on a local checkpoint; a savepoint of it written on the storage; restores from
-    there into a new checkpoint on the storage at another partition count and into a local one:
-    both continue exactly (a savepoint's paths are relative, its files checked on the way)."""
+    """A query on a local checkpoint; a savepoint of it (native or canonical) written on the
+    storage; restores from there into a new checkpoint on the storage at another partition count
+    and into a local one: both continue exactly (a savepoint's paths are relative, its files
+    checked on the way)."""
     phases = split(AGG_FILES, 3)
     source = FileInput(tmp_path / "events", EVENT_SCHEMA)
     source.add_all(phases[0]["events"])
     first = BatchCollector()
     frame = agg_by_key({"events": source.read_stream(spark)})
     await_finished(start_query(spark, PROVIDER_UNDER_TEST, frame, "update", tmp_path / "ck", first))
-    savepoint = remote("savepoint")
-    info = keyedstate.savepoint(spark, str(tmp_path / "ck"), savepoint)
+    savepoint = remote(f"savepoint-{fmt}")
+    info = keyedstate.savepoint(spark, str(tmp_path / "ck"), savepoint, format=fmt)
     assert info.files > 0 and info.bytes > 0, info
     assert keyedstate.inspect_savepoint(spark, savepoint, verify=True).bytes == info.bytes
     source.add_all(phases[1]["events"])
     seen = len(phases[0]["events"]) + len(phases[1]["events"])
-    for target, partitions in ((remote("restored"), 3), (str(tmp_path / "restored"), None)):
+    restores = ((remote(f"restored-{fmt}"), 3), (str(tmp_path / "restored"), None))
+    for target, partitions in restores:
         keyedstate.restore_savepoint(spark, savepoint, target, partitions=partitions)
         collector = BatchCollector()
         collector.batches.update(first.batches)

@@ -16,12 +16,10 @@ from typing import Any
 import keyedstate
 import pytest
 from keyedstate import (
-    AggregateFunction,
     AggregatingStateDescriptor,
     KeyedProcessFunction,
     ListStateDescriptor,
     MapStateDescriptor,
-    ReduceFunction,
     ReducingStateDescriptor,
     RuntimeContext,
     Types,
@@ -40,6 +38,7 @@ from streaming_harness import (
     committed_batches,
     start_query,
 )
+from test_state_api_states import Average, Sum
 
 SCHEMA = T.StructType([T.StructField("k", T.StringType()), T.StructField("v", T.LongType())])
 OUT = "k string, n long, recent long, odd long"
@@ -418,34 +417,16 @@ def test_a_damaged_or_missing_canonical_table_file_is_named(
     assert not (tmp_path / "r2").exists()
 
 
-class Running(ReduceFunction):
-    def reduce(self, value1: int, value2: int) -> int:
-        return value1 + value2
-
-
-class Mean(AggregateFunction):
-    """Inputs are ints, the accumulator a (sum, count) pair, the result a float."""
-
-    def create_accumulator(self) -> tuple[int, int]:
-        return (0, 0)
-
-    def add(self, value: int, accumulator: tuple[int, int]) -> tuple[int, int]:
-        return (accumulator[0] + value, accumulator[1] + 1)
-
-    def get_result(self, accumulator: tuple[int, int]) -> float:
-        return accumulator[0] / accumulator[1]
-
-
 class Timed(KeyedProcessFunction):
     """Reducing and aggregating state, and an event-time timer 3 s after each element that
     reports them when the watermark passes it."""
 
     def open(self, runtime_context: RuntimeContext) -> None:
         self.total = runtime_context.get_reducing_state(
-            ReducingStateDescriptor("total", Running(), Types.LONG())
+            ReducingStateDescriptor("total", Sum(), Types.LONG())
         )
         self.mean = runtime_context.get_aggregating_state(
-            AggregatingStateDescriptor("mean", Mean(), Types.TUPLE([Types.LONG(), Types.LONG()]))
+            AggregatingStateDescriptor("mean", Average(), Types.TUPLE([Types.LONG(), Types.LONG()]))
         )
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401

@@ -142,7 +142,10 @@ class KafkaBroker:
     def _format(self) -> None:
         """Format the KRaft log directory with a new cluster id (``kafka-storage.sh format``)."""
         self._write_config()
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # As Kafka's own Uuid.randomUuid: an id starting with '-' reads as an option (1 in 64).
+        cluster_id = "-"
+        while cluster_id.startswith("-"):
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         done = subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
                        str(self.config_path)),

@@ -207,7 +207,21 @@ final class CheckpointStore(val root: Path, val hadoopConf: Configuration) exten
     }
 
   private def manifestWriteFailed(path: Path, version: Long, e: Throwable): Exception =
-    KeyedStateErrors.checkpointWrite(s"Cannot write state manifest $path for version $version: ${e.getMessage}", e)
+    KeyedStateErrors.checkpointWrite(s"Cannot write state manifest $path for version $version: ${reason(e)}", e)
+
+  /**
+   * An object store's endpoint, which a failure's message may not name (a connection the
+   * endpoint closed says only that): the error names what could not be reached.
+   */
+  private lazy val endpoint: Option[String] =
+    if (root.toUri.getScheme != "s3a") None
+    else Option(hadoopConf.get(s"fs.s3a.bucket.${root.toUri.getHost}.endpoint"))
+      .orElse(Option(hadoopConf.get("fs.s3a.endpoint"))).filter(_.nonEmpty)
+
+  private def reason(e: Throwable): String = {
+    val message = String.valueOf(e.getMessage)
+    endpoint.filterNot(message.contains).fold(message)(at => s"$message (endpoint $at)")
+  }
 
   /** Spark's CheckpointFileManager picks the atomic write each file system supports. */
   private def writeAtomically(path: Path, bytes: Array[Byte], version: Long): Unit = {
@@ -253,7 +267,7 @@ final class CheckpointStore(val root: Path, val hadoopConf: Configuration) exten
         val out = create(target, overwrite = false)
         try copy(in, out, crc) finally out.close()
       } catch {
-        case NonFatal(e) => throw KeyedStateErrors.checkpointWrite(s"Cannot upload $local to $target: ${e.getMessage}", e)
+        case NonFatal(e) => throw KeyedStateErrors.checkpointWrite(s"Cannot upload $local to $target: ${reason(e)}", e)
       } finally in.close()
     // The bytes actually written, not the local file's length afterwards.
     ManifestFile(localName, relative, size, crc.getValue)
