@@ -126,6 +126,7 @@ def normalized(batches: dict[int, list[dict[str, Any]]], after: int) -> dict[int
 
 
 SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+SPARK_HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 
 
 @pytest.mark.parametrize(
@@ -139,6 +140,7 @@ SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStor
         (tally, "append", 3, "canonical", None),
         (counts, "update", 1, "canonical", None),
         (counts, "update", 3, "canonical", SPARK_ROCKSDB),
+        (counts, "update", 3, "canonical", SPARK_HDFS),
         (pairs, "append", 3, "canonical", None),
     ],
     ids=[
@@ -150,6 +152,7 @@ SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStor
         "canonical-keyed-function-to-3",
         "canonical-aggregation-to-1",
         "canonical-aggregation-into-spark-rocksdb-at-3",
+        "canonical-aggregation-into-spark-hdfs-at-3",
         "canonical-join-to-3",
     ],
 )

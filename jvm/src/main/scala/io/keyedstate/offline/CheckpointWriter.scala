@@ -119,8 +119,13 @@ object CheckpointWriter {
       throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid, s"bootstrapped state is read by " +
         s"keyedstate's provider only (the others start every query empty), not ${provider.getClass.getName}")
     }
+    // Spark's HDFS-backed provider cannot open an empty store at a batch: it writes version 1
+    // on top of the empty version 0, a snapshot then published as version `batch + 1`.
+    val fromEmpty = provider.getClass.getName == QueryCheckpoint.SparkDefaultProvider
     try {
-      val store = provider.getStore(math.max(batch, 0), None, forceSnapshotOnCommit = true, loadEmpty = true)
+      val store =
+        if (fromEmpty) provider.getStore(0, None, forceSnapshotOnCommit = true, loadEmpty = false)
+        else provider.getStore(math.max(batch, 0), None, forceSnapshotOnCommit = true, loadEmpty = true)
       try {
         if (first.columnFamilies) tables.foreach { t =>
           val f = t.family
@@ -160,7 +165,23 @@ object CheckpointWriter {
       } finally if (!store.hasCommitted) store.abort()
     } finally provider.close()
     if (bootstrap) asVersionZero(providerId.storeId.storeCheckpointLocation(), hadoopConf)
+    if (fromEmpty && batch + 1 != 1) asVersion(providerId.storeId.storeCheckpointLocation(), batch + 1, hadoopConf)
     counts
+  }
+
+  /** The HDFS-backed provider's version 1 (its snapshot file; the delta goes) as version `version`. */
+  private def asVersion(storeDir: Path, version: Long, hadoopConf: org.apache.hadoop.conf.Configuration): Unit = {
+    val fs = storeDir.getFileSystem(hadoopConf)
+    val snapshot = new Path(storeDir, "1.snapshot")
+    if (!fs.exists(snapshot)) {
+      throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid, s"the state store at $storeDir wrote no " +
+        s"snapshot $snapshot of the restored state")
+    }
+    val published = new Path(storeDir, s"$version.snapshot")
+    if (!fs.rename(snapshot, published)) {
+      throw KeyedStateErrors.checkpointWrite(s"Cannot publish $published: the rename of $snapshot failed")
+    }
+    fs.delete(new Path(storeDir, "1.delta"), false)
   }
 
   /**
