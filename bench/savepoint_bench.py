@@ -13,8 +13,10 @@ One process, one local[2] session on keyedstate's provider:
 5. restarts the query on each restored checkpoint with one more batch and checks its key count;
 6. reads the whole state (every row's key and value hashed and summed) with ``state.read`` and
    with Spark's ``statestore`` reader, and checks both give the same sum;
-7. runs a query with small processing-time batches and reports its median batch time before a
-   savepoint and while one of the big state is taken beside it (the same two cores serve both).
+7. runs a query with small processing-time batches and reports its median batch time before any
+   savepoint, while savepoints of the big state are taken one after the other for 20 s, and for
+   the batches that overlap one of 10 single savepoints taken 2.5 s apart (the same two cores
+   serve both).
 
 Prints a table and the load average (the machine is shared). Usage:
 
@@ -24,6 +26,7 @@ Prints a table and the load average (the machine is shared). Usage:
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import shutil
 import statistics
@@ -31,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -82,8 +86,14 @@ def timed(f):  # noqa: ANN001, ANN201
     return result, time.perf_counter() - began
 
 
-def batch_times_while(spark: SparkSession, work: Path, action) -> tuple[float, float]:  # noqa: ANN001
-    """Median batch time of a small processing-time query before ``action`` and while it runs."""
+Batch = tuple[float, float, float]  # a small query's batch: start, end (epoch seconds), ms
+
+
+def batch_times_while(
+    spark: SparkSession, work: Path, actions: list[Callable[[], None]]
+) -> tuple[list[float], list[list[Batch]]]:
+    """A small processing-time query's batch times (ms) before the ``actions``, and its batches
+    while each runs, one after the other."""
     inputs = work / "small-input"
     inputs.mkdir(parents=True)
     stream = (
@@ -117,18 +127,24 @@ def batch_times_while(spark: SparkSession, work: Path, action) -> tuple[float, f
             for p in query.recentProgress
             if p["numInputRows"] > 0
         ]
-        mark = len(query.recentProgress)
-        action()
-        during = [
-            p["durationMs"]["triggerExecution"]
-            for p in query.recentProgress[mark:]
-            if p["numInputRows"] > 0
-        ]
+        during = []
+        for action in actions:
+            mark = len(query.recentProgress)
+            action()
+            during.append(
+                [
+                    (start, start + ms / 1000, ms)
+                    for p in query.recentProgress[mark:]
+                    if p["numInputRows"] > 0
+                    for ms in [p["durationMs"]["triggerExecution"]]
+                    for start in [dt.datetime.fromisoformat(p["timestamp"]).timestamp()]
+                ]
+            )
     finally:
         stop.set()
         feeder.join()
         query.stop()
-    return statistics.median(before[-10:]), statistics.median(during or [0])
+    return before[-10:], during
 
 
 def main() -> int:
@@ -206,7 +222,27 @@ def main() -> int:
                 )
                 shutil.rmtree(target)
 
-        before, during = batch_times_while(spark, work, lambda: savepoints_for(20))
+        spaced: list[tuple[float, float]] = []
+
+        def one_savepoint_at_a_time(count: int, pause: float) -> None:
+            """Single savepoints with pauses between them: the batches that overlap one show
+            what one savepoint costs the query."""
+            for i in range(count):
+                target = work / f"single-{i}"
+                began = time.time()
+                keyedstate.savepoint(spark, str(checkpoint), str(target))
+                spaced.append((began, time.time()))
+                shutil.rmtree(target)
+                time.sleep(pause)
+
+        before_ms, (during, singles) = batch_times_while(
+            spark, work, [lambda: savepoints_for(20), lambda: one_savepoint_at_a_time(10, 2.5)]
+        )
+        before = statistics.median(before_ms)
+        back_to_back = statistics.median([ms for _, _, ms in during] or [0])
+        overlapping = [
+            ms for start, end, ms in singles if any(s < end and start < e for s, e in spaced)
+        ]
         print(
             f"\nsavepoint bench: {args.keys:,} keys, {args.partitions} partitions, "
             f"{args.batches} batches after the first; "
@@ -226,10 +262,16 @@ def main() -> int:
         )
         print(
             f"a small query's median batch: {before:.0f} ms before, "
-            f"{during:.0f} ms while savepoints of the big state are taken one after the other "
-            f"({during / before:.2f}x; {len(taken)} savepoints, "
+            f"{back_to_back:.0f} ms while savepoints of the big state are taken one after the "
+            f"other ({back_to_back / before:.2f}x; {len(taken)} savepoints, "
             f"median {statistics.median(taken):.2f} s)"
         )
+        if overlapping:
+            single = statistics.median(overlapping)
+            print(
+                f"the batches that overlap one of {len(spaced)} single savepoints (2.5 s apart): "
+                f"median {single:.0f} ms ({single / before:.2f}x; {len(overlapping)} batches)"
+            )
         return 0
     finally:
         spark.stop()
