@@ -51,19 +51,26 @@ object StateReader {
           throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"the savepoint ${ckpt.root} holds " +
             s"batch ${m.batchId} only, not $batchId")
         }
-        val table = StateTables(ckpt, m).find(op, name)
-        val stored = m.operators.find(_.operatorId == table.operatorId).toSeq.flatMap(_.tables)
-          .find(_.state == table.state).getOrElse(throw KeyedStateErrors.fileCorrupt(
-            s"${SavepointMetadata.path(ckpt.root)} lists no files for ${table.describe}"))
-        readTable(spark, ckpt, stored, table, flatten)
+        readSaved(spark, ckpt, m, StateTables(ckpt, m).find(op, name), flatten)
       case None =>
         val batch = committedBatch(ckpt, batchId)
         read(spark, ckpt, batch, StateTables(ckpt, batch).find(op, name), flatten)
     }
   }
 
+  /** A table of a savepoint `m` (at `sp`), native or canonical. */
+  def readSaved(spark: SparkSession, sp: QueryCheckpoint, m: SavepointMetadata, table: StateTable,
+      flatten: Boolean): DataFrame =
+    if (m.format != SavepointMetadata.Canonical) read(spark, sp, m.batchId, table, flatten)
+    else {
+      val stored = m.operators.find(_.operatorId == table.operatorId).toSeq.flatMap(_.tables)
+        .find(_.state == table.state).getOrElse(throw KeyedStateErrors.fileCorrupt(
+          s"${SavepointMetadata.path(sp.root)} lists no files for ${table.describe}"))
+      readTable(spark, sp, stored, table, flatten)
+    }
+
   /** A table of a canonical savepoint, from its Parquet files (unflattened), flattened on request. */
-  def readTable(spark: SparkSession, sp: QueryCheckpoint, stored: SavepointTable, table: StateTable,
+  private def readTable(spark: SparkSession, sp: QueryCheckpoint, stored: SavepointTable, table: StateTable,
       flatten: Boolean): DataFrame = {
     val df = spark.read.schema(schemaOf(table, flatten = false)).parquet(new Path(sp.root, stored.path).toString)
     val keys = df.columns.toSeq.dropRight(1).map(col)

@@ -65,7 +65,7 @@ final class CanonicalFormat(spark: SparkSession, hadoopConf: Configuration, prog
     for (o <- metadata.operators; (store, stored) <- o.tables.groupBy(_.storeName).toSeq.sortBy(_._1)) {
       val frames = stored.map { t =>
         val table = tables.find(o.operatorId.toString, t.state)
-        table -> StateReader.readTable(spark, sp, t, table, flatten = false)
+        table -> StateReader.readSaved(spark, sp, metadata, table, flatten = false)
       }
       progress(s"writing operator ${o.operatorId}${if (store == StateStoreId.DEFAULT_STORE_NAME) "" else s" store '$store'"} " +
         s"at $partitions partitions")

@@ -74,11 +74,7 @@ final class SavepointTransform(spark: SparkSession, progress: String => Unit) {
         val kept = opTables.filterNot(t => droppedStates((op, t.state)))
         val written = kept.zipWithIndex.map { case (table, i) =>
           progress(s"writing ${table.describe}")
-          val rows = replaced.getOrElse((op, table.state),
-            if (m.format == SavepointMetadata.Canonical) {
-              StateReader.readTable(spark, sp, m.operators.find(_.operatorId == op).get.tables
-                .find(_.state == table.state).get, table, flatten = false)
-            } else StateReader.read(spark, sp, m.batchId, table, flatten = false))
+          val rows = replaced.getOrElse((op, table.state), StateReader.readSaved(spark, sp, m, table, flatten = false))
           CanonicalFormat.writeTable(spark, dst.folder, i, table, rows)
         }
         val declaration = tables.declarationOf(op).map { d =>

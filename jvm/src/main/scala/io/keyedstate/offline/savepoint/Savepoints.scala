@@ -47,7 +47,6 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
   def create(checkpoint: String, target: String, format: String = SavepointMetadata.Native,
       bootstrap: Boolean = false): SavepointMetadata = {
     val strategy = formatOf(format)
-    val started = System.currentTimeMillis()
     val src = QueryCheckpoint.at(checkpoint, hadoopConf)
     val batch = src.lastCommit()
     val partitions = src.pinnedConf(batch).get(QueryCheckpoint.PartitionsKey).flatMap(_.toIntOption).getOrElse(
