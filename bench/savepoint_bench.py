@@ -13,10 +13,11 @@ One process, one local[2] session on keyedstate's provider:
 5. restarts the query on each restored checkpoint with one more batch and checks its key count;
 6. reads the whole state (every row's key and value hashed and summed) with ``state.read`` and
    with Spark's ``statestore`` reader, and checks both give the same sum;
-7. runs a query with small processing-time batches and reports its median batch time before any
-   savepoint, while savepoints of the big state are taken one after the other for 20 s, and for
-   the batches that overlap one of 10 single savepoints taken 2.5 s apart (the same two cores
-   serve both).
+7. runs the query again on its checkpoint with small processing-time batches (1000 new keys
+   each) and reports its median batch time before any savepoint, while native savepoints of it
+   are taken one after the other for 20 s, and for the batches that overlap one of 10 single
+   native savepoints, or one of 3 canonical ones, taken 2.5 s apart (the same two cores serve
+   the query and the savepoints).
 
 Prints a table and the load average (the machine is shared). Usage:
 
@@ -90,24 +91,27 @@ Batch = tuple[float, float, float]  # a small query's batch: start, end (epoch s
 
 
 def batch_times_while(
-    spark: SparkSession, work: Path, actions: list[Callable[[], None]]
+    spark: SparkSession,
+    inputs: Path,
+    checkpoint: Path,
+    first_key: int,
+    actions: list[Callable[[], None]],
 ) -> tuple[list[float], list[list[Batch]]]:
-    """A small processing-time query's batch times (ms) before the ``actions``, and its batches
-    while each runs, one after the other."""
-    inputs = work / "small-input"
-    inputs.mkdir(parents=True)
+    """The big query itself, run again on its checkpoint with small processing-time batches (a
+    file of 1000 new keys every 0.5 s, one file per batch): its batch times (ms) before the
+    ``actions``, and its batches while each runs, one after the other."""
     stream = (
         spark.readStream.schema(SCHEMA)
         .option("maxFilesPerTrigger", 1)
         .parquet(str(inputs / "*" / "*.parquet"))
     )
-    agg = stream.groupBy("key").agg(F.count("*").alias("n"))
+    agg = stream.groupBy("key").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
     stop = threading.Event()
 
     def feed() -> None:
         i = 0
         while not stop.is_set():
-            write_batch(spark, inputs, f"b{i:05d}", i * 1000, 1000)
+            write_batch(spark, inputs, f"small-{i:05d}", first_key + i * 1000, 1000)
             i += 1
             time.sleep(0.5)
 
@@ -115,7 +119,7 @@ def batch_times_while(
     query = (
         agg.writeStream.format("noop")
         .outputMode("update")
-        .option("checkpointLocation", str(work / "small-ckpt"))
+        .option("checkpointLocation", str(checkpoint))
         .trigger(processingTime="1 second")
         .start()
     )
@@ -144,6 +148,8 @@ def batch_times_while(
         stop.set()
         feeder.join()
         query.stop()
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
     return before[-10:], during
 
 
@@ -212,8 +218,7 @@ def main() -> int:
         taken = []
 
         def savepoints_for(seconds: float) -> None:
-            """Savepoints of the big state one after the other, for a while (one alone is over
-            before the small query finishes a batch)."""
+            """Native savepoints of the running query one after the other, for a while."""
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
                 target = work / f"savepoint-{len(taken)}"
@@ -222,27 +227,39 @@ def main() -> int:
                 )
                 shutil.rmtree(target)
 
-        spaced: list[tuple[float, float]] = []
+        spaced: dict[str, list[tuple[float, float]]] = {"native": [], "canonical": []}
 
-        def one_savepoint_at_a_time(count: int, pause: float) -> None:
-            """Single savepoints with pauses between them: the batches that overlap one show
-            what one savepoint costs the query."""
+        def one_savepoint_at_a_time(count: int, pause: float, fmt: str) -> None:
+            """Single savepoints of the running query with pauses between them: the batches
+            that overlap one show what one savepoint costs the query."""
             for i in range(count):
-                target = work / f"single-{i}"
+                target = work / f"single-{fmt}-{i}"
                 began = time.time()
-                keyedstate.savepoint(spark, str(checkpoint), str(target))
-                spaced.append((began, time.time()))
+                keyedstate.savepoint(spark, str(checkpoint), str(target), format=fmt)
+                spaced[fmt].append((began, time.time()))
                 shutil.rmtree(target)
                 time.sleep(pause)
 
-        before_ms, (during, singles) = batch_times_while(
-            spark, work, [lambda: savepoints_for(20), lambda: one_savepoint_at_a_time(10, 2.5)]
+        before_ms, (during, singles, canonicals) = batch_times_while(
+            spark,
+            inputs,
+            checkpoint,
+            args.keys * 2,
+            [
+                lambda: savepoints_for(20),
+                lambda: one_savepoint_at_a_time(10, 2.5, "native"),
+                lambda: one_savepoint_at_a_time(3, 2.5, "canonical"),
+            ],
         )
         before = statistics.median(before_ms)
         back_to_back = statistics.median([ms for _, _, ms in during] or [0])
-        overlapping = [
-            ms for start, end, ms in singles if any(s < end and start < e for s, e in spaced)
-        ]
+
+        def overlapping(batches: list[Batch], fmt: str) -> list[float]:
+            def overlaps(start: float, end: float) -> bool:
+                return any(s < end and start < e for s, e in spaced[fmt])
+
+            return [ms for start, end, ms in batches if overlaps(start, end)]
+
         print(
             f"\nsavepoint bench: {args.keys:,} keys, {args.partitions} partitions, "
             f"{args.batches} batches after the first; "
@@ -261,17 +278,21 @@ def main() -> int:
             f"{reads[1]:.2f} s ({reads[1] / reads[0]:.2f}x state.read's time; rows {reads[2]})"
         )
         print(
-            f"a small query's median batch: {before:.0f} ms before, "
-            f"{back_to_back:.0f} ms while savepoints of the big state are taken one after the "
+            f"the running query's median batch (1000 rows on {args.keys:,} keys): "
+            f"{before:.0f} ms before any savepoint; "
+            f"{back_to_back:.0f} ms while native savepoints of it are taken one after the "
             f"other ({back_to_back / before:.2f}x; {len(taken)} savepoints, "
             f"median {statistics.median(taken):.2f} s)"
         )
-        if overlapping:
-            single = statistics.median(overlapping)
-            print(
-                f"the batches that overlap one of {len(spaced)} single savepoints (2.5 s apart): "
-                f"median {single:.0f} ms ({single / before:.2f}x; {len(overlapping)} batches)"
-            )
+        for fmt, batches in (("native", singles), ("canonical", canonicals)):
+            hit = overlapping(batches, fmt)
+            if hit:
+                single = statistics.median(hit)
+                print(
+                    f"the batches that overlap one of {len(spaced[fmt])} single {fmt} savepoints "
+                    f"(2.5 s apart): median {single:.0f} ms ({single / before:.2f}x; "
+                    f"{len(hit)} batches: {', '.join(f'{ms:.0f}' for ms in hit)})"
+                )
         return 0
     finally:
         spark.stop()

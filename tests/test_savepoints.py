@@ -22,6 +22,8 @@ from keyedstate import (
     MapStateDescriptor,
     ReducingStateDescriptor,
     RuntimeContext,
+    StateTtlConfig,
+    Time,
     Types,
     ValueStateDescriptor,
     key_by,
@@ -211,6 +213,14 @@ def test_a_restored_savepoint_continues_as_the_uninterrupted_query(
             assert stored_rows(spark, restored, op.operator_id, table.state) == stored_rows(
                 spark, target, op.operator_id, table.state
             ), (op.operator_id, table.state)
+    # Spark's operator metadata names the restored checkpoint's folders, not the source's.
+    operator_metadata = list(restored.glob("state/*/_metadata/v2/[0-9]*"))
+    assert operator_metadata or build is not tally
+    for metadata in operator_metadata:
+        info_json = json.loads(metadata.read_text().splitlines()[1])
+        for store in info_json["stateStoreInfo"]:
+            for path in store["stateSchemaFilePaths"]:
+                assert path.startswith(f"file:{restored}/state/"), (metadata, path)
     line.run(restored, PHASES[1])
     # Resumed exactly after the savepoint's batch: none replayed, none skipped.
     got, want = (
@@ -480,3 +490,124 @@ def test_reducing_and_aggregating_state_and_timers_continue_through_a_savepoint(
     assert fired, "no timer fired after the restore"
     want = normalized(reference.collector.batches, batch)
     assert normalized(line.collector.batches, batch) == want
+
+
+TTL_MS = 10_000
+
+
+class Expiring(KeyedProcessFunction):
+    """Value, list and map state with a 10 s TTL: a non-negative ``v`` is written to each, -1
+    reads them (the view of what is still live)."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        ttl = StateTtlConfig.new_builder(Time.milliseconds(TTL_MS)).build()
+        last = ValueStateDescriptor("last", Types.LONG())
+        seen = ListStateDescriptor("seen", Types.LONG())
+        by = MapStateDescriptor("by", Types.STRING(), Types.LONG())
+        for descriptor in (last, seen, by):
+            descriptor.enable_time_to_live(ttl)
+        self.last = runtime_context.get_state(last)
+        self.seen = runtime_context.get_list_state(seen)
+        self.by = runtime_context.get_map_state(by)
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        now = ctx.timer_service().current_processing_time()
+        if value.v >= 0:
+            self.last.update(value.v)
+            self.seen.add(value.v)
+            self.by.put(f"e{value.v}", value.v)
+            yield (value.k, now, "null")
+        else:
+            view = {
+                "last": self.last.value(),
+                "seen": self.seen.get(),
+                "by": sorted(self.by.items()),
+            }
+            yield (value.k, now, json.dumps(view, sort_keys=True))
+
+
+def expiring(frame: DataFrame) -> DataFrame:
+    return key_by(frame, "k").process(Expiring(), "k string, now long, view string", uid="expiring")
+
+
+class ExpiringModel:
+    """Flink's TTL on plain values (expired when last access + TTL <= now), with each value's
+    last access."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[int, int]] = {}
+        self.seen: dict[str, list[tuple[int, int]]] = {}
+        self.by: dict[str, dict[str, tuple[int, int]]] = {}
+
+    def write(self, k: str, v: int, now: int) -> None:
+        self.last[k] = (v, now)
+        self.seen.setdefault(k, []).append((v, now))
+        self.by.setdefault(k, {})[f"e{v}"] = (v, now)
+
+    @staticmethod
+    def live(stamp: int, now: int) -> bool:
+        return stamp + TTL_MS > now
+
+    def view(self, k: str, now: int) -> str:
+        last = self.last.get(k)
+        view = {
+            "last": last[0] if last and self.live(last[1], now) else None,
+            "seen": [v for v, t in self.seen.get(k, []) if self.live(t, now)],
+            "by": sorted([m, v] for m, (v, t) in self.by.get(k, {}).items() if self.live(t, now)),
+        }
+        return json.dumps(view, sort_keys=True)
+
+    def stored(self, now: int) -> dict[str, list[str]]:
+        """The rows ``state.read`` gives at ``now`` (as ``stored_rows`` makes them comparable)."""
+        stamp = "last_access_timestamp"
+        rows: dict[str, list[dict[str, Any]]] = {
+            "last": [{"k": k, "value": v, stamp: t} for k, (v, t) in self.last.items()],
+            "seen": [{"k": k, "value": v, stamp: t} for k, vs in self.seen.items() for v, t in vs],
+            "by": [
+                {"k": k, "user_map_key": m, "value": v, stamp: t}
+                for k, entries in self.by.items()
+                for m, (v, t) in entries.items()
+            ],
+        }
+        return {
+            name: sorted(json.dumps(r, sort_keys=True) for r in rs if self.live(r[stamp], now))
+            for name, rs in rows.items()
+        }
+
+
+@pytest.mark.parametrize(("fmt", "partitions"), [("native", 3), ("canonical", 3)])
+def test_ttl_last_access_times_survive_a_savepoint(
+    spark: SparkSession, tmp_path: Path, fmt: str, partitions: int
+) -> None:
+    """A savepoint keeps each TTL'd value's last access (a canonical one in its tables'
+    ``last_access_timestamp``), so that the restored query expires state exactly as the
+    original would have: a value written before the savepoint is gone TTL after its write,
+    not TTL after the savepoint's batch."""
+    line = Line(spark, tmp_path / "line", expiring, "append")
+    original = tmp_path / "line" / "checkpoint"
+    model = ExpiringModel()
+    for rows in ([("a", 1), ("b", 2)], [("b", 3), ("c", 4)]):
+        line.run(original, [[{"k": k, "v": v} for k, v in rows]])
+        batch = committed_batches(original)[-1]
+        now = line.collector.batches[batch][0]["now"]
+        for k, v in rows:
+            model.write(k, v, now)
+    first, last = (line.collector.batches[b][0]["now"] for b in committed_batches(original))
+    assert 0 < last - first < TTL_MS, "the two batches must be apart, and both live at the second"
+
+    target = tmp_path / "savepoint"
+    keyedstate.savepoint(spark, str(original), str(target), format=fmt)
+    restored = tmp_path / "restored"
+    keyedstate.restore_savepoint(spark, str(target), str(restored), partitions=partitions)
+    for name, want in model.stored(last).items():
+        assert stored_rows(spark, target, "expiring", name) == want, (fmt, "savepoint", name)
+        assert stored_rows(spark, restored, "expiring", name) == want, (fmt, "restored", name)
+
+    # The restored query's next batch comes after the first write's TTL: 'a' has expired.
+    time.sleep(max(0.0, (first + TTL_MS + 500) / 1000 - time.time()))
+    line.run(restored, [[{"k": k, "v": -1} for k in ("a", "b", "c")]])
+    batch = committed_batches(restored)[-1]
+    got = sorted(line.collector.batches[batch], key=lambda r: r["k"])
+    now = got[0]["now"]
+    assert got == [{"k": k, "now": now, "view": model.view(k, now)} for k in ("a", "b", "c")]
+    assert json.loads(got[0]["view"]) == {"last": None, "seen": [], "by": []}

@@ -163,19 +163,21 @@ class Model:
         return view
 
     def live(self, now: int) -> dict[str, list[dict[str, Any]]]:
-        """What a reader sees at ``now``: unexpired entries, and 'ret' even when expired."""
+        """What a reader sees at ``now``: unexpired entries, and 'ret' even when expired, each
+        with the time its TTL counts from."""
         out: dict[str, list[dict[str, Any]]] = {n: [] for n in ("cw", "rw", "ret", "lst", "mp")}
+        stamp = "last_access_timestamp"
         for key, st in self.keys.items():
             for name in ("cw", "rw", "ret"):
                 entry = st.get(name)
                 if entry is not None and (name == "ret" or not self.expired(entry[1], now)):
-                    out[name].append({"key": key, "value": entry[0]})
+                    out[name].append({"key": key, "value": entry[0], stamp: entry[1]})
             for v, ts in st["lst"]:
                 if not self.expired(ts, now):
-                    out["lst"].append({"key": key, "value": v})
+                    out["lst"].append({"key": key, "value": v, stamp: ts})
             for k, (v, ts) in st["mp"].items():
                 if not self.expired(ts, now):
-                    out["mp"].append({"key": key, "user_map_key": k, "value": v})
+                    out["mp"].append({"key": key, "user_map_key": k, "value": v, stamp: ts})
         return {name: sorted(rows, key=repr) for name, rows in out.items()}
 
 
@@ -229,7 +231,8 @@ def test_ttl_update_types_and_visibility(spark: SparkSession, tmp_path: Path) ->
             assert got == sort_rows(want), f"{label} batch {batch}: {got} != {sort_rows(want)}"
 
         # The stored state at the last batch's time: per state, one row per live value,
-        # element or entry ('idle' was written once, 26 s before: only 'ret' still shows it).
+        # element or entry with its last access ('idle' was written once, 26 s before: only
+        # 'ret' still shows it).
         want_stored = model.live(now)
         for name, rows in want_stored.items():
             assert stored_state(spark, result.checkpoint, name) == rows, (label, name)
@@ -391,4 +394,9 @@ def test_expired_state_is_removed_by_the_providers_cleanup(
     removed = sum(int(o.customMetrics.get("ttlRemovedIncremental", 0)) for o in operators)
     assert removed == 41, [o.customMetrics for o in operators]  # the 40 old keys and new0
     assert operators[0].numRowsTotal == 40 and operators[-1].numRowsTotal == 1, operators
-    assert stored_state(spark, checkpoint, "seen") == [{"key": "new1", "value": 2}]
+    # new1's last access is the time of the batch that wrote it (the last one).
+    last = max(int(f.name) for f in (checkpoint / "offsets").iterdir() if f.name.isdigit())
+    written = json.loads((checkpoint / "offsets" / str(last)).read_text().splitlines()[1])
+    assert stored_state(spark, checkpoint, "seen") == [
+        {"key": "new1", "value": 2, "last_access_timestamp": written["batchTimestampMs"]}
+    ]

@@ -12,9 +12,11 @@ import io.keyedstate.conf.KeyedStateErrors
 import io.keyedstate.errors.ErrorId
 import io.keyedstate.rocks.{ClosableIterator, ColumnFamilyCodec}
 
-private object KeyedStateStore {
+private[keyedstate] object KeyedStateStore {
   /** A prefix scan with more entries than this does not teach the key count's memo. */
   val MaxScanRemembered = 10000
+  /** A stamp [[KeyedStateStore.putStamped]] replaces with the batch's time (a table row without one). */
+  val Unstamped: Long = Long.MinValue
 }
 
 /**
@@ -206,18 +208,33 @@ final class KeyedStateStore private[keyedstate] (
       cf: String,
       codec: ColumnFamilyCodec,
       multi: Boolean): StateStoreIterator[UnsafeRowPair] = {
-    val live =
-      if (!state.ttl.config(cf).hidesExpired) raw
-      else raw.flatMap { case (k, stored) =>
-        val v = state.ttl.onScan(cf, codec.multipleValues, stored)
-        if (v == null) None else Some(k -> v)
-      }
-    val rows = live.flatMap { case (k, v) =>
+    val rows = visible(raw, cf, codec).flatMap { case (k, v) =>
       val key = codec.decodeKey(k)
       if (multi && codec.multipleValues) codec.decodeValues(v).iterator.map(new UnsafeRowPair(key, _))
       else Iterator.single(new UnsafeRowPair(key, codec.decodeValue(v)))
     }
     new StateStoreIterator(rows, () => raw.close())
+  }
+
+  /** The stored entries a scan shows: expired ones (elements) left out when TTL hides them. */
+  private def visible(raw: Iterator[(Array[Byte], Array[Byte])], cf: String,
+      codec: ColumnFamilyCodec): Iterator[(Array[Byte], Array[Byte])] =
+    if (!state.ttl.config(cf).hidesExpired) raw
+    else raw.flatMap { case (k, stored) =>
+      val v = state.ttl.onScan(cf, codec.multipleValues, stored)
+      if (v == null) None else Some(k -> v)
+    }
+
+  /**
+   * Every entry a scan of `cf` shows, each value with its last-access stamp: what a savepoint
+   * keeps of TTL'd state, so that a restore expires it as the query would have.
+   */
+  private[keyedstate] def stampedEntries(cf: String): StateStoreIterator[(UnsafeRow, IndexedSeq[(UnsafeRow, Long)])] = {
+    checkOpen("iterator")
+    val codec = state.codec(cf, "iterator")
+    val raw = state.db.scan(cf, None, None)
+    new StateStoreIterator(visible(raw, cf, codec).map { case (k, v) => codec.decodeKey(k) -> codec.decodeStamped(v) },
+      () => raw.close())
   }
 
   override def allColumnFamilyNames: Set[String] = state.columnFamilyNames
@@ -270,6 +287,17 @@ final class KeyedStateStore private[keyedstate] (
     state.write(colFamilyName, codec.encodeKey(key), codec.encodeValues(values, state.ttl.stamp(colFamilyName)),
       merge = false)
     accessed()
+  }
+
+  /** A value, or a multi-value entry, written with the stamps it was read with ([[stampedEntries]]). */
+  private[keyedstate] def putStamped(key: UnsafeRow, values: Array[UnsafeRow], stamps: Array[Long], cf: String): Unit = {
+    checkWritable("put")
+    requireKey(key, "put")
+    requireValues(values, "put", cf)
+    val codec = state.codec(cf, "put")
+    lazy val now = state.ttl.stamp(cf)
+    val resolved = stamps.map(s => if (s == KeyedStateStore.Unstamped) now else s)
+    state.write(cf, codec.encodeKey(key), codec.encodeStamped(values, resolved), merge = false)
   }
 
   override def merge(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit =

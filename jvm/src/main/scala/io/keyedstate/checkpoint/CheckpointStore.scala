@@ -51,8 +51,9 @@ final class CheckpointStore(val root: Path, val hadoopConf: Configuration) exten
       import java.nio.file.StandardOpenOption._
       val file = new File(path.toUri.getPath).toPath
       java.nio.file.Files.createDirectories(file.getParent)
-      val options = if (overwrite) Seq(CREATE, TRUNCATE_EXISTING, WRITE) else Seq(CREATE_NEW, WRITE)
-      val out = java.nio.file.Files.newOutputStream(file, options: _*)
+      // Overwriting replaces the name, never truncates its file: that may be a savepoint's hard link.
+      if (overwrite) java.nio.file.Files.deleteIfExists(file)
+      val out = java.nio.file.Files.newOutputStream(file, CREATE_NEW, WRITE)
       // The mode Hadoop gives a new local file (`fs.permissions.umask-mode`), not the process umask.
       try java.nio.file.Files.setPosixFilePermissions(file, filePermissions)
       catch { case NonFatal(e) => out.close(); throw e }
@@ -309,6 +310,44 @@ final class CheckpointStore(val root: Path, val hadoopConf: Configuration) exten
           f"CRC32C ${crc.getValue}%08x, the manifest says ${file.crc32c}%08x")
     }
     copied
+  }
+
+  /**
+   * `file` of `version` at the same relative path under `target`: a hard link when both are on
+   * the local file system (a store never writes a file in place, it creates files under new
+   * names and deletes them, so the two names keep the same bytes), else, or when the link fails
+   * (another device), a copy ([[copyTo]]). A link's size is checked against the manifest, and
+   * its CRC32C when `verify` (a restore: a savepoint's files are checked when they are used).
+   */
+  def linkOrCopyTo(file: ManifestFile, version: Long, target: CheckpointStore, verify: Boolean): Unit =
+    if (!(isLocal && target.isLocal) || !link(file, version, target, verify)) copyTo(file, version, target)
+
+  private def link(file: ManifestFile, version: Long, target: CheckpointStore, verify: Boolean): Boolean = {
+    import java.nio.file.Files
+    val source = resolve(file.path)
+    val linked = new File(target.resolve(file.path).toUri.getPath).toPath
+    try {
+      Files.createDirectories(linked.getParent)
+      Files.deleteIfExists(linked)
+      Files.createLink(linked, new File(source.toUri.getPath).toPath)
+    } catch {
+      case _: IOException | _: UnsupportedOperationException => return false // missing: the copy names it
+    }
+    val size = Files.size(linked)
+    if (size != file.size) {
+      throw KeyedStateErrors.fileCorrupt(s"State file $source needed by version $version is damaged: $size bytes, " +
+        s"the manifest says ${file.size}")
+    }
+    if (verify) {
+      val crc = new CRC32C()
+      val in = openNeeded(source, version)
+      try copy(in, OutputStream.nullOutputStream(), crc) finally in.close()
+      if (crc.getValue != file.crc32c) {
+        throw KeyedStateErrors.fileCorrupt(f"State file $source needed by version $version is damaged: " +
+          f"CRC32C ${crc.getValue}%08x; the manifest says ${file.crc32c}%08x")
+      }
+    }
+    true
   }
 
   /**

@@ -11,11 +11,13 @@ import org.apache.spark.serializer.KryoSerializer
 import org.apache.spark.sql.{DataFrame, SparkSession}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, UnsafeProjection, UnsafeRow}
-import org.apache.spark.sql.catalyst.util.ArrayData
+import org.apache.spark.sql.catalyst.expressions.SpecializedGetters
+import org.apache.spark.sql.catalyst.util.{ArrayData, MapData}
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.types._
 import org.apache.spark.util.SerializableConfiguration
+import org.json4s.{JArray, JField, JString}
 import org.json4s.jackson.JsonMethods
 
 import io.keyedstate.{KeyedStateStore, KeyedStateStoreProvider}
@@ -69,15 +71,15 @@ final class CheckpointWriter(spark: SparkSession, val target: QueryCheckpoint, v
     val rows = tables.zipWithIndex.map { case ((table, df), i) =>
       KeyedProcessSqlBridge.internalRows(df).mapPartitions { it =>
         val encoder = new TableRowEncoder(table)
-        it.flatMap(row => encoder.entries(row).zipWithIndex.map { case ((key, values), e) =>
-          encoder.owner(key, n) -> ((i, key, values, e == 0))
+        it.flatMap(row => encoder.entries(row).zipWithIndex.map { case (entry, e) =>
+          encoder.owner(entry.key, n) -> ((i, entry, e == 0))
         })
       }
     }
     val v = batch
     // Kryo, not the session's serializer: UnsafeRow writes itself with Kryo in one call.
-    val routed = new ShuffledRDD[Int, (Int, UnsafeRow, Array[UnsafeRow], Boolean),
-      (Int, UnsafeRow, Array[UnsafeRow], Boolean)](spark.sparkContext.union(rows), new CheckpointWriter.ByPartition(n))
+    val routed = new ShuffledRDD[Int, (Int, StoredEntry, Boolean), (Int, StoredEntry, Boolean)](
+      spark.sparkContext.union(rows), new CheckpointWriter.ByPartition(n))
       .setSerializer(new KryoSerializer(spark.sparkContext.getConf))
     val written = routed
       .mapPartitionsWithIndex { (p, entries) =>
@@ -106,7 +108,7 @@ object CheckpointWriter {
       declaration: Option[String],
       storeConf: StateStoreConf,
       hadoopConf: org.apache.hadoop.conf.Configuration,
-      entries: Iterator[(Int, UnsafeRow, Array[UnsafeRow], Boolean)]): Array[Long] = {
+      entries: Iterator[(Int, StoredEntry, Boolean)]): Array[Long] = {
     val first = tables.head
     val providerId = StateStoreProviderId(StateStoreId(stateRoot, op, partition, storeName), UUID.randomUUID())
     val provider = StateStoreProvider.createAndInit(providerId, first.storeKeySchema, first.storeValueSchema,
@@ -142,18 +144,20 @@ object CheckpointWriter {
         }
         // An operator's list state is one entry per partition: the lists landing here are joined.
         val operatorLists = mutable.LinkedHashMap.empty[(Int, UnsafeRow), mutable.ArrayBuffer[Any]]
-        entries.foreach { case (i, key, values, startsRow) =>
+        entries.foreach { case (i, entry, startsRow) =>
           val t = tables(i)
           val cf = t.family.name
           if (startsRow) counts(i) += 1
           if (t.kind == StateKind.OperatorList.name) {
             val elementType = t.family.valueSchema.head.dataType.asInstanceOf[ArrayType].elementType
-            val array = values.head.getArray(0)
-            operatorLists.getOrElseUpdate((i, key), mutable.ArrayBuffer.empty) ++=
+            val array = entry.values.head.getArray(0)
+            operatorLists.getOrElseUpdate((i, entry.key), mutable.ArrayBuffer.empty) ++=
               (0 until array.numElements()).map(e => array.get(e, elementType))
-          } else {
-            if (t.family.multipleValues) store.putList(key, values, cf) else store.put(key, values.head, cf)
-          }
+          } else if (entry.stamps != null) {
+            // TTL'd state keeps its last-access times (the table is a keyed function's: our store).
+            store.asInstanceOf[KeyedStateStore].putStamped(entry.key, entry.values, entry.stamps, cf)
+          } else if (t.family.multipleValues) store.putList(entry.key, entry.values, cf)
+          else store.put(entry.key, entry.values.head, cf)
         }
         operatorLists.foreach { case ((i, key), elements) =>
           val t = tables(i)
@@ -213,20 +217,46 @@ object CheckpointWriter {
     ckpt.batches("offsets").filter(_ >= batch).map(b => s"offsets/$b") ++
       ckpt.operators.flatMap(ckpt.operatorMetadataFiles)
 
-  /** A pinned file's text with the partition count `partitions`. */
+  /** A pinned file's text with the partition count `partitions` (operator metadata: at `ckpt`). */
   def pinnedText(ckpt: QueryCheckpoint, relative: String, partitions: Int): String =
     if (relative.startsWith("offsets/")) {
       ckpt.withPinnedConf(relative.stripPrefix("offsets/").toLong, QueryCheckpoint.PartitionsKey, partitions.toString)
     } else {
-      ckpt.readLines(new Path(ckpt.root, relative)).mkString("\n")
-        .replaceAll("\"numPartitions\":\\d+", s"\"numPartitions\":$partitions")
+      relocated(ckpt, relative, ckpt.readLines(new Path(ckpt.root, relative)).mkString("\n")
+        .replaceAll("\"numPartitions\":\\d+", s"\"numPartitions\":$partitions"))
+    }
+
+  /**
+   * Operator metadata of version 2 names its operator's schema files (a keyed function: its
+   * state folder) by absolute path: in a copy of the checkpoint they are the copy's own.
+   */
+  private def relocated(ckpt: QueryCheckpoint, relative: String, text: String): String =
+    (relative.split('/'), text.split("\n", 2)) match {
+      case (Array("state", op, "_metadata", "v2", _), Array(version, json)) =>
+        val folder = java.util.regex.Matcher.quoteReplacement(new Path(ckpt.stateRoot, op).toString)
+        val moved = JsonMethods.parse(json).transformField {
+          case JField("stateSchemaFilePaths", JArray(paths)) => JField("stateSchemaFilePaths", JArray(paths.map {
+            case JString(p) => JString(p.replaceFirst(s"^.*/state/$op(?=/|$$)", folder))
+            case other => other
+          }))
+        }
+        s"$version\n${JsonMethods.compact(moved)}"
+      case _ => text
     }
 }
 
 /**
+ * One stored entry: a family's key, its value or values (a list's elements), and, for a TTL'd
+ * state, each value's last-access stamp (null: stamped with the batch's time when written; an
+ * element whose stamp is missing in the table gets [[KeyedStateStore.Unstamped]]).
+ */
+private final case class StoredEntry(key: UnsafeRow, values: Array[UnsafeRow], stamps: Array[Long])
+
+/**
  * One row of a table in the reader's unflattened form, as its store keeps it: the family's key
- * and its value (a list state's values, a map state one entry per map key), and the partition
- * that owns the key (Spark's `pmod(murmur3(partitioning columns), n)`). Not thread-safe.
+ * and its value (a list state's values, a map state one entry per map key) with their
+ * last-access stamps if the table has them, and the partition that owns the key (Spark's
+ * `pmod(murmur3(partitioning columns), n)`). Not thread-safe.
  */
 private final class TableRowEncoder(table: StateTable) {
   private val f = table.family
@@ -241,29 +271,69 @@ private final class TableRowEncoder(table: StateTable) {
   private def value(v: Any): UnsafeRow = valueProjection(new GenericInternalRow(Array(v))).copy()
   private def fields(row: InternalRow, from: Int, n: Int): Seq[Any] = (0 until n).map(i => row.get(from + i, keyTypes(i)))
 
-  def entries(row: InternalRow): Seq[(UnsafeRow, Array[UnsafeRow])] = table.kind match {
-    case StateTable.SparkStore =>
-      Seq(keyProjection(row.getStruct(1, f.keySchema.length)).copy() ->
-        Array(valueProjection(row.getStruct(2, f.valueSchema.length)).copy()))
-    case StateTable.Timers => Seq(key(fields(row, 1, keyTypes.length)) -> Array(value(true)))
-    case kind => StateKind.parse(kind) match {
-      case StateKind.Value =>
-        Seq(key(fields(row, 1, keyTypes.length)) -> Array(value(row.get(1 + keyTypes.length, f.valueSchema.head.dataType))))
-      case StateKind.List =>
-        val array = row.getArray(1 + keyTypes.length)
-        val t = f.valueSchema.head.dataType
-        if (array == null || array.numElements() == 0) Nil
-        else Seq(key(fields(row, 1, keyTypes.length)) -> (0 until array.numElements()).map(i => value(array.get(i, t))).toArray)
-      case StateKind.Map =>
-        val map = row.getMap(keyTypes.length)
-        val grouping = fields(row, 1, keyTypes.length - 1)
-        if (map == null) Nil
-        else (0 until map.numElements()).map { i =>
-          key(grouping :+ map.keyArray().get(i, keyTypes.last)) -> Array(value(map.valueArray().get(i, f.valueSchema.head.dataType)))
-        }
-      case StateKind.OperatorList =>
-        // Kept by the partition it was read from: a rescale's rule gives it to the one that id hashes to.
-        Seq(key(Seq(row.getInt(0))) -> Array(value(row.getArray(1))))
+  private def stamp(data: SpecializedGetters, i: Int): Long =
+    if (data.isNullAt(i)) KeyedStateStore.Unstamped else data.getLong(i)
+
+  def entries(row: InternalRow): Seq[StoredEntry] = {
+    val n = keyTypes.length
+    val valueType = f.valueSchema.head.dataType
+    table.kind match {
+      case StateTable.SparkStore =>
+        Seq(StoredEntry(keyProjection(row.getStruct(1, f.keySchema.length)).copy(),
+          Array(valueProjection(row.getStruct(2, f.valueSchema.length)).copy()), null))
+      case StateTable.Timers => Seq(StoredEntry(key(fields(row, 1, n)), Array(value(true)), null))
+      case kind => StateKind.parse(kind) match {
+        case StateKind.Value =>
+          val stamps = if (table.lastAccess) Array(stamp(row, 2 + n)) else null
+          Seq(StoredEntry(key(fields(row, 1, n)), Array(value(row.get(1 + n, valueType))), stamps))
+        case StateKind.List =>
+          val array = row.getArray(1 + n)
+          if (array == null || array.numElements() == 0) Nil
+          else {
+            val stamps = if (!table.lastAccess) null else {
+              val listed = if (row.isNullAt(2 + n)) null else row.getArray(2 + n)
+              Array.tabulate(array.numElements()) { i =>
+                if (listed == null || i >= listed.numElements()) KeyedStateStore.Unstamped else stamp(listed, i)
+              }
+            }
+            Seq(StoredEntry(key(fields(row, 1, n)), Array.tabulate(array.numElements())(i => value(array.get(i, valueType))),
+              stamps))
+          }
+        case StateKind.Map =>
+          val map = row.getMap(n)
+          val grouping = fields(row, 1, n - 1)
+          if (map == null) Nil
+          else {
+            val stampOf: Int => Long =
+              if (!table.lastAccess || row.isNullAt(n + 1)) _ => KeyedStateStore.Unstamped
+              else mapStamps(map.keyArray(), row.getMap(n + 1))
+            (0 until map.numElements()).map { i =>
+              val mapKey = map.keyArray().get(i, keyTypes.last)
+              StoredEntry(key(grouping :+ mapKey), Array(value(map.valueArray().get(i, valueType))),
+                if (table.lastAccess) Array(stampOf(i)) else null)
+            }
+          }
+        case StateKind.OperatorList =>
+          // Kept by the partition it was read from: a rescale's rule gives it to the one that id hashes to.
+          Seq(StoredEntry(key(Seq(row.getInt(0))), Array(value(row.getArray(1))), null))
+      }
+    }
+  }
+
+  /** The stamp of the i-th key of `keys` in the map of stamps (the reader writes both maps in
+   *  the same order; a transformed table may not). */
+  private def mapStamps(keys: ArrayData, stamps: MapData): Int => Long = {
+    val t = keyTypes.last
+    val stampKeys = stamps.keyArray()
+    def same(a: Any, b: Any) = (a, b) match {
+      case (x: Array[Byte], y: Array[Byte]) => java.util.Arrays.equals(x, y)
+      case (x, y) => x == y
+    }
+    i => {
+      val k = keys.get(i, t)
+      val j = if (i < stampKeys.numElements() && same(stampKeys.get(i, t), k)) i
+        else (0 until stampKeys.numElements()).find(j => same(stampKeys.get(j, t), k)).getOrElse(-1)
+      if (j < 0) KeyedStateStore.Unstamped else stamp(stamps.valueArray(), j)
     }
   }
 }

@@ -13,12 +13,13 @@ import org.apache.spark.sql.{DataFrame, SparkSession}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, UnsafeRow}
 import org.apache.spark.sql.catalyst.util.{ArrayBasedMapData, ArrayData, GenericArrayData}
-import org.apache.spark.sql.functions.{col, explode}
+import org.apache.spark.sql.functions.{arrays_zip, col, element_at, explode}
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.types._
 import org.apache.spark.util.SerializableConfiguration
 
+import io.keyedstate.KeyedStateStore
 import io.keyedstate.conf.KeyedStateErrors
 import io.keyedstate.errors.ErrorId
 import io.keyedstate.process.StateKind
@@ -31,11 +32,14 @@ import io.keyedstate.process.StateKind
  * `timestamp` and the key columns; its operator state `value` per partition. A store of Spark's
  * own operator has `key` and `value` structs, as Spark's `statestore` reader gives them. Every
  * row has its `partition_id`. TTL'd states read as the query sees them at that batch: expired
- * entries hidden. Runs as a Spark job, one task per state partition, through the provider the
+ * entries hidden, and each value (element, entry) with its `last_access_timestamp` (the
+ * milliseconds its TTL counts from: a list's as an array, a map's as a map, unflattened). Runs as a Spark job, one task per state partition, through the provider the
  * checkpoint was written with.
  */
 object StateReader {
   private val CheckpointFormatVersionKey = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+  /** The column of a TTL'd state's last-access times (Flink's `TtlValue.lastAccessTimestamp`). */
+  val LastAccess = "last_access_timestamp"
 
   /** The entry point of the Python package; `batchId` < 0 reads the last committed batch. */
   def read(spark: SparkSession, path: String, operator: String, state: String, batchId: Long,
@@ -73,11 +77,19 @@ object StateReader {
   private def readTable(spark: SparkSession, sp: QueryCheckpoint, stored: SavepointTable, table: StateTable,
       flatten: Boolean): DataFrame = {
     val df = spark.read.schema(schemaOf(table, flatten = false)).parquet(new Path(sp.root, stored.path).toString)
-    val keys = df.columns.toSeq.dropRight(1).map(col)
+    val keys = df.columns.toSeq.filterNot(Set("value", LastAccess)).map(col)
     if (!flatten || table.kind == StateTable.SparkStore || table.kind == StateTable.Timers) df
-    else StateKind.parse(table.kind) match {
-      case StateKind.List | StateKind.OperatorList => df.select(keys :+ explode(col("value")).as("value"): _*)
-      case StateKind.Map => df.select(keys :+ explode(col("value")).as(Seq("user_map_key", "value")): _*)
+    else (StateKind.parse(table.kind), table.lastAccess) match {
+      case (StateKind.List, true) =>
+        val zipped = explode(arrays_zip(col("value"), col(LastAccess))).as("e")
+        df.select(keys :+ zipped: _*).select(keys :+ col("e.value").as("value") :+ col(s"e.$LastAccess").as(LastAccess): _*)
+      case (StateKind.List | StateKind.OperatorList, _) => df.select(keys :+ explode(col("value")).as("value"): _*)
+      case (StateKind.Map, stamped) =>
+        val entries = df.select(keys ++ Seq(explode(col("value")).as(Seq("user_map_key", "value"))) ++
+          (if (stamped) Seq(col(LastAccess).as("stamps")) else Nil): _*)
+        if (!stamped) entries
+        else entries.select(keys ++ Seq(col("user_map_key"), col("value"),
+          element_at(col("stamps"), col("user_map_key")).as(LastAccess)): _*)
       case _ => df
     }
   }
@@ -98,17 +110,21 @@ object StateReader {
   /** The rows' schema of `table` as a read returns it. */
   def schemaOf(table: StateTable, flatten: Boolean): StructType = {
     val f = table.family
+    def stamps(t: DataType) = if (table.lastAccess) Seq(StructField(LastAccess, t)) else Nil
     val fields: Seq[StructField] = table.kind match {
       case StateTable.SparkStore => Seq(StructField("key", f.keySchema), StructField("value", f.valueSchema))
       case StateTable.Timers => f.keySchema.fields.toSeq
       case kind => StateKind.parse(kind) match {
-        case StateKind.Value => f.keySchema.fields.toSeq ++ f.valueSchema.fields
-        case StateKind.List if flatten => f.keySchema.fields.toSeq ++ f.valueSchema.fields
-        case StateKind.List => f.keySchema.fields.toSeq :+ StructField("value", ArrayType(valueType(table)))
-        case StateKind.Map if flatten => f.keySchema.fields.toSeq ++ f.valueSchema.fields
+        case StateKind.Value => f.keySchema.fields.toSeq ++ f.valueSchema.fields ++ stamps(LongType)
+        case StateKind.List if flatten => f.keySchema.fields.toSeq ++ f.valueSchema.fields ++ stamps(LongType)
+        case StateKind.List =>
+          f.keySchema.fields.toSeq ++ Seq(StructField("value", ArrayType(valueType(table)))) ++
+            stamps(ArrayType(LongType, containsNull = false))
+        case StateKind.Map if flatten => f.keySchema.fields.toSeq ++ f.valueSchema.fields ++ stamps(LongType)
         case StateKind.Map =>
           val mapKey = f.keySchema.last.dataType
-          f.keySchema.fields.toSeq.dropRight(1) :+ StructField("value", MapType(mapKey, valueType(table)))
+          f.keySchema.fields.toSeq.dropRight(1) ++ Seq(StructField("value", MapType(mapKey, valueType(table)))) ++
+            stamps(MapType(mapKey, LongType, valueContainsNull = false))
         case StateKind.OperatorList =>
           Seq(StructField("value", if (flatten) elementType(table) else valueType(table)))
       }
@@ -158,11 +174,11 @@ object StateReader {
       table.storeSpec, useColumnFamilies = table.columnFamilies, storeConf, hadoopConf,
       useMultipleValuesPerKey = table.columnFamilies, None)
     var store: ReadStateStore = null
-    var pairs: StateStoreIterator[UnsafeRowPair] = null
+    var entries: StateStoreIterator[_] = null
     var closed = false
     def close(): Unit = if (!closed) {
       closed = true
-      try if (pairs != null) pairs.close()
+      try if (entries != null) entries.close()
       finally try if (store != null) store.release() finally provider.close()
     }
     Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit](_ => close()))
@@ -180,8 +196,20 @@ object StateReader {
         close()
         Iterator.empty
       } else {
-        pairs = if (f.multipleValues) store.iteratorWithMultiValues(f.name) else store.iterator(f.name)
-        val rows = new PartitionRows(table, partition, flatten).of(pairs.map(p => (p.key, p.value)))
+        val values: Iterator[PartitionRows.Value] = if (table.lastAccess) {
+          val stamped = store match {
+            case ours: KeyedStateStore => ours.stampedEntries(f.name)
+            case other => throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid, s"${table.describe} " +
+              s"has a TTL: it is read by keyedstate's provider only, not by ${other.getClass.getName}")
+          }
+          entries = stamped
+          stamped.flatMap { case (k, vs) => vs.iterator.map { case (v, stamp) => PartitionRows.Value(k, v, stamp) } }
+        } else {
+          val pairs = if (f.multipleValues) store.iteratorWithMultiValues(f.name) else store.iterator(f.name)
+          entries = pairs
+          pairs.map(p => PartitionRows.Value(p.key, p.value, 0L))
+        }
+        val rows = new PartitionRows(table, partition, flatten).of(values)
         new Iterator[InternalRow] {
           override def hasNext: Boolean = rows.hasNext || { close(); false }
           override def next(): InternalRow = rows.next()
@@ -196,10 +224,12 @@ object StateReader {
 }
 
 /**
- * One partition's stored pairs of a table as the rows a read returns (see [[StateReader]]),
+ * One partition's stored values of a table as the rows a read returns (see [[StateReader]]),
  * streamed. Each row holds its own copies: a store's iterator may reuse its rows.
  */
 private final class PartitionRows(table: StateTable, partition: Int, flatten: Boolean) {
+  import PartitionRows.Value
+
   private val f = table.family
   private val keyTypes = f.keySchema.fields.map(_.dataType)
   private val valueType = f.valueSchema.head.dataType
@@ -207,43 +237,47 @@ private final class PartitionRows(table: StateTable, partition: Int, flatten: Bo
   private def row(values: Any*): InternalRow = new GenericInternalRow((partition +: values).toArray[Any])
   private def keyValues(key: UnsafeRow, n: Int): Seq[Any] = (0 until n).map(i => key.get(i, keyTypes(i)))
   private def value(v: UnsafeRow): Any = v.get(0, valueType)
+  /** The last-access column's value, when the table has one. */
+  private def stamped(stamps: => Any): Seq[Any] = if (table.lastAccess) Seq(stamps) else Nil
 
-  def of(pairs: Iterator[(UnsafeRow, UnsafeRow)]): Iterator[InternalRow] = table.kind match {
-    case StateTable.SparkStore => pairs.map { case (k, v) => row(k.copy(), v.copy()) }
-    case StateTable.Timers => pairs.map { case (k, _) => row(keyValues(k.copy(), keyTypes.length): _*) }
+  def of(values: Iterator[Value]): Iterator[InternalRow] = table.kind match {
+    case StateTable.SparkStore => values.map(e => row(e.key.copy(), e.value.copy()))
+    case StateTable.Timers => values.map(e => row(keyValues(e.key.copy(), keyTypes.length): _*))
     case kind => StateKind.parse(kind) match {
       case StateKind.OperatorList =>
-        pairs.flatMap { case (_, v) =>
-          val elements = value(v.copy()).asInstanceOf[ArrayData]
+        values.flatMap { e =>
+          val elements = value(e.value.copy()).asInstanceOf[ArrayData]
           if (flatten) {
             val t = valueType.asInstanceOf[ArrayType].elementType
             (0 until elements.numElements()).iterator.map(i => row(elements.get(i, t)))
           } else Iterator.single(row(elements))
         }
-      case StateKind.List if !flatten => grouped(pairs, keyTypes.length) { (key, entries) =>
-        row(key :+ new GenericArrayData(entries.map(e => value(e._2)).toArray): _*)
+      case StateKind.List if !flatten => grouped(values, keyTypes.length) { (key, entries) =>
+        row(key ++ Seq(new GenericArrayData(entries.map(e => value(e.value)).toArray)) ++
+          stamped(new GenericArrayData(entries.map(_.stamp).toArray)): _*)
       }
-      case StateKind.Map if !flatten => grouped(pairs, keyTypes.length - 1) { (key, entries) =>
-        val mapKeyType = keyTypes.last
-        row(key :+ ArrayBasedMapData(entries.map(_._1.get(keyTypes.length - 1, mapKeyType)).toArray,
-          entries.map(e => value(e._2)).toArray): _*)
+      case StateKind.Map if !flatten => grouped(values, keyTypes.length - 1) { (key, entries) =>
+        val mapKeys = entries.map(_.key.get(keyTypes.length - 1, keyTypes.last)).toArray
+        row(key ++ Seq(ArrayBasedMapData(mapKeys, entries.map(e => value(e.value)).toArray)) ++
+          stamped(ArrayBasedMapData(mapKeys, entries.map(_.stamp).toArray)): _*)
       }
-      case _ => pairs.map { case (k, v) => row(keyValues(k.copy(), keyTypes.length) :+ value(v.copy()): _*) }
+      case _ => values.map { e =>
+        row(keyValues(e.key.copy(), keyTypes.length) ++ Seq(value(e.value.copy())) ++ stamped(e.stamp): _*)
+      }
     }
   }
 
-  /** Consecutive pairs whose first `n` key columns are equal, one row each (a key's list
+  /** Consecutive values whose first `n` key columns are equal, one row each (a key's list
    *  elements and map entries are stored next to each other). */
-  private def grouped(pairs: Iterator[(UnsafeRow, UnsafeRow)], n: Int)(
-      out: (Seq[Any], Seq[(UnsafeRow, UnsafeRow)]) => InternalRow): Iterator[InternalRow] = {
-    val in = pairs.map { case (k, v) => (k.copy(), v.copy()) }.buffered
+  private def grouped(values: Iterator[Value], n: Int)(out: (Seq[Any], Seq[Value]) => InternalRow): Iterator[InternalRow] = {
+    val in = values.map(e => e.copy(key = e.key.copy(), value = e.value.copy())).buffered
     new Iterator[InternalRow] {
       override def hasNext: Boolean = in.hasNext
       override def next(): InternalRow = {
         val first = in.next()
-        val key = keyValues(first._1, n)
+        val key = keyValues(first.key, n)
         val group = ArrayBuffer(first)
-        while (in.hasNext && sameKey(keyValues(in.head._1, n), key)) group += in.next()
+        while (in.hasNext && sameKey(keyValues(in.head.key, n), key)) group += in.next()
         out(key, group.toSeq)
       }
     }
@@ -253,4 +287,10 @@ private final class PartitionRows(table: StateTable, partition: Int, flatten: Bo
     case (x: Array[Byte], y: Array[Byte]) => java.util.Arrays.equals(x, y)
     case (x, y) => x == y
   }
+}
+
+private object PartitionRows {
+  /** One stored value (a list's element, a map's entry) of a key, with its last-access stamp
+   *  (0 when the table has none). */
+  final case class Value(key: UnsafeRow, value: UnsafeRow, stamp: Long)
 }

@@ -21,7 +21,8 @@ import io.keyedstate.process._
  *
  * `family` is the column family the rows are stored in; `storeKeySchema`/`storeValueSchema` and
  * `storeSpec` are what the provider is opened with (a keyed function's store has no default
- * column family of its own: Spark's API needs a schema for it all the same).
+ * column family of its own: Spark's API needs a schema for it all the same). A keyed function's
+ * state with a TTL has `lastAccess`: its rows carry each value's last-access timestamp.
  */
 final case class StateTable(
     operatorId: Int,
@@ -36,7 +37,8 @@ final case class StateTable(
     storeValueSchema: StructType,
     storeSpec: KeyStateEncoderSpec,
     columnFamilies: Boolean,
-    ttlOptions: Map[String, String]) {
+    ttlOptions: Map[String, String],
+    lastAccess: Boolean = false) {
 
   def isKeyedFunction: Boolean = function.nonEmpty
 
@@ -84,11 +86,13 @@ final class StateTables private (
     val layout = new StateLayout(ProcessSpec("", d.uid, d.function, d.keySchema.fieldNames.toSeq, None, states,
       timers = true, StructType(Nil)), d.keySchema)
     val ttl = StoreOptions.ttlOptions(states, op)
-    def table(name: String, kind: String, family: Family) =
+    def table(name: String, kind: String, family: Family, lastAccess: Boolean = false) =
       StateTable(op, ckpt.operatorName(op), d.function, d.uid.getOrElse(""), name, kind,
         StateStoreId.DEFAULT_STORE_NAME, family, layout.keySchema, layout.defaultValueSchema,
-        NoPrefixKeyStateEncoderSpec(layout.keySchema), columnFamilies = true, ttl)
-    d.states.zip(states).map { case (declared, v) => table(v.name, declared.kind, layout.family(v)) } ++
+        NoPrefixKeyStateEncoderSpec(layout.keySchema), columnFamilies = true, ttl, lastAccess)
+    d.states.zip(states).map { case (declared, v) =>
+      table(v.name, declared.kind, layout.family(v), lastAccess = v.ttl.isDefined && v.kind != StateKind.OperatorList)
+    } ++
       (if (d.timers) Seq(table(StateLayout.EventTimers, Timers, layout.eventTimers),
         table(StateLayout.ProcTimers, Timers, layout.procTimers)) else Nil)
   }

@@ -65,6 +65,19 @@ final class ColumnFamilyCodec(
     TtlValueCodec.multi(values, stamp)
   }
 
+  /** A value (one stamp) or a multi-value entry (a stamp per element) with the stamps it had
+   *  when it was read out of a store: a restored savepoint's last-access times. */
+  def encodeStamped(values: Array[UnsafeRow], stamps: Array[Long]): Array[Byte] = {
+    require(values.length == stamps.length && (multipleValues || values.length == 1),
+      s"column family '$name': ${values.length} values with ${stamps.length} stamps")
+    if (multipleValues) TtlValueCodec.multi(values, stamps(_)) else TtlValueCodec.single(values.head, stamps.head)
+  }
+
+  /** Each value of a stored entry with its last-access stamp. */
+  def decodeStamped(bytes: Array[Byte]): IndexedSeq[(UnsafeRow, Long)] =
+    if (!multipleValues) IndexedSeq(decodeValue(bytes) -> TtlValueCodec.stampOf(bytes, name))
+    else TtlValueCodec.elements(bytes, name).map(e => rowOf(bytes, e) -> e.stamp)
+
   def decodeValue(bytes: Array[Byte]): UnsafeRow =
     if (multipleValues) decodeValues(bytes).headOption.orNull
     else rowOf(bytes, TtlValueCodec.StampBytes, bytes.length - TtlValueCodec.StampBytes)

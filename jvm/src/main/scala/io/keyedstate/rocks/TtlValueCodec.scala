@@ -38,11 +38,15 @@ object TtlValueCodec {
     ByteBuffer.wrap(bytes).getLong(0)
   }
 
-  def multi(rows: Array[UnsafeRow], stamp: Long): Array[Byte] = {
+  def multi(rows: Array[UnsafeRow], stamp: Long): Array[Byte] = multi(rows, _ => stamp)
+
+  /** Elements with stamps of their own (`stampOf(i)` for `rows(i)`): a restored list keeps them. */
+  def multi(rows: Array[UnsafeRow], stampOf: Int => Long): Array[Byte] = {
     val buf = ByteBuffer.allocate(rows.iterator.map(_.getSizeInBytes + ElementHeader).sum)
-    rows.foreach { r =>
+    rows.indices.foreach { i =>
+      val r = rows(i)
       buf.putInt(r.getSizeInBytes)
-      buf.putLong(stamp)
+      buf.putLong(stampOf(i))
       buf.put(r.getBytes)
     }
     buf.array()

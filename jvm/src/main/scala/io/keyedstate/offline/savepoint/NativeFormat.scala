@@ -8,11 +8,13 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import io.keyedstate.checkpoint.CheckpointStore
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.errors.ErrorId
-import io.keyedstate.offline.{OfflineJob, QueryCheckpoint, SavepointFile, SavepointMetadata, SavepointOperator, StoreRef}
+import io.keyedstate.offline.{CheckpointWriter, OfflineJob, QueryCheckpoint, SavepointFile, SavepointMetadata,
+  SavepointOperator, StoreRef}
 import io.keyedstate.offline.rescale.Rescaler
 
 /** One store partition's committed version, copied with its manifest from one root to another. */
-final case class StoreCopy(store: StoreRef, sourceDir: String, targetDir: String, version: Long, checkpointId: Option[String])
+final case class StoreCopy(store: StoreRef, sourceDir: String, targetDir: String, version: Long,
+    checkpointId: Option[String], verify: Boolean)
 
 /** What a copy wrote: the files (relative to the target root) and the function its manifest declares. */
 final case class CopiedStore(store: StoreRef, files: Seq[SavepointFile], function: String, uid: String)
@@ -41,7 +43,7 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
   def write(src: QueryCheckpoint, dst: QueryCheckpoint, batch: Long, partitions: Int,
       usesCheckpointIds: Boolean): (Seq[SavepointOperator], Seq[SavepointFile]) = {
     val stores = for (op <- src.operators; store <- src.storeNames(op, 0)) yield op -> store
-    val copied = copy(src, dst, stores, batch, partitions, usesCheckpointIds, "savepoint")
+    val copied = copy(src, dst, stores, batch, partitions, usesCheckpointIds, "savepoint", verify = false)
     val operators = stores.groupBy(_._1).toSeq.sortBy(_._1).map { case (op, s) =>
       val first = copied.find(c => c.store.operatorId == op && c.store.partition == 0)
       SavepointOperator(op, src.operatorName(op), s.map(_._2), first.map(_.function).getOrElse(""),
@@ -62,24 +64,30 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
         .bytesWritten
     } else {
       val stores = for (op <- metadata.operators; store <- op.stores) yield op.operatorId -> store
-      val copied = copy(sp, dst, stores, metadata.batchId, metadata.partitions, metadata.checkpointIds, "restore")
+      val copied = copy(sp, dst, stores, metadata.batchId, metadata.partitions, metadata.checkpointIds, "restore",
+        verify = true)
       val stateFiles = copied.flatMap(_.files).map(_.path).toSet
       val logs = metadata.files.filterNot(f => stateFiles(f.path)).map(f => Savepoints.copyFile(sp, dst, f.path))
+      // Spark's operator metadata names schema files by absolute path: the new checkpoint's own.
+      dst.operators.flatMap(dst.operatorMetadataFiles).foreach { relative =>
+        dst.writeFile(new Path(dst.root, relative), CheckpointWriter.pinnedText(dst, relative, partitions))
+      }
       (copied.flatMap(_.files) ++ logs).iterator.map(_.size).sum
     }
   }
 
   /**
-   * Copies every store partition's version `batch + 1` from `from` to `to`; under format v2 by
+   * Links or copies every store partition's version `batch + 1` from `from` to `to`; under format v2 by
    * the checkpoint ids the commit of `batch` records (read once per operator).
    */
   private def copy(from: QueryCheckpoint, to: QueryCheckpoint, stores: Seq[(Int, String)], batch: Long,
-      partitions: Int, usesIds: Boolean, operation: String): Seq[CopiedStore] = {
+      partitions: Int, usesIds: Boolean, operation: String, verify: Boolean): Seq[CopiedStore] = {
     val tasks = stores.flatMap { case (op, store) =>
       val ids = if (usesIds) from.defaultStoreCheckpointIds(batch, op, 0 until partitions) else Map.empty[Int, String]
       (0 until partitions).map { p =>
         val ref = StoreRef(op, store, p)
-        StoreCopy(ref, from.storeDir(ref).toString, to.storeDir(ref).toString, batch + 1, ids.get(p))
+        StoreCopy(ref, from.storeDir(ref).toString, to.storeDir(ref).toString, batch + 1, ids.get(p),
+          verify)
       }
     }
     OfflineJob.run(spark, operation, "copy", tasks, OfflineJob.hadoopSettings(hadoopConf), conf,
@@ -95,7 +103,9 @@ object NativeFormat {
     val target = new CheckpointStore(new Path(task.targetDir), hadoopConf)
     val manifest = source.readManifest(task.version, task.checkpointId)
     target.ensureRoot()
-    manifest.allFiles.foreach(f => source.copyTo(f, task.version, target))
+    // A savepoint links the checkpoint's files (checked by size), a restore links or copies
+    // the savepoint's (checked by CRC32C): a damaged file is found before a query loads it.
+    manifest.allFiles.foreach(f => source.linkOrCopyTo(f, task.version, target, verify = task.verify))
     target.writeManifest(manifest, checkpointIdsEnabled = task.checkpointId.isDefined)
     val manifestPath = target.manifestPath(task.version, task.checkpointId)
     val dir = task.store.describe // state/<op>/<partition>[/<store>], relative to the root
