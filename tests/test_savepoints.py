@@ -611,3 +611,37 @@ def test_ttl_last_access_times_survive_a_savepoint(
     now = got[0]["now"]
     assert got == [{"k": k, "now": now, "view": model.view(k, now)} for k in ("a", "b", "c")]
     assert json.loads(got[0]["view"]) == {"last": None, "seen": [], "by": []}
+
+
+COMPACT_INTERVAL = "spark.sql.streaming.fileSource.log.compactInterval"
+
+
+@pytest.mark.parametrize(("fmt", "partitions"), [("native", None), ("canonical", 3)])
+def test_a_file_sources_compacted_log_goes_through_a_savepoint(
+    spark: SparkSession, tmp_path: Path, fmt: str, partitions: int | None
+) -> None:
+    """A file source compacts its log every few batches (``sources/0/<b>.compact`` holds every
+    file read up to b): the savepoint carries the compacted log, and the restored query reads
+    no file twice and skips none."""
+    spark.conf.set(COMPACT_INTERVAL, "2")
+    try:
+        reference = Line(spark, tmp_path / "reference", counts, "update")
+        for phase in PHASES:
+            reference.run(tmp_path / "reference" / "checkpoint", phase)
+        line = Line(spark, tmp_path / "line", counts, "update")
+        original = tmp_path / "line" / "checkpoint"
+        line.run(original, PHASES[0])
+        batch = committed_batches(original)[-1]
+        target = tmp_path / "savepoint"
+        keyedstate.savepoint(spark, str(original), str(target), format=fmt)
+        log = sorted(p.name for p in (target / "sources" / "0").iterdir())
+        assert "1.compact" in log, log
+        restored = tmp_path / "restored"
+        keyedstate.restore_savepoint(spark, str(target), str(restored), partitions=partitions)
+        line.run(restored, PHASES[1])
+        assert (restored / "sources" / "0" / "3.compact").exists()
+    finally:
+        spark.conf.unset(COMPACT_INTERVAL)
+    assert normalized(line.collector.batches, batch) == normalized(
+        reference.collector.batches, batch
+    )

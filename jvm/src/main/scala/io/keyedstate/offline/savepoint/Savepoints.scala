@@ -9,7 +9,7 @@ import org.apache.spark.SPARK_VERSION
 import org.apache.spark.sql.SparkSession
 
 import io.keyedstate.checkpoint.CheckpointStore
-import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
+import io.keyedstate.conf.{CheckpointFileException, KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.errors.ErrorId
 import io.keyedstate.offline.{QueryCheckpoint, SavepointFile, SavepointMetadata, StateTables}
 import io.keyedstate.offline.rescale.Rescaler
@@ -67,9 +67,8 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     dst.writing(src.root) {
       val upTo = src.batches("offsets").find(_ > batch).getOrElse(batch)
       if (!bootstrap) progress("copying the query's logs")
-      val logs = if (bootstrap) Nil else src.metadataFiles()
-        .filter(rel => batchOf(rel).forall(b => b <= upTo && (b <= batch || !rel.startsWith("commits/"))))
-        .map(copyFile(src, dst.folder, _))
+      val logs = if (bootstrap) Nil else src.metadataFiles().filter(keepsLog(_, batch, upTo))
+        .flatMap(rel => copyLog(src, dst.folder, rel, batch))
       val needed = if (bootstrap) Nil else Seq("metadata", s"offsets/$batch", s"commits/$batch") ++
         (if (batch > 0) Seq(s"offsets/${batch - 1}") else Nil)
       val missing = needed.filterNot(n => logs.exists(_.path == n))
@@ -225,6 +224,30 @@ object Savepoints {
       } finally in.close()
     SavepointFile(relative, size, crc.getValue)
   }
+
+  /**
+   * Whether a savepoint at `batch` keeps a file of the query's logs (`upTo`: the last planned
+   * batch): the offset log from the batch before (a restart reads the previous batch's offsets)
+   * to `upTo`, the commit log of those two batches, and every other log file up to `upTo` (a
+   * file source's log since its last compaction, Spark's operator metadata and schemas).
+   */
+  private def keepsLog(relative: String, batch: Long, upTo: Long): Boolean = batchOf(relative) match {
+    case Some(b) if relative.startsWith("offsets/") => b >= batch - 1 && b <= upTo
+    case Some(b) if relative.startsWith("commits/") => b >= batch - 1 && b <= batch
+    case Some(b) => b <= upTo
+    case None => true
+  }
+
+  /**
+   * A log file copied; None when the running query's retention deleted an entry older than
+   * the batch before `batch` while the savepoint ran (a file source's log, compacted since).
+   */
+  private def copyLog(from: QueryCheckpoint, to: QueryCheckpoint, relative: String, batch: Long): Option[SavepointFile] =
+    try Some(copyFile(from, to, relative))
+    catch {
+      case _: CheckpointFileException
+          if batchOf(relative).exists(_ < batch - 1) && !from.fs.exists(new Path(from.root, relative)) => None
+    }
 
   /** The batch a query log's file belongs to (`offsets/12`, `sources/0/12.compact`, `.../12_<uuid>`), if any. */
   def batchOf(relative: String): Option[Long] = {
