@@ -18,11 +18,14 @@ import io.keyedstate.offline.{CheckpointWriter, QueryCheckpoint, SavepointFile, 
  * with `flatten=False`): key columns and values typed as the query declared them, readable by
  * anything that reads Parquet. Independent of the backend: a restore writes every row through
  * the target provider at any partition count ([[CheckpointWriter]]), so Spark's own operators may
- * move to Spark's RocksDB provider and back. TTL'd entries restore with the restored batch's time
- * as their last access.
+ * move to Spark's RocksDB provider and back. TTL'd values keep their last-access times.
+ *
+ * State of keyedstate's provider is pinned first: `native` links (or copies) the batch's version
+ * into the savepoint's folder, the tables are read from there, and the pinned files go. However
+ * long the read takes, the running query's retention cannot delete what it reads.
  */
-final class CanonicalFormat(spark: SparkSession, hadoopConf: Configuration, progress: String => Unit)
-    extends SavepointFormat {
+final class CanonicalFormat(spark: SparkSession, hadoopConf: Configuration, progress: String => Unit,
+    native: NativeFormat) extends SavepointFormat {
 
   def name: String = SavepointMetadata.Canonical
 
@@ -35,17 +38,27 @@ final class CanonicalFormat(spark: SparkSession, hadoopConf: Configuration, prog
 
   def write(src: QueryCheckpoint, dst: QueryCheckpoint, batch: Long, partitions: Int,
       usesCheckpointIds: Boolean): (Seq[SavepointOperator], Seq[SavepointFile]) = {
-    val tables = StateTables(src, batch)
+    // A bootstrap's savepoint holds no logs to read a pinned copy by: its own checkpoint is read.
+    val pin = src.pinnedConf(batch).get(QueryCheckpoint.ProviderKey).contains(QueryCheckpoint.OurProvider) &&
+      dst.fs.exists(dst.commitPath(batch))
+    val pinned = if (pin) {
+      progress("pinning the state (a native copy, read and then removed)")
+      native.write(src, dst, batch, partitions, usesCheckpointIds)._2
+    } else Nil
+    val from = if (pin) dst else src
+    val tables = StateTables(from, batch)
     val operators = tables.operators.map { case (op, opTables) =>
       val written = opTables.zipWithIndex.map { case (table, i) =>
         progress(s"writing ${table.describe}")
-        CanonicalFormat.writeTable(spark, dst, i, table, StateReader.read(spark, src, batch, table, flatten = false))
+        CanonicalFormat.writeTable(spark, dst, i, table, StateReader.read(spark, from, batch, table, flatten = false))
       }
       val declaration = tables.declarationOf(op).map(d => JsonMethods.compact(d.toJson))
       val first = opTables.headOption
       SavepointOperator(op, src.operatorName(op), opTables.map(_.storeName).distinct,
         first.map(_.function).getOrElse(""), first.map(_.uid).getOrElse(""), declaration, written)
     }
+    pinned.foreach(f => dst.fs.delete(new Path(dst.root, f.path), false))
+    if (pinned.nonEmpty) Savepoints.deleteEmptyFolders(dst.fs, dst.stateRoot)
     (operators, operators.flatMap(_.tables).flatMap(t => CanonicalFormat.dataFiles(dst, t.path)))
   }
 

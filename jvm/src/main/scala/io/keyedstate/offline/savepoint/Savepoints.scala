@@ -34,7 +34,8 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
 
   private def formatOf(format: String): SavepointFormat = format match {
     case SavepointMetadata.Native => new NativeFormat(spark, hadoopConf, conf, progress)
-    case SavepointMetadata.Canonical => new CanonicalFormat(spark, hadoopConf, progress)
+    case SavepointMetadata.Canonical =>
+      new CanonicalFormat(spark, hadoopConf, progress, new NativeFormat(spark, hadoopConf, conf, progress))
     case other => throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"Invalid savepoint format " +
       s"'$other': allowed are ${SavepointMetadata.Formats.mkString(", ")}")
   }
@@ -174,14 +175,6 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     metadata
   }
 
-  private def deleteEmptyFolders(fs: FileSystem, dir: Path): Unit = {
-    // An object store has no empty folders: one whose files went may be gone already.
-    def entries = try fs.listStatus(dir).toSeq catch { case _: java.io.FileNotFoundException => Nil }
-    entries.filter(_.isDirectory).foreach(st => deleteEmptyFolders(fs, st.getPath))
-    // Hadoop's local checksum files of the deleted files may remain: they belong to no one.
-    if (entries.forall(st => st.isFile && st.getPath.getName.endsWith(".crc"))) fs.delete(dir, true)
-  }
-
   /** Checks every listed file's size (and, for the logs and manifests or all with `stateFiles`, CRC32C). */
   private def verify(sp: QueryCheckpoint, metadata: SavepointMetadata, stateFiles: Boolean): Unit =
     metadata.files.foreach { f =>
@@ -206,6 +199,15 @@ object Savepoints {
 
   /** In a savepoint's folder while it is written, removed once `_savepoint.json` is. */
   val PendingMarker = ".keyedstate-savepoint-pending"
+
+  /** Deletes the folders under `dir` (and `dir`) that hold no file. */
+  def deleteEmptyFolders(fs: FileSystem, dir: Path): Unit = {
+    // An object store has no empty folders: one whose files went may be gone already.
+    def entries = try fs.listStatus(dir).toSeq catch { case _: java.io.FileNotFoundException => Nil }
+    entries.filter(_.isDirectory).foreach(st => deleteEmptyFolders(fs, st.getPath))
+    // Hadoop's local checksum files of the deleted files may remain: they belong to no one.
+    if (entries.forall(st => st.isFile && st.getPath.getName.endsWith(".crc"))) fs.delete(dir, true)
+  }
 
   /** Copies a file of `from` to the same place under `to`, with its size and CRC32C. */
   def copyFile(from: QueryCheckpoint, to: QueryCheckpoint, relative: String): SavepointFile = {
