@@ -23,11 +23,11 @@ object KeyMemoBench {
 
     def newKeys(old: Boolean): Long = timed {
       if (old) { val m = new OldMemo; var i = 0; while (i < n) { m.remember(cf, reads(i), false); m.exists(cf, writes(i)); m.remember(cf, writes(i), true); i += 1 } }
-      else { val m = new KeyMemo(1000000); var i = 0; while (i < n) { m.learn(cf, reads(i), false); m.existedBefore(cf, writes(i), existsNow = true); i += 1 } }
+      else { val m = new KeyMemo(1000000); var i = 0; while (i < n) { m.learn(cf, reads(i), false, m.epoch); m.existedBefore(cf, writes(i), existsNow = true); i += 1 } }
     }
     def knownKeys(old: Boolean): Long = timed {
       if (old) { val m = new OldMemo; var i = 0; while (i < n) { m.remember(cf, reads(i), true); m.exists(cf, rewrites(i)); m.remember(cf, rewrites(i), true); i += 1 } }
-      else { val m = new KeyMemo(1000000); var i = 0; while (i < n) { m.learn(cf, reads(i), true); m.existedBefore(cf, rewrites(i), existsNow = true); i += 1 } }
+      else { val m = new KeyMemo(1000000); var i = 0; while (i < n) { m.learn(cf, reads(i), true, m.epoch); m.existedBefore(cf, rewrites(i), existsNow = true); i += 1 } }
     }
     def scanned(old: Boolean): Long = timed {
       if (old) {

@@ -23,22 +23,27 @@ private[keyedstate] final class KeyMemo(maxEntries: Int) {
 
   private val families = mutable.HashMap[String, ColumnFamilyMemo]()
   private var entries = 0
-  private var lostTrack = 0L
+  // Written under the lock; read without it by `epoch`, before a read or a scan starts.
+  @volatile private var lostTrack = 0L
 
   /**
    * Changes whenever the memo may have lost track of a key that exists (forgotten, or written
-   * while the memo was full): a prefix scan that started before cannot vouch for its prefix.
+   * while the memo was full): a read or a prefix scan that started before cannot vouch for what
+   * it saw.
    */
-  def epoch: Long = synchronized(lostTrack)
+  def epoch: Long = lostTrack
 
   private def family(cf: String): ColumnFamilyMemo = families.getOrElseUpdate(cf, new ColumnFamilyMemo)
   private def hasRoom(n: Int): Boolean = entries + n <= maxEntries
 
-  /** A read found whether `key` exists. */
-  def learn(cf: String, key: Array[Byte], exists: Boolean): Unit = synchronized {
-    // What a write recorded stays: with the pipelined runner a write of the key may land between
-    // the lookup thread's read and this call, and the read's answer is then the older one.
-    record(family(cf), key, exists, hasRoom(1), overwrite = false)
+  /**
+   * A read that started at `startEpoch` found whether `key` exists. What a write recorded stays:
+   * with the pipelined runner a write of the key may land between the lookup thread's read and
+   * this call, and the read's answer is then the older one. A write the memo could not record (it
+   * lost track since the read started) makes the answer unusable.
+   */
+  def learn(cf: String, key: Array[Byte], exists: Boolean, startEpoch: Long): Unit = synchronized {
+    if (startEpoch == lostTrack) record(family(cf), key, exists, hasRoom(1), overwrite = false)
   }
 
   /**

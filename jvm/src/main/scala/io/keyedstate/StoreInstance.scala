@@ -113,8 +113,9 @@ private[keyedstate] final class StoreInstance(
 
   /** A point read (that also teaches the key count whether the key exists). */
   def read(cf: String, key: Array[Byte]): Array[Byte] = {
+    val epoch = memo.epoch
     val value = db.get(cf, key)
-    if (conf.trackNumKeys) memo.learn(cf, key, value != null)
+    if (conf.trackNumKeys) memo.learn(cf, key, value != null, epoch)
     value
   }
 

@@ -34,7 +34,7 @@ class KeyMemoSuite extends AnyFunSuite {
     assert(m.existedBefore("cf", b("a"), existsNow = false) == Present)
     assert(m.existedBefore("cf", b("a"), existsNow = true) == Absent)
     assert(m.existedBefore("other", b("a"), existsNow = true) == Unknown) // per column family
-    m.learn("cf", b("r"), exists = false)
+    m.learn("cf", b("r"), exists = false, m.epoch)
     assert(m.existedBefore("cf", b("r"), existsNow = true) == Absent)
     m.forget("cf") // writes to it are no longer known: RocksDB must be asked after the waiting ones
     assert(m.existedBefore("cf", b("a"), existsNow = true) == Unknown)
@@ -108,9 +108,9 @@ class KeyMemoSuite extends AnyFunSuite {
     // lookup thread records its read. The put must stay recorded, or the next put counts k again.
     val m = new KeyMemo(100)
     assert(m.existedBefore("cf", b("k"), existsNow = true) == Unknown) // the put (the store said absent)
-    m.learn("cf", b("k"), exists = false) // the older read's answer arrives
+    m.learn("cf", b("k"), exists = false, m.epoch) // the older read's answer arrives
     assert(m.existedBefore("cf", b("k"), existsNow = true) == Present)
-    m.learn("cf", b("new"), exists = true) // a key no write touched: learnt as read
+    m.learn("cf", b("new"), exists = true, m.epoch) // a key no write touched: learnt as read
     assert(m.existedBefore("cf", b("new"), existsNow = false) == Present)
   }
 
@@ -120,12 +120,26 @@ class KeyMemoSuite extends AnyFunSuite {
     val m = new KeyMemo(1000000)
     m.learnEmpty("cf")
     val n = 100000
-    val reader = new Thread(() => (0 until n).foreach(i => m.learn("cf", b(s"r-$i"), exists = false)))
+    val reader = new Thread(() => (0 until n).foreach(i => m.learn("cf", b(s"r-$i"), exists = false, m.epoch)))
     reader.start()
     val firstAnswers = (0 until n).map(i => m.existedBefore("cf", b(s"w-$i"), existsNow = true))
     reader.join()
     assert(firstAnswers.forall(_ == Absent))
     assert((0 until n).forall(i => m.existedBefore("cf", b(s"w-$i"), existsNow = true) == Present))
     assert((0 until n).forall(i => m.existedBefore("cf", b(s"r-$i"), existsNow = true) == Absent))
+  }
+
+  test("a read that started before the memo lost track teaches it nothing") {
+    // The read found k absent; meanwhile a write made k exist while the memo could not record it
+    // (here: the family was forgotten by a range delete after the write). Learning the stale
+    // answer would count k's next put as a new key.
+    val m = new KeyMemo(100)
+    val readStarted = m.epoch
+    assert(m.existedBefore("cf", b("k"), existsNow = true) == Unknown) // the put (the store said absent)
+    m.forget("cf")
+    m.learn("cf", b("k"), exists = false, readStarted) // the stale answer arrives
+    assert(m.existedBefore("cf", b("k"), existsNow = true) == Unknown) // the store is asked
+    m.learn("cf", b("j"), exists = false, m.epoch) // a read that started after: learnt
+    assert(m.existedBefore("cf", b("j"), existsNow = true) == Absent)
   }
 }

@@ -60,6 +60,9 @@ object ErrorId {
       "a damaged offset log, or an operator or state the checkpoint does not hold")
   case object StoreBusy extends ErrorId("KEYEDSTATE_STORE_BUSY", Store,
     "a task waited two minutes for a state store partition another task of the executor still holds")
+  case object StoreClosed extends ErrorId("KEYEDSTATE_STORE_CLOSED", Store,
+    "a state store operation met the partition's RocksDB instance closed by another thread (the store " +
+      "aborted, unloaded or reloaded): it waited for the operations in flight, and refuses later ones")
   case object UnsupportedOperation extends ErrorId("KEYEDSTATE_UNSUPPORTED_OPERATION", Store,
     "a state store call the store or its column family does not allow (a write on a read-only store, " +
       "multiple values on a single-value column family, an unknown column family, a reserved or invalid " +
@@ -96,7 +99,7 @@ object ErrorId {
 
   val all: Seq[ErrorId] = Seq(CheckpointFileMissing, CheckpointFileCorrupt, CheckpointWriteFailed,
     StateLoadFailed, CommitFailed, LocalDiskWriteFailed, InvalidOption, RescaleRefused, RescaleInProgress,
-    QueryCheckpointInvalid, StoreBusy, UnsupportedOperation, InvalidStoreArgument, KeyedFunctionKeyChanged,
+    QueryCheckpointInvalid, StoreBusy, StoreClosed, UnsupportedOperation, InvalidStoreArgument, KeyedFunctionKeyChanged,
     KeyedFunctionStateChanged, KeyedFunctionCompleteMode, KeyedFunctionUnsupportedProvider,
     KeyedFunctionUidChanged, KeyedFunctionDuplicateUid, KeyedFunctionStateNotRestored, KeyedFunctionDeclarationMissing, KeyedFunctionPipelinedRunner, KafkaSinkFailed, KafkaInvalidRecord,
     KafkaBatchAlreadyCommitted)

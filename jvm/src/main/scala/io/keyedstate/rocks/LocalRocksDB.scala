@@ -11,6 +11,7 @@ import scala.jdk.CollectionConverters._
 import org.rocksdb._
 
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors, LocalDiskException}
+import io.keyedstate.errors.ErrorId
 
 /**
  * The working RocksDB instance of one state store partition, on local disk.
@@ -28,12 +29,17 @@ final class LocalRocksDB private (
     initialHandles: Seq[ColumnFamilyHandle],
     heapBufferBytes: Long) extends AutoCloseable {
 
-  private val handles = mutable.LinkedHashMap[String, ColumnFamilyHandle]()
-  initialHandles.foreach(h => handles(new String(h.getName, UTF_8)) = h)
+  // The column families by name: an immutable map, replaced under `lock` when the task thread
+  // creates or drops one, read without a lock by every thread. Every operation holds the handles
+  // it uses ([[using]]); what reads or writes the database as a whole holds the default family's,
+  // which only the close retires.
+  @volatile private var families: Map[String, GuardedHandle] =
+    initialHandles.map { h => val name = new String(h.getName, UTF_8); name -> new GuardedHandle(name, h) }.toMap
+  @volatile private var lastUsed: GuardedHandle = _ // the family of the last operation: usually the next one's
+  private val closing = new java.util.concurrent.atomic.AtomicBoolean(false)
 
   private val writeOptions = new WriteOptions().setDisableWAL(true)
   private val openIterators = ConcurrentHashMap.newKeySet[RocksIterator]()
-  @volatile private var closed = false
 
   // Prefix scans reuse one iterator per column family: a native iterator, its ReadOptions and
   // its bound per scan cost as much as a short scan itself. An iterator sees the database as of
@@ -86,12 +92,44 @@ final class LocalRocksDB private (
     db
   }
 
-  def columnFamilies: Set[String] = handles.keySet.toSet
-  def hasColumnFamily(name: String): Boolean = handles.contains(name)
+  def columnFamilies: Set[String] = families.keySet
+  def hasColumnFamily(name: String): Boolean = families.contains(name)
 
-  def createColumnFamily(name: String): Unit = if (!handles.contains(name)) {
-    handles(name) = localIo(db.createColumnFamily(new ColumnFamilyDescriptor(name.getBytes(UTF_8), cfOptions)))
-    handlesChanged += 1
+  /** `body` with `cf`'s handle, held: a drop or a close waits until it returns. */
+  private def using[T](cf: String, op: String)(body: ColumnFamilyHandle => T): T = {
+    val family = acquire(cf, op)
+    try body(family.handle) finally family.release()
+  }
+
+  /** `body` while the database stays open (the default family's handle held). */
+  private def usingDb[T](op: String)(body: => T): T = using(LocalRocksDB.DefaultColumnFamily, op)(_ => body)
+
+  /** `body` with the handles of every family (those being dropped left out), the database held open. */
+  private def usingAll[T](op: String)(body: List[ColumnFamilyHandle] => T): T = usingDb(op) {
+    val held = families.values.filter(_.tryAcquire()).toList
+    try body(held.map(_.handle)) finally held.foreach(_.release())
+  }
+
+  private def acquire(cf: String, op: String): GuardedHandle = {
+    val last = lastUsed
+    if (last != null && last.name == cf && last.tryAcquire()) last
+    else families.get(cf) match {
+      case Some(family) if family.tryAcquire() =>
+        lastUsed = family
+        family
+      case _ if closing.get() => throw KeyedStateErrors.badState(ErrorId.StoreClosed,
+        s"Cannot $op: the RocksDB instance at $dir is closed (its store was aborted, unloaded or reloaded)")
+      case _ => throw new IllegalStateException(s"Cannot $op: column family '$cf' does not exist in RocksDB at $dir")
+    }
+  }
+
+  def createColumnFamily(name: String): Unit = usingDb("create a column family") {
+    lock.synchronized {
+      if (!families.contains(name)) {
+        val h = localIo(db.createColumnFamily(new ColumnFamilyDescriptor(name.getBytes(UTF_8), cfOptions)))
+        families += name -> new GuardedHandle(name, h)
+      }
+    }
   }
 
   /** RocksDB's I/O errors are the local disk's: they name the directory (see `LocalRocksDB.failure`). */
@@ -99,45 +137,34 @@ final class LocalRocksDB private (
     try body catch { case e: RocksDBException => throw LocalRocksDB.failure(dir, e) }
 
   /** Drops a column family; the default one cannot be dropped, so it is emptied instead. */
-  def dropColumnFamily(name: String): Boolean = {
+  def dropColumnFamily(name: String): Boolean = usingDb("drop a column family") {
     lock.synchronized { awaitFrozenSpill(); buffer.remove(name) } // its waiting writes go with it
     releaseScanIterator(name)
-    handles.get(name) match {
+    families.get(name) match {
       case None => false
-      case Some(h) if name == LocalRocksDB.DefaultColumnFamily =>
-        withIterator(h) { it =>
-          it.seekToFirst()
-          while (it.isValid) { db.delete(h, writeOptions, it.key()); it.next() }
+      case Some(_) if name == LocalRocksDB.DefaultColumnFamily =>
+        using(name, "empty the default column family") { h =>
+          withIterator(h) { it =>
+            it.seekToFirst()
+            while (it.isValid) { db.delete(h, writeOptions, it.key()); it.next() }
+          }
         }
         true
-      case Some(h) =>
-        db.dropColumnFamily(h)
-        handles.remove(name)
-        handlesChanged += 1 // before the close: a lookup that started earlier does not cache the handle
-        h.close()
+      case Some(family) =>
+        lock.synchronized(families -= name)
+        family.retire() // reads of it in other threads end first; new ones fail
+        localIo(db.dropColumnFamily(family.handle))
+        family.handle.close()
         true
     }
   }
 
-  private def handle(cf: String): ColumnFamilyHandle = {
-    // The family of the last lookup: a store's reads and writes mostly go to one. Valid only while
-    // no family was created or dropped since (another thread may look up while the task drops).
-    val last = lastHandle
-    if (last != null && (last.name eq cf) && last.atChange == handlesChanged) last.handle
-    else {
-      val atChange = handlesChanged
-      val h = handles.getOrElse(cf, throw new IllegalStateException(s"Column family '$cf' does not exist"))
-      lastHandle = new CachedHandle(cf, h, atChange)
-      h
-    }
-  }
-  private final class CachedHandle(val name: String, val handle: ColumnFamilyHandle, val atChange: Long)
-  @volatile private var lastHandle: CachedHandle = _
-  @volatile private var handlesChanged = 0L
+  /** Tests: runs before a point read goes into RocksDB, its family's handle held. */
+  @volatile private[keyedstate] var beforeNativeReadForTest: () => Unit = null
+  private def beforeNativeRead(): Unit = { val hook = beforeNativeReadForTest; if (hook != null) hook() }
 
   /** The value of `key`, or null. */
-  def get(cf: String, key: Array[Byte]): Array[Byte] = {
-    val h = handle(cf)
+  def get(cf: String, key: Array[Byte]): Array[Byte] = using(cf, "get") { h =>
     val buffered = lock.synchronized {
       throwIfWritesLost()
       val t = buffer.tableOrNull(cf)
@@ -158,7 +185,7 @@ final class LocalRocksDB private (
     val f = frozen
     val t = if (f == null) null else f.tableOrNull(cf)
     val i = if (t == null) -1 else t.find(key)
-    if (i < 0) LocalRocksDB.get(db, h, key)
+    if (i < 0) { beforeNativeRead(); LocalRocksDB.get(db, h, key) }
     else t.kind(i) match {
       case WriteTable.Put => t.value(i)
       case WriteTable.Delete => null
@@ -168,14 +195,14 @@ final class LocalRocksDB private (
   }
 
   /** Whether `key` exists, its value not copied out. */
-  def exists(cf: String, key: Array[Byte]): Boolean = {
-    val h = handle(cf)
+  def exists(cf: String, key: Array[Byte]): Boolean = using(cf, "exists") { h =>
     val kind = lock.synchronized { throwIfWritesLost(); buffer.kindOf(cf, key) }
     if (kind != WriteBuffer.Missing) kind != WriteTable.Delete
     else {
       val f = frozen
       val below = if (f == null) WriteBuffer.Missing else f.kindOf(cf, key)
-      if (below != WriteBuffer.Missing) below != WriteTable.Delete else LocalRocksDB.exists(db, h, key)
+      if (below != WriteBuffer.Missing) below != WriteTable.Delete
+      else { beforeNativeRead(); LocalRocksDB.exists(db, h, key) }
     }
   }
 
@@ -185,7 +212,7 @@ final class LocalRocksDB private (
 
   private def write(kind: Byte, cf: String, key: Array[Byte], value: Array[Byte]): Unit = lock.synchronized {
     throwIfWritesLost()
-    handle(cf) // the family exists
+    if (!families.contains(cf)) using(cf, "write")(_ => ()) // names the missing family, or the closed instance
     val t = buffer.tableFor(cf)
     val before = t.heapBytes
     kind match {
@@ -198,8 +225,9 @@ final class LocalRocksDB private (
   }
 
   /** Deletes the keys from `begin` (included) to `end` (excluded), in RocksDB directly. */
-  def deleteRange(cf: String, begin: Array[Byte], end: Array[Byte]): Unit =
-    localIo(currentFor(cf).deleteRange(handle(cf), writeOptions, begin, end)) // after the family's buffered writes
+  def deleteRange(cf: String, begin: Array[Byte], end: Array[Byte]): Unit = using(cf, "deleteRange") { h =>
+    localIo(currentFor(cf).deleteRange(h, writeOptions, begin, end)) // after the family's buffered writes
+  }
 
   /**
    * Writes the buffered writes of `cfs` into RocksDB (the frozen buffer's first: they are older),
@@ -211,7 +239,7 @@ final class LocalRocksDB private (
     cfs.foreach { cf =>
       val t = buffer.tableOrNull(cf)
       if (t != null) {
-        keepingFailure(if (asFiles) ingestInto(handle(cf), t) else writeInto(handle(cf), t))
+        using(cf, "write buffered writes")(h => keepingFailure(if (asFiles) ingestInto(h, t) else writeInto(h, t)))
         buffer.remove(cf)
       }
     }
@@ -224,13 +252,14 @@ final class LocalRocksDB private (
    * hold every write waits for the background write first. False when nothing was started
    * (RocksDB refused the flush: writes stopped).
    */
-  def flushInBackground(): Boolean = lock.synchronized {
+  def flushInBackground(): Boolean = usingDb("flush")(lock.synchronized {
     awaitFrozenSpill()
-    val toFlush = handles.values.toList
+    // The background write holds no handle: a drop and the close wait for it before theirs go.
+    val toFlush = families.values.map(_.handle).toList
     if (buffer.isEmpty) flushAll(toFlush, waitForFlush = false)
     else {
       val f = buffer
-      val tables = f.columnFamilies.toList.map(cf => (handle(cf), f.tableOrNull(cf)))
+      val tables = f.columnFamilies.toList.map(cf => (families(cf).handle, f.tableOrNull(cf)))
       val task = new java.util.concurrent.FutureTask[Unit](() => {
         keepingFailure {
           tables.foreach { case (h, t) => ingestInto(h, t) }
@@ -246,7 +275,7 @@ final class LocalRocksDB private (
       LocalRocksDB.spillThreads.execute(task)
       true
     }
-  }
+  })
 
   /** Waits until the frozen buffer, if any, is in RocksDB; throws if its writes were lost. */
   private def awaitFrozenSpill(): Unit = {
@@ -338,13 +367,15 @@ final class LocalRocksDB private (
     val readOptions = new ReadOptions()
     val upperSlice = upper.map(new Slice(_))
     upperSlice.foreach(readOptions.setIterateUpperBound)
-    val it = currentFor(cf).newIterator(handle(cf), readOptions)
+    val it = using(cf, "scan")(h => currentFor(cf).newIterator(h, readOptions))
     openIterators.add(it)
-    lower match {
-      case Some(l) => it.seek(l)
-      case None => it.seekToFirst()
+    using(cf, "scan") { _ =>
+      lower match {
+        case Some(l) => it.seek(l)
+        case None => it.seekToFirst()
+      }
     }
-    new Entries(it, prefix = null, release = () => {
+    new Entries(it, cf, prefix = null, release = () => {
       if (openIterators.remove(it)) it.close()
       readOptions.close()
       upperSlice.foreach(_.close())
@@ -355,27 +386,32 @@ final class LocalRocksDB private (
    * The entries of a sought iterator, up to its bound or, with a `prefix`, the first key without
    * it; `release` runs once, when they end or on `close()`.
    */
-  private final class Entries(it: RocksIterator, prefix: Array[Byte], release: () => Unit)
+  private final class Entries(it: RocksIterator, cf: String, prefix: Array[Byte], release: () => Unit)
     extends ClosableIterator[(Array[Byte], Array[Byte])] {
     private var done = false
     private var key: Array[Byte] = _ // the next entry's, read by hasNext
     def close(): Unit = if (!done) { done = true; release() }
+    // Each step holds the family's handle (not the scan: a scan left open must not stop a close).
     def hasNext: Boolean = {
       if (done) return false
       if (key != null) return true
-      if (closed) throw new IllegalStateException(s"RocksDB at $dir was closed during a scan")
-      if (it.isValid) {
-        val k = it.key()
-        if (prefix == null || LocalRocksDB.startsWith(k, prefix)) { key = k; return true }
-      } else it.status()
-      close()
-      false
+      val found = using(cf, "scan") { _ =>
+        if (it.isValid) {
+          val k = it.key()
+          if (prefix == null || LocalRocksDB.startsWith(k, prefix)) { key = k; true } else false
+        } else { it.status(); false }
+      }
+      if (!found) close()
+      found
     }
     def next(): (Array[Byte], Array[Byte]) = {
       if (!hasNext) throw new NoSuchElementException
-      val kv = (key, it.value())
+      val kv = using(cf, "scan") { _ =>
+        val v = (key, it.value())
+        it.next()
+        v
+      }
       key = null
-      it.next()
       kv
     }
   }
@@ -383,8 +419,8 @@ final class LocalRocksDB private (
   /** Whether the family stores no entry at all (an expired one counts: it is stored). */
   def isEmpty(cf: String): Boolean = {
     // Buffered writes count as entries (deletes too): the buffer is not written in for this.
-    bufferedEntries(_.entriesOf(cf)) == 0 && {
-      val it = db.newIterator(handle(cf))
+    bufferedEntries(_.entriesOf(cf)) == 0 && using(cf, "isEmpty") { h =>
+      val it = db.newIterator(h)
       try {
         it.seekToFirst()
         if (!it.isValid) localIo(it.status()) // an I/O error ends an iterator too: it is thrown, not read as empty
@@ -397,16 +433,20 @@ final class LocalRocksDB private (
   def prefixScan(cf: String, prefix: Array[Byte]): ClosableIterator[(Array[Byte], Array[Byte])] = {
     val reused = acquireScanIterator(cf)
     if (reused == null) return scan(cf, Some(prefix), LocalRocksDB.prefixUpperBound(prefix))
-    reused.it.seek(prefix)
-    new Entries(reused.it, prefix, release = () => prefixIterators.synchronized {
+    using(cf, "prefixScan")(_ => reused.it.seek(prefix))
+    new Entries(reused.it, cf, prefix, release = () => prefixIterators.synchronized {
       reused.inUse = false
       if (reused.retired) reused.close()
     })
   }
 
   /** The family's reusable iterator, current and now in use; null if it is in use already. */
-  private def acquireScanIterator(cf: String): ReusedIterator = prefixIterators.synchronized {
-    val db = currentFor(cf)
+  private def acquireScanIterator(cf: String): ReusedIterator = using(cf, "prefixScan") { h =>
+    val db = currentFor(cf) // before the monitor: its wait for a background write must not hold it
+    prefixIterators.synchronized(reusedIterator(cf, h, db))
+  }
+
+  private def reusedIterator(cf: String, h: ColumnFamilyHandle, db: RocksDB): ReusedIterator = {
     prefixIterators.get(cf) match {
       case Some(r) if r.inUse => null
       case Some(r) =>
@@ -420,7 +460,7 @@ final class LocalRocksDB private (
         r
       case None =>
         val (sequence, ingested) = (db.getLatestSequenceNumber, ingests) // read first: a write after it refreshes
-        val it = db.newIterator(handle(cf))
+        val it = db.newIterator(h)
         openIterators.add(it)
         val r = new ReusedIterator(it, sequence, ingested)
         r.inUse = true
@@ -446,7 +486,7 @@ final class LocalRocksDB private (
   /** Writes every buffered write into RocksDB and flushes every column family's memtable to SST files. */
   def flush(): Unit = {
     written(None, asFiles = true)
-    flushAll(handles.values.toList, waitForFlush = true)
+    usingAll("flush")(flushAll(_, waitForFlush = true))
   }
 
   /**
@@ -473,10 +513,10 @@ final class LocalRocksDB private (
 
   /** Tests: changes a family's mutable options, to bring RocksDB into states such as stopped writes. */
   private[keyedstate] def setOptionsForTest(cf: String, options: MutableColumnFamilyOptions): Unit =
-    db.setOptions(handle(cf), options)
+    using(cf, "setOptions")(db.setOptions(_, options))
 
   /** A native checkpoint (hard links of the SSTs plus copies of the small files) in `target`. */
-  def checkpoint(target: File): Unit = {
+  def checkpoint(target: File): Unit = usingDb("checkpoint") {
     val cp = Checkpoint.create(current)
     try localIo(cp.createCheckpoint(target.getAbsolutePath)) finally cp.close()
   }
@@ -487,7 +527,7 @@ final class LocalRocksDB private (
 
   /** RocksDB's estimate, plus the keys buffered in the heap (some may be in RocksDB too). */
   def estimateNumKeys(cf: String): Long =
-    db.getLongProperty(handle(cf), "rocksdb.estimate-num-keys") + bufferedEntries(_.entriesOf(cf))
+    using(cf, "estimateNumKeys")(db.getLongProperty(_, "rocksdb.estimate-num-keys")) + bufferedEntries(_.entriesOf(cf))
 
   /** The heap's buffers, memtables and table readers (index and filter blocks outside the shared block cache). */
   def memoryUsageBytes: Long = bufferedEntries(_.heapBytes) +
@@ -500,19 +540,19 @@ final class LocalRocksDB private (
   def totalSstFilesBytes: Long = sumOfProperties("rocksdb.total-sst-files-size")
 
   /** RocksDB's integer `properties`, summed over every column family. */
-  private def sumOfProperties(properties: String*): Long = {
-    handles.values.iterator.map(h => properties.iterator.map(db.getLongProperty(h, _)).sum).sum
+  private def sumOfProperties(properties: String*): Long = usingAll("read properties") { handles =>
+    handles.iterator.map(h => properties.iterator.map(db.getLongProperty(h, _)).sum).sum
   }
 
-  def compactRange(): Unit = handles.values.foreach(h => localIo(current.compactRange(h)))
+  def compactRange(): Unit = usingAll("compact")(_.foreach(h => localIo(current.compactRange(h))))
 
   /**
    * Adds SST files written by [[SstWriter]] to a column family in one step, moving (not copying)
    * them into the database. The files may overlap each other; their keys must be new.
    */
-  def ingest(cf: String, files: Seq[File]): Unit = if (files.nonEmpty) {
+  def ingest(cf: String, files: Seq[File]): Unit = if (files.nonEmpty) using(cf, "ingest") { h =>
     written(None)
-    ingestFiles(handle(cf), files)
+    ingestFiles(h, files)
   }
 
   /** Moves `files` into the family; RocksDB holds everything written before them. */
@@ -530,13 +570,16 @@ final class LocalRocksDB private (
   def compactRange(cf: String, begin: Array[Byte], end: Array[Byte]): Unit = {
     val opts = new CompactRangeOptions()
       .setBottommostLevelCompaction(CompactRangeOptions.BottommostLevelCompaction.kForceOptimized)
-    try localIo(current.compactRange(handle(cf), begin, end, opts)) finally opts.close()
+    try using(cf, "compactRange")(h => localIo(current.compactRange(h, begin, end, opts))) finally opts.close()
   }
 
-  override def close(): Unit = if (!closed) {
-    closed = true
+  override def close(): Unit = if (closing.compareAndSet(false, true)) {
+    // Operations in flight in other threads (a lookup, a maintenance scan) end first; later ones fail.
+    val handles = lock.synchronized { val all = families; families = Map.empty; all.values.toList }
+    handles.foreach(_.retire())
     // Writes still buffered belong to versions that are lost with the instance or were never
-    // committed. The background write may not be stopped half-way: it runs into the database.
+    // committed. The background write (it holds no handle) may not be stopped half-way: it runs
+    // into the database.
     LocalRocksDB.awaitUninterruptibly(frozenSpill)
     prefixIterators.synchronized(prefixIterators.clear())
     openIterators.asScala.foreach(_.close())
@@ -544,8 +587,7 @@ final class LocalRocksDB private (
     lock.synchronized(buffer.release())
     Option(frozen).foreach(_.release())
     writeOptions.close()
-    handles.values.foreach(_.close())
-    handles.clear()
+    handles.foreach(_.handle.close())
     db.close()
     dbOptions.close()
     cfOptions.close()
