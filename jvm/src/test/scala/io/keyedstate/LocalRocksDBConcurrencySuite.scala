@@ -100,3 +100,4 @@ class LocalRocksDBConcurrencySuite extends AnyFunSuite with ProviderFixture {
     }
   }
 }
+

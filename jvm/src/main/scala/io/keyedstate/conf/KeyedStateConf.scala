@@ -98,9 +98,10 @@ object KeyedStateConf {
       "This bounds the memory of unflushed writes rather than SST sizes.")
   private val HeapWriteBufferMB = new LongOpt("heapWriteBufferMB", 256, 1, 1L << 20,
     "Writes wait in the heap, per store, until the commit before a snapshot writes them into RocksDB in the " +
-      "background (reads look there first). This bounds those buffers **for every store on an executor together**: " +
-      "past it, a store that writes moves its buffer into RocksDB's memtables at once. At most an eighth of the " +
-      "executor's heap is used, whatever the setting.")
+      "background (reads look there first). This bounds those buffers **for every store on an executor together**, " +
+      "frozen ones included: past it, a store that writes moves its buffer into RocksDB's memtables and writes there " +
+      "directly until the total is under it again. At most an eighth of the executor's heap is used, whatever the " +
+      "setting.")
   private val Compression = new ChoiceOpt("compression", "zstd", Compressions,
     "SST block compression (zstd at level 1). In checkpoint_bench lz4 makes the SST files snapshots upload 48% " +
       "larger (25% more checkpoint bytes in all) for 4-9% more throughput (docs/benchmarks.md).")

@@ -60,8 +60,8 @@ final class LocalRocksDB private (
   // the buffer and a background thread writes it into RocksDB in key order and flushes
   // ([[flushInBackground]]); reads look in the buffer, then the frozen one, then RocksDB. What
   // reads the database as a whole (scans, flushes, checkpoints) writes the buffer in first
-  // (`current`). A buffer past the executor-wide bound (`heapWriteBufferMB`) is written in at
-  // once. The lock guards the buffer: with Spark's pipelined Python runner a keyed function's
+  // (`current`). Over the executor-wide bound (`heapWriteBufferMB`, every store's buffers), a
+  // store's writes go into RocksDB directly (see `write`). The lock guards the buffer: with Spark's pipelined Python runner a keyed function's
   // lookups read in another thread than the one that writes, and the maintenance thread scans.
   private val lock = new Object
   private var buffer = new WriteBuffer
@@ -210,18 +210,33 @@ final class LocalRocksDB private (
   def merge(cf: String, key: Array[Byte], value: Array[Byte]): Unit = write(WriteTable.Merge, cf, key, value)
   def delete(cf: String, key: Array[Byte]): Unit = write(WriteTable.Delete, cf, key, null)
 
-  private def write(kind: Byte, cf: String, key: Array[Byte], value: Array[Byte]): Unit = lock.synchronized {
-    throwIfWritesLost()
-    if (!families.contains(cf)) using(cf, "write")(_ => ()) // names the missing family, or the closed instance
-    val t = buffer.tableFor(cf)
-    val before = t.heapBytes
-    kind match {
-      case WriteTable.Put => t.put(key, value)
-      case WriteTable.Merge => t.merge(key, value)
-      case _ => t.delete(key)
+  private def write(kind: Byte, cf: String, key: Array[Byte], value: Array[Byte]): Unit = {
+    val overBound = WriteBuffer.overBound(heapBufferBytes)
+    // Over the bound, RocksDB must hold the frozen writes before newer ones go in directly (they
+    // go in as files, newer than the memtables). Waited for without the lock: reads go on meanwhile.
+    if (overBound) awaitFrozenSpill()
+    lock.synchronized {
+      throwIfWritesLost()
+      if (!families.contains(cf)) using(cf, "write")(_ => ()) // names the missing family, or the closed instance
+      if (overBound) {
+        // The executor's buffers hold the bound: this store's go into RocksDB, and the write too.
+        spill(buffer.columnFamilies.toList)
+        using(cf, "write")(h => localIo(kind match {
+          case WriteTable.Put => db.put(h, writeOptions, key, value)
+          case WriteTable.Merge => db.merge(h, writeOptions, key, value)
+          case _ => db.delete(h, writeOptions, key)
+        }))
+      } else {
+        val t = buffer.tableFor(cf)
+        val before = t.heapBytes
+        kind match {
+          case WriteTable.Put => t.put(key, value)
+          case WriteTable.Merge => t.merge(key, value)
+          case _ => t.delete(key)
+        }
+        buffer.accountFor(before, t)
+      }
     }
-    buffer.accountFor(before, t)
-    if (WriteBuffer.overBound(buffer.heapBytes, heapBufferBytes)) spill(buffer.columnFamilies.toList)
   }
 
   /** Deletes the keys from `begin` (included) to `end` (excluded), in RocksDB directly. */
@@ -532,6 +547,9 @@ final class LocalRocksDB private (
   /** The heap's buffers, memtables and table readers (index and filter blocks outside the shared block cache). */
   def memoryUsageBytes: Long = bufferedEntries(_.heapBytes) +
     sumOfProperties("rocksdb.cur-size-all-mem-tables", "rocksdb.estimate-table-readers-mem")
+
+  /** The heap bytes this instance's write buffers hold, live and frozen (tests of the bound). */
+  private[keyedstate] def heapBufferedBytes: Long = bufferedEntries(_.heapBytes)
 
   /** `count` of the buffer plus that of the frozen one. */
   private def bufferedEntries(count: WriteBuffer => Long): Long =

@@ -54,17 +54,19 @@ private[rocks] final class WriteBuffer {
 
   /**
    * Counts a write to `table`, which held `before` bytes before it. The executor-wide total hears
-   * of it in steps of [[WriteBuffer.PublishStep]]: one shared counter updated by every write of
-   * every task costs more than the hash insert.
+   * of a generation ahead of what it holds, by up to two [[WriteBuffer.PublishStep]]s: it is never
+   * below what the buffers hold, yet the shared counter changes once a step, not once a write (one
+   * shared counter updated by every write of every task costs more than the hash insert).
    */
   def accountFor(before: Long, table: WriteTable): Unit = {
     accounted += table.heapBytes - before
-    if (math.abs(accounted - published) >= WriteBuffer.PublishStep) publish()
+    if (accounted > published || published - accounted > 2 * WriteBuffer.PublishStep) publish()
   }
 
   private def publish(): Unit = {
-    WriteBuffer.total.addAndGet(accounted - published)
-    published = accounted
+    val reserved = if (accounted == 0) 0L else accounted + WriteBuffer.PublishStep
+    WriteBuffer.total.addAndGet(reserved - published)
+    published = reserved
   }
 
   /** Drops one family's writes (written into RocksDB, or moot: the family was dropped). */
@@ -93,14 +95,12 @@ private[rocks] object WriteBuffer {
   def executorTotal: Long = total.get()
 
   /**
-   * The writing store spills its buffer into RocksDB when the executor's buffers together exceed
-   * `boundBytes` and its own holds at least [[MinSpillBytes]] (or an eighth of the bound): the
-   * stores that write spill, so the total stays near the bound without spilling tiny buffers
-   * again and again while idle stores hold the rest.
+   * Whether the buffers of every store in this JVM, live and frozen, hold more than `boundBytes`:
+   * then a store that writes moves its live buffer into RocksDB and writes there directly, whatever
+   * its own size, until the total is under the bound again (a hard bound: idle stores' buffers and
+   * frozen ones count, and no store may add to them).
    */
-  def overBound(own: Long, boundBytes: Long): Boolean =
-    total.get() > boundBytes && own >= math.min(MinSpillBytes, boundBytes / 8)
+  def overBound(boundBytes: Long): Boolean = total.get() > boundBytes
 
-  private val MinSpillBytes = 4L * 1024 * 1024
-  private val PublishStep = 64L * 1024
+  private val PublishStep = 16L * 1024
 }
