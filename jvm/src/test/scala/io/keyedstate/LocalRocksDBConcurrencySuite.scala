@@ -20,8 +20,10 @@ class LocalRocksDBConcurrencySuite extends AnyFunSuite with ProviderFixture {
   private val Default = LocalRocksDB.DefaultColumnFamily
   private def b(s: String): Array[Byte] = s.getBytes(UTF_8)
 
-  private def withDb(body: LocalRocksDB => Unit): Unit = {
-    val db = LocalRocksDB.open(new File(tempDir(), "db"), KeyedStateConf.fromMap(Map.empty))
+  private def withDb(body: LocalRocksDB => Unit): Unit = withDb(KeyedStateConf.fromMap(Map.empty))(body)
+
+  private def withDb(conf: KeyedStateConf)(body: LocalRocksDB => Unit): Unit = {
+    val db = LocalRocksDB.open(new File(tempDir(), "db"), conf)
     try body(db) finally db.close()
   }
 
@@ -99,5 +101,88 @@ class LocalRocksDBConcurrencySuite extends AnyFunSuite with ProviderFixture {
       closedError(scan.next()) // the open scan's next step
     }
   }
-}
 
+  test("a reader thread beside random writes, freezes, writes past the bound and drops: reads never go back") {
+    // 1 MB for the JVM's buffers and values of 1 KB: the bound is crossed every few hundred writes.
+    withDb(KeyedStateConf.fromMap(Map(KeyedStateConf.Prefix + "heapWriteBufferMB" -> "1"))) { db =>
+      val families = Seq(Default, "a", "b")
+      families.tail.foreach(db.createColumnFamily)
+      // A value is "<incarnation>:<write>:<padding>": per key, later writes have greater pairs; the
+      // family "b" is dropped and created again now and then (its next incarnation).
+      val incarnation = scala.collection.mutable.Map(families.map(_ -> 0): _*)
+      val model = families.map(_ -> scala.collection.mutable.TreeMap[String, String]()).toMap
+      val padding = "x" * 1000
+      val failures = new java.util.concurrent.ConcurrentLinkedQueue[String]()
+      @volatile var stop = false
+      def parse(v: Array[Byte]): (Int, Int) = {
+        val parts = new String(v, UTF_8).split(":", 3)
+        (parts(0).toInt, parts(1).toInt)
+      }
+      val reader = new Thread(() => {
+        val random = new scala.util.Random(7)
+        val seen = scala.collection.mutable.Map[(String, String), (Int, Int)]()
+        while (!stop) {
+          val cf = families(random.nextInt(families.size))
+          val key = f"k${random.nextInt(200)}%03d"
+          try {
+            val v = db.get(cf, b(key))
+            if (v != null) {
+              val now = parse(v)
+              seen.get((cf, key)).filter(before => Ordering[(Int, Int)].lt(now, before)).foreach { before =>
+                failures.add(s"$cf $key read $now after $before")
+              }
+              seen((cf, key)) = now
+            }
+            if (random.nextInt(20) == 0) {
+              val it = db.prefixScan(cf, b(key.take(3)))
+              try it.foreach { case (k, value) =>
+                if (!new String(k, UTF_8).startsWith(key.take(3))) failures.add(s"$cf scan of ${key.take(3)} gave ${new String(k, UTF_8)}")
+                parse(value)
+              } finally it.close()
+            }
+          } catch {
+            case e: IllegalStateException
+                if e.getMessage.contains("does not exist") || e.getMessage.contains("was dropped") => // "b", meanwhile
+            case e: Throwable => failures.add(s"$cf $key: $e"); stop = true
+          }
+        }
+      })
+      reader.start()
+      try {
+        val random = new scala.util.Random(11)
+        (1 to 20000).foreach { i =>
+          val cf = families(random.nextInt(families.size))
+          val key = f"k${random.nextInt(200)}%03d"
+          random.nextInt(100) match {
+            case n if n < 75 =>
+              val v = s"${incarnation(cf)}:$i:$padding"
+              db.put(cf, b(key), b(v))
+              model(cf)(key) = v
+            case n if n < 95 => db.delete(cf, b(key)); model(cf).remove(key)
+            case n if n < 97 =>
+              val (from, to) = { val x = random.nextInt(200); val y = random.nextInt(200); (x min y, x max y) }
+              db.deleteRange(cf, b(f"k$from%03d"), b(f"k$to%03d"))
+              model(cf).keys.filter(k => k >= f"k$from%03d" && k < f"k$to%03d").toList.foreach(model(cf).remove)
+            case 97 => db.flushInBackground() // the commit before a snapshot: a freeze
+            case 98 if i % 7 == 0 =>
+              db.dropColumnFamily("b")
+              db.createColumnFamily("b")
+              incarnation("b") += 1
+              model("b").clear()
+            case _ =>
+              assert(Option(db.get(cf, b(key))).map(new String(_, UTF_8)) == model(cf).get(key), s"$cf $key at $i")
+          }
+        }
+      } finally {
+        stop = true
+        reader.join(30000)
+      }
+      assert(failures.isEmpty, failures.toArray.mkString("; "))
+      families.foreach { cf =>
+        val it = db.scan(cf, None, None)
+        try assert(it.map { case (k, v) => new String(k, UTF_8) -> new String(v, UTF_8) }.toList == model(cf).toList, cf)
+        finally it.close()
+      }
+    }
+  }
+}

@@ -39,7 +39,8 @@ final class LocalRocksDB private (
   private val closing = new java.util.concurrent.atomic.AtomicBoolean(false)
 
   private val writeOptions = new WriteOptions().setDisableWAL(true)
-  private val openIterators = ConcurrentHashMap.newKeySet[RocksIterator]()
+  // Every native iterator open, with the family it reads: a drop closes its family's.
+  private val openIterators = new ConcurrentHashMap[RocksIterator, GuardedHandle]()
 
   // Prefix scans reuse one iterator per column family: a native iterator, its ReadOptions and
   // its bound per scan cost as much as a short scan itself. An iterator sees the database as of
@@ -47,11 +48,15 @@ final class LocalRocksDB private (
   // ingesting files or dropping the family releases it. A scan that starts while the family's
   // iterator is still in use opens its own. A kept iterator pins its memtables and SST files
   // until [[releaseScanIterators]] (commit and release of a store).
-  private final class ReusedIterator(val it: RocksIterator, var atSequence: Long, var atIngests: Long) {
+  private final class ReusedIterator(val it: RocksIterator, val family: GuardedHandle, var atSequence: Long,
+      var atIngests: Long) {
     var inUse = false
     var retired = false // released while in use: closed when its scan ends
-    def close(): Unit = if (openIterators.remove(it)) it.close()
+    def close(): Unit = closeIterator(it)
   }
+
+  /** Closes an open native iterator, once (a drop or a close may have closed it already). */
+  private def closeIterator(it: RocksIterator): Unit = if (openIterators.remove(it) != null) it.close()
   private val prefixIterators = mutable.HashMap[String, ReusedIterator]()
 
   // Writes wait in the heap, as RocksDB's own memtables would hold them but without their cost:
@@ -96,9 +101,21 @@ final class LocalRocksDB private (
   def hasColumnFamily(name: String): Boolean = families.contains(name)
 
   /** `body` with `cf`'s handle, held: a drop or a close waits until it returns. */
-  private def using[T](cf: String, op: String)(body: ColumnFamilyHandle => T): T = {
+  private def using[T](cf: String, op: String)(body: ColumnFamilyHandle => T): T = usingFamily(cf, op)(f => body(f.handle))
+
+  private def usingFamily[T](cf: String, op: String)(body: GuardedHandle => T): T = {
     val family = acquire(cf, op)
-    try body(family.handle) finally family.release()
+    try body(family) finally family.release()
+  }
+
+  /** `body` with `family` held, if it is still in use; what is left of a dropped or closed one fails. */
+  private def holding[T](family: GuardedHandle, op: String)(body: => T): T = {
+    if (!family.tryAcquire()) {
+      if (closing.get()) throw KeyedStateErrors.badState(ErrorId.StoreClosed,
+        s"Cannot $op: the RocksDB instance at $dir is closed (its store was aborted, unloaded or reloaded)")
+      throw new IllegalStateException(s"Cannot $op: column family '${family.name}' of RocksDB at $dir was dropped")
+    }
+    try body finally family.release()
   }
 
   /** `body` while the database stays open (the default family's handle held). */
@@ -139,10 +156,10 @@ final class LocalRocksDB private (
   /** Drops a column family; the default one cannot be dropped, so it is emptied instead. */
   def dropColumnFamily(name: String): Boolean = usingDb("drop a column family") {
     lock.synchronized { awaitFrozenSpill(); buffer.remove(name) } // its waiting writes go with it
-    releaseScanIterator(name)
     families.get(name) match {
       case None => false
       case Some(_) if name == LocalRocksDB.DefaultColumnFamily =>
+        releaseScanIterator(name)
         using(name, "empty the default column family") { h =>
           withIterator(h) { it =>
             it.seekToFirst()
@@ -153,6 +170,11 @@ final class LocalRocksDB private (
       case Some(family) =>
         lock.synchronized(families -= name)
         family.retire() // reads of it in other threads end first; new ones fail
+        // Its iterators go before it, scans left open included (their next step fails).
+        prefixIterators.synchronized {
+          if (prefixIterators.get(name).exists(_.family eq family)) prefixIterators.remove(name)
+        }
+        openIterators.asScala.collect { case (it, f) if f eq family => it }.foreach(closeIterator)
         localIo(db.dropColumnFamily(family.handle))
         family.handle.close()
         true
@@ -382,16 +404,17 @@ final class LocalRocksDB private (
     val readOptions = new ReadOptions()
     val upperSlice = upper.map(new Slice(_))
     upperSlice.foreach(readOptions.setIterateUpperBound)
-    val it = using(cf, "scan")(h => currentFor(cf).newIterator(h, readOptions))
-    openIterators.add(it)
-    using(cf, "scan") { _ =>
+    val (it, family) = usingFamily(cf, "scan") { family =>
+      val it = currentFor(cf).newIterator(family.handle, readOptions)
+      openIterators.put(it, family)
       lower match {
         case Some(l) => it.seek(l)
         case None => it.seekToFirst()
       }
+      (it, family)
     }
-    new Entries(it, cf, prefix = null, release = () => {
-      if (openIterators.remove(it)) it.close()
+    new Entries(it, family, prefix = null, release = () => {
+      closeIterator(it)
       readOptions.close()
       upperSlice.foreach(_.close())
     })
@@ -401,16 +424,17 @@ final class LocalRocksDB private (
    * The entries of a sought iterator, up to its bound or, with a `prefix`, the first key without
    * it; `release` runs once, when they end or on `close()`.
    */
-  private final class Entries(it: RocksIterator, cf: String, prefix: Array[Byte], release: () => Unit)
+  private final class Entries(it: RocksIterator, family: GuardedHandle, prefix: Array[Byte], release: () => Unit)
     extends ClosableIterator[(Array[Byte], Array[Byte])] {
     private var done = false
     private var key: Array[Byte] = _ // the next entry's, read by hasNext
     def close(): Unit = if (!done) { done = true; release() }
-    // Each step holds the family's handle (not the scan: a scan left open must not stop a close).
+    // Each step holds the family the iterator reads (not the scan: a scan left open must not stop
+    // a drop or a close); a step after either fails before it touches the iterator.
     def hasNext: Boolean = {
       if (done) return false
       if (key != null) return true
-      val found = using(cf, "scan") { _ =>
+      val found = holding(family, "scan") {
         if (it.isValid) {
           val k = it.key()
           if (prefix == null || LocalRocksDB.startsWith(k, prefix)) { key = k; true } else false
@@ -421,7 +445,7 @@ final class LocalRocksDB private (
     }
     def next(): (Array[Byte], Array[Byte]) = {
       if (!hasNext) throw new NoSuchElementException
-      val kv = using(cf, "scan") { _ =>
+      val kv = holding(family, "scan") {
         val v = (key, it.value())
         it.next()
         v
@@ -446,23 +470,27 @@ final class LocalRocksDB private (
 
   /** Key-ordered entries whose key starts with `prefix`. */
   def prefixScan(cf: String, prefix: Array[Byte]): ClosableIterator[(Array[Byte], Array[Byte])] = {
-    val reused = acquireScanIterator(cf)
+    val reused = acquireScanIterator(cf, prefix)
     if (reused == null) return scan(cf, Some(prefix), LocalRocksDB.prefixUpperBound(prefix))
-    using(cf, "prefixScan")(_ => reused.it.seek(prefix))
-    new Entries(reused.it, cf, prefix, release = () => prefixIterators.synchronized {
+    new Entries(reused.it, reused.family, prefix, release = () => prefixIterators.synchronized {
       reused.inUse = false
       if (reused.retired) reused.close()
     })
   }
 
-  /** The family's reusable iterator, current and now in use; null if it is in use already. */
-  private def acquireScanIterator(cf: String): ReusedIterator = using(cf, "prefixScan") { h =>
+  /** The family's reusable iterator, current, sought to `prefix` and now in use; null if it is in use already. */
+  private def acquireScanIterator(cf: String, prefix: Array[Byte]): ReusedIterator = usingFamily(cf, "prefixScan") { f =>
     val db = currentFor(cf) // before the monitor: its wait for a background write must not hold it
-    prefixIterators.synchronized(reusedIterator(cf, h, db))
+    val reused = prefixIterators.synchronized(reusedIterator(cf, f, db))
+    if (reused != null) reused.it.seek(prefix)
+    reused
   }
 
-  private def reusedIterator(cf: String, h: ColumnFamilyHandle, db: RocksDB): ReusedIterator = {
+  private def reusedIterator(cf: String, family: GuardedHandle, db: RocksDB): ReusedIterator = {
     prefixIterators.get(cf) match {
+      case Some(r) if r.family ne family => // a dropped family's of the same name (its drop closes it)
+        prefixIterators.remove(cf)
+        reusedIterator(cf, family, db)
       case Some(r) if r.inUse => null
       case Some(r) =>
         val (sequence, ingested) = (db.getLatestSequenceNumber, ingests)
@@ -475,9 +503,9 @@ final class LocalRocksDB private (
         r
       case None =>
         val (sequence, ingested) = (db.getLatestSequenceNumber, ingests) // read first: a write after it refreshes
-        val it = db.newIterator(h)
-        openIterators.add(it)
-        val r = new ReusedIterator(it, sequence, ingested)
+        val it = db.newIterator(family.handle)
+        openIterators.put(it, family)
+        val r = new ReusedIterator(it, family, sequence, ingested)
         r.inUse = true
         prefixIterators(cf) = r
         r
@@ -600,8 +628,7 @@ final class LocalRocksDB private (
     // into the database.
     LocalRocksDB.awaitUninterruptibly(frozenSpill)
     prefixIterators.synchronized(prefixIterators.clear())
-    openIterators.asScala.foreach(_.close())
-    openIterators.clear()
+    openIterators.keySet.asScala.toList.foreach(closeIterator)
     lock.synchronized(buffer.release())
     Option(frozen).foreach(_.release())
     writeOptions.close()
@@ -854,6 +881,12 @@ object LocalRocksDB {
       .setManifestPreallocationSize(ManifestPreallocationBytes)
       .setInfoLogLevel(InfoLogLevel.WARN_LEVEL)
       .setKeepLogFileNum(2)
+      // No periodic statistics dump (it writes to the info log at INFO level, which the WARN level
+      // above discards). RocksDB's timer thread ran it at a random moment in each instance's
+      // period, and 9.8's DumpStats crashed the JVM (SIGSEGV) when it met a column family being
+      // dropped (LocalRocksDBConcurrencySuite's stress test, 2026-11-27).
+      .setStatsDumpPeriodSec(0)
+      .setStatsPersistPeriodSec(0)
 
   /** Opens (or creates) the database in `dir` with all its column families. */
   def open(dir: File, conf: KeyedStateConf): LocalRocksDB = {
