@@ -41,16 +41,24 @@ def main() -> int:
     spark = session("keyedstate memory bound bench", PARTITIONS, memory="1g", conf=conf)
     jvm = spark._jvm
     runtime = jvm.java.lang.Runtime.getRuntime()
+    # keyedstate's jar is on spark.jars: its classes are in the context class loader.
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    rocks = jvm.java.lang.Class.forName("io.keyedstate.rocks.LocalRocksDB$", True, loader)
+    local_rocksdb = rocks.getField("MODULE$").get(None)
     peaks = {"buffers": 0, "heap": 0}
+    failures: list[BaseException] = []
     stop = threading.Event()
 
     def sample() -> None:
-        while not stop.is_set():
-            buffered = jvm.io.keyedstate.rocks.LocalRocksDB.bufferedBytesInJvm()
-            used = runtime.totalMemory() - runtime.freeMemory()
-            peaks["buffers"] = max(peaks["buffers"], buffered)
-            peaks["heap"] = max(peaks["heap"], used)
-            time.sleep(0.02)
+        try:
+            while not stop.is_set():
+                buffered = local_rocksdb.bufferedBytesInJvm()
+                used = runtime.totalMemory() - runtime.freeMemory()
+                peaks["buffers"] = max(peaks["buffers"], buffered)
+                peaks["heap"] = max(peaks["heap"], used)
+                time.sleep(0.02)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            failures.append(e)
 
     sampler = threading.Thread(target=sample, daemon=True)
     try:
@@ -82,6 +90,8 @@ def main() -> int:
         sampler.join()
         if query.exception() is not None:
             raise RuntimeError(str(query.exception()))
+        if failures:
+            raise RuntimeError(f"the sampler failed: {failures[0]}")
         keys = query.lastProgress["stateOperators"][0]["numRowsTotal"]
         bound = args.bound_mb * 1024 * 1024
         max_heap = runtime.maxMemory()

@@ -24,7 +24,9 @@ class WriteBufferBoundSuite extends AnyFunSuite with ProviderFixture {
         db.put(LocalRocksDB.DefaultColumnFamily, s"key-$i-$n".getBytes(UTF_8), value)
         val held = dbs.map(_.heapBufferedBytes).sum
         assert(held <= bound + 64 * 1024, s"the stores' buffers hold $held bytes, over the bound of $bound")
-        assert(LocalRocksDB.bufferedBytesInJvm >= held, "the executor-wide total is below what the buffers hold")
+        val total = LocalRocksDB.bufferedBytesInJvm
+        assert(total >= held, "the executor-wide total is below what the buffers hold")
+        assert(total <= bound + 64 * 1024 + dbs.size * 32 * 1024, s"the executor-wide total is $total bytes")
       }
       for ((db, i) <- dbs.zipWithIndex; n <- 0 until 100) {
         assert(java.util.Arrays.equals(db.get(LocalRocksDB.DefaultColumnFamily, s"key-$i-$n".getBytes(UTF_8)), value))
