@@ -22,9 +22,17 @@ private[rocks] final class GuardedHandle(val name: String, val handle: ColumnFam
 
   def release(): Unit = users.decrementAndGet()
 
-  /** Refuses new users, then waits until none is left (the caller must not be one of them). */
+  /**
+   * Refuses new users, then waits until none is left (the caller must not be one of them). Calls
+   * are short, but a read may wait seconds for a frozen buffer's write: the wait backs off from
+   * 20 µs to 1 ms between looks.
+   */
   def retire(): Unit = {
     if (retiring.compareAndSet(false, true)) users.addAndGet(Int.MinValue)
-    while (users.get() != Int.MinValue) LockSupport.parkNanos(20000L)
+    var pause = 20000L
+    while (users.get() != Int.MinValue) {
+      LockSupport.parkNanos(pause)
+      pause = math.min(pause * 2, 1000000L)
+    }
   }
 }
