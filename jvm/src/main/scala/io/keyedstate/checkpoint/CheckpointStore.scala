@@ -333,22 +333,23 @@ final class CheckpointStore(val root: Path, val hadoopConf: Configuration) exten
     } catch {
       case _: IOException | _: UnsupportedOperationException => return false // missing: the copy names it
     }
-    val size = Files.size(linked)
-    if (size != file.size) {
-      throw KeyedStateErrors.fileCorrupt(s"State file $source needed by version $version is damaged: $size bytes, " +
-        s"the manifest says ${file.size}")
-    }
-    if (verify) {
-      val crc = new CRC32C()
+    val crc = if (!verify) None else {
+      val c = new CRC32C()
       val in = openNeeded(source, version)
-      try copy(in, OutputStream.nullOutputStream(), crc) finally in.close()
-      if (crc.getValue != file.crc32c) {
-        throw KeyedStateErrors.fileCorrupt(f"State file $source needed by version $version is damaged: " +
-          f"CRC32C ${crc.getValue}%08x; the manifest says ${file.crc32c}%08x")
-      }
+      try copy(in, OutputStream.nullOutputStream(), c) finally in.close()
+      Some(c.getValue)
     }
+    requireIntact(source, version, file, Files.size(linked), crc)
     true
   }
+
+  /** A copied or linked file's size and, when read, CRC32C against the manifest's. */
+  private def requireIntact(source: Path, version: Long, file: ManifestFile, size: Long, crc: Option[Long]): Unit =
+    if (size != file.size || crc.exists(_ != file.crc32c)) {
+      throw KeyedStateErrors.fileCorrupt(s"State file $source needed by version $version is damaged: $size bytes" +
+        crc.fold("")(c => f", CRC32C $c%08x") + s"; the manifest says ${file.size} bytes" +
+        crc.fold("")(_ => f", ${file.crc32c}%08x"))
+    }
 
   /**
    * Copies `file` of `version` to the same relative path under `target` (another store, on any
@@ -379,10 +380,7 @@ final class CheckpointStore(val root: Path, val hadoopConf: Configuration) exten
         case e: IOException => throw KeyedStateErrors.fileCorrupt(
           s"State file $source needed by version $version is unreadable: ${e.getMessage}", e)
       } finally in.close()
-    if (copied != file.size || crc.getValue != file.crc32c) {
-      throw KeyedStateErrors.fileCorrupt(f"State file $source needed by version $version is damaged: $copied bytes, " +
-        f"CRC32C ${crc.getValue}%08x; the manifest says ${file.size} bytes, ${file.crc32c}%08x")
-    }
+    requireIntact(source, version, file, copied, Some(crc.getValue))
   }
 
   /** Deletes a file; one the file system refused to delete is logged and left (retention

@@ -325,10 +325,7 @@ private final class TableRowEncoder(table: StateTable) {
   private def mapStamps(keys: ArrayData, stamps: MapData): Int => Long = {
     val t = keyTypes.last
     val stampKeys = stamps.keyArray()
-    def same(a: Any, b: Any) = (a, b) match {
-      case (x: Array[Byte], y: Array[Byte]) => java.util.Arrays.equals(x, y)
-      case (x, y) => x == y
-    }
+    def same(a: Any, b: Any) = PartitionRows.sameValue(a, b)
     i => {
       val k = keys.get(i, t)
       val j = if (i < stampKeys.numElements() && same(stampKeys.get(i, t), k)) i

@@ -283,13 +283,16 @@ private final class PartitionRows(table: StateTable, partition: Int, flatten: Bo
     }
   }
 
-  private def sameKey(a: Seq[Any], b: Seq[Any]): Boolean = a.corresponds(b) {
-    case (x: Array[Byte], y: Array[Byte]) => java.util.Arrays.equals(x, y)
-    case (x, y) => x == y
-  }
+  private def sameKey(a: Seq[Any], b: Seq[Any]): Boolean = a.corresponds(b)(PartitionRows.sameValue)
 }
 
 private object PartitionRows {
+  /** Whether two decoded column values are equal (binary ones by content). */
+  def sameValue(a: Any, b: Any): Boolean = (a, b) match {
+    case (x: Array[Byte], y: Array[Byte]) => java.util.Arrays.equals(x, y)
+    case (x, y) => x == y
+  }
+
   /** One stored value (a list's element, a map's entry) of a key, with its last-access stamp
    *  (0 when the table has none). */
   final case class Value(key: UnsafeRow, value: UnsafeRow, stamp: Long)

@@ -111,8 +111,7 @@ final class LocalRocksDB private (
   /** `body` with `family` held, if it is still in use; what is left of a dropped or closed one fails. */
   private def holding[T](family: GuardedHandle, op: String)(body: => T): T = {
     if (!family.tryAcquire()) {
-      if (closing.get()) throw KeyedStateErrors.badState(ErrorId.StoreClosed,
-        s"Cannot $op: the RocksDB instance at $dir is closed (its store was aborted, unloaded or reloaded)")
+      if (closing.get()) throw closedError(op)
       throw new IllegalStateException(s"Cannot $op: column family '${family.name}' of RocksDB at $dir was dropped")
     }
     try body finally family.release()
@@ -127,6 +126,9 @@ final class LocalRocksDB private (
     try body(held.map(_.handle)) finally held.foreach(_.release())
   }
 
+  private def closedError(op: String): Exception = KeyedStateErrors.badState(ErrorId.StoreClosed,
+    s"Cannot $op: the RocksDB instance at $dir is closed (its store was aborted, unloaded or reloaded)")
+
   private def acquire(cf: String, op: String): GuardedHandle = {
     val last = lastUsed
     if (last != null && last.name == cf && last.tryAcquire()) last
@@ -134,8 +136,7 @@ final class LocalRocksDB private (
       case Some(family) if family.tryAcquire() =>
         lastUsed = family
         family
-      case _ if closing.get() => throw KeyedStateErrors.badState(ErrorId.StoreClosed,
-        s"Cannot $op: the RocksDB instance at $dir is closed (its store was aborted, unloaded or reloaded)")
+      case _ if closing.get() => throw closedError(op)
       case _ => throw new IllegalStateException(s"Cannot $op: column family '$cf' does not exist in RocksDB at $dir")
     }
   }
