@@ -127,6 +127,28 @@ def normalized(batches: dict[int, list[dict[str, Any]]], after: int) -> dict[int
     }
 
 
+def reference_and_saved(
+    spark: SparkSession,
+    tmp_path: Path,
+    build: Build,
+    mode: str,
+    phases: list[list[list[dict[str, Any]]]],
+    fmt: str,
+) -> tuple[Line, Line, int, Path, Any]:
+    """An uninterrupted run of every phase, and a line that ran the first phase and was saved
+    (``fmt``) at ``tmp_path / "savepoint"``: (reference, line, batch saved, target, info)."""
+    reference = Line(spark, tmp_path / "reference", build, mode)
+    for phase in phases:
+        reference.run(tmp_path / "reference" / "checkpoint", phase)
+    line = Line(spark, tmp_path / "line", build, mode)
+    original = tmp_path / "line" / "checkpoint"
+    line.run(original, phases[0])
+    batch = committed_batches(original)[-1]
+    target = tmp_path / "savepoint"
+    info = keyedstate.savepoint(spark, str(original), str(target), format=fmt)
+    return reference, line, batch, target, info
+
+
 SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 SPARK_HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 
@@ -471,15 +493,9 @@ def timed(frame: DataFrame) -> DataFrame:
 def test_reducing_and_aggregating_state_and_timers_continue_through_a_savepoint(
     spark: SparkSession, tmp_path: Path, fmt: str, partitions: int | None
 ) -> None:
-    reference = Line(spark, tmp_path / "reference", timed, "append")
-    for phase in TIMED_PHASES:
-        reference.run(tmp_path / "reference" / "checkpoint", phase)
-    line = Line(spark, tmp_path / "line", timed, "append")
-    original = tmp_path / "line" / "checkpoint"
-    line.run(original, TIMED_PHASES[0])
-    batch = committed_batches(original)[-1]
-    target = tmp_path / "savepoint"
-    info = keyedstate.savepoint(spark, str(original), str(target), format=fmt)
+    reference, line, batch, target, info = reference_and_saved(
+        spark, tmp_path, timed, "append", TIMED_PHASES, fmt
+    )
     if fmt == "canonical":
         tables = {t.state: t.rows for o in info.operators for t in o.tables}
         assert tables["total"] > 0 and tables["mean"] > 0 and tables["$eventTimers"] > 0, tables
@@ -625,15 +641,9 @@ def test_a_file_sources_compacted_log_goes_through_a_savepoint(
     no file twice and skips none."""
     spark.conf.set(COMPACT_INTERVAL, "2")
     try:
-        reference = Line(spark, tmp_path / "reference", counts, "update")
-        for phase in PHASES:
-            reference.run(tmp_path / "reference" / "checkpoint", phase)
-        line = Line(spark, tmp_path / "line", counts, "update")
-        original = tmp_path / "line" / "checkpoint"
-        line.run(original, PHASES[0])
-        batch = committed_batches(original)[-1]
-        target = tmp_path / "savepoint"
-        keyedstate.savepoint(spark, str(original), str(target), format=fmt)
+        reference, line, batch, target, _ = reference_and_saved(
+            spark, tmp_path, counts, "update", PHASES, fmt
+        )
         log = sorted(p.name for p in (target / "sources" / "0").iterdir())
         assert "1.compact" in log, log
         restored = tmp_path / "restored"
