@@ -286,7 +286,26 @@ def speculation(spark: SparkSession, workdir: Path, engines: list[str]) -> dict[
             # The same input for both; only the run under test sleeps in its first attempts.
             run = Run(spark, label, engine, str(local), local, SLOW_FILE, slow)
             runs.append(run.run())
+            if slow:
+                await_attempts_ended(spark, run, timeout_s=SLOW_S + 30)
     return {"runs": {r.label: r.summary() for r in runs}}
+
+
+def await_attempts_ended(spark: SparkSession, run: Run, timeout_s: float) -> None:
+    """Waits until every attempt at the slow key has ended: the killed first attempt's end is
+    posted after its stage completed, and the event log only has what happened before stop."""
+    tracker = spark.sparkContext.statusTracker()
+    stages = {int(p.name.split("-")[0]) for p in run.attempts.glob("*-*-*")}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        infos = {s: tracker.getStageInfo(s) for s in stages}
+        running = {s: i.numActiveTasks for s, i in infos.items() if i is None or i.numActiveTasks}
+        if not running:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{run.label}: attempts at the slow key still running after "
+                               f"{timeout_s}s (stage: active tasks, None if unknown): {running}")
+        time.sleep(0.2)
 
 
 def snapshot_loss(spark: SparkSession, workdir: Path, engines: list[str]) -> dict[str, Any]:
