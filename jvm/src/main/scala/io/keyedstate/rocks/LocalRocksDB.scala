@@ -156,10 +156,13 @@ final class LocalRocksDB private (
 
   /** Drops a column family; the default one cannot be dropped, so it is emptied instead. */
   def dropColumnFamily(name: String): Boolean = usingDb("drop a column family") {
-    lock.synchronized { awaitFrozenSpill(); buffer.remove(name) } // its waiting writes go with it
+    // Its waiting writes go with it; the frozen ones are in RocksDB first (their background write
+    // uses the handle), so a family created again under the name starts with nothing buffered.
+    def dropBuffered(): Unit = lock.synchronized { awaitFrozenSpill(); buffer.remove(name) }
     families.get(name) match {
       case None => false
       case Some(_) if name == LocalRocksDB.DefaultColumnFamily =>
+        dropBuffered()
         releaseScanIterator(name)
         using(name, "empty the default column family") { h =>
           withIterator(h) { it =>
@@ -169,8 +172,11 @@ final class LocalRocksDB private (
         }
         true
       case Some(family) =>
+        // Gone for new reads before its buffered writes go: a read in another thread finds the
+        // family whole or not at all, never emptied.
         lock.synchronized(families -= name)
         family.retire() // reads of it in other threads end first; new ones fail
+        dropBuffered()
         // Its iterators go before it, scans left open included (their next step fails).
         prefixIterators.synchronized {
           if (prefixIterators.get(name).exists(_.family eq family)) prefixIterators.remove(name)
@@ -262,9 +268,14 @@ final class LocalRocksDB private (
     }
   }
 
-  /** Deletes the keys from `begin` (included) to `end` (excluded), in RocksDB directly. */
+  /**
+   * Deletes the keys from `begin` (included) to `end` (excluded), in RocksDB directly. A range
+   * that ends where or before it begins is empty (RocksDB would refuse it).
+   */
   def deleteRange(cf: String, begin: Array[Byte], end: Array[Byte]): Unit = using(cf, "deleteRange") { h =>
-    localIo(currentFor(cf).deleteRange(h, writeOptions, begin, end)) // after the family's buffered writes
+    if (java.util.Arrays.compareUnsigned(begin, end) < 0) {
+      localIo(currentFor(cf).deleteRange(h, writeOptions, begin, end)) // after the family's buffered writes
+    }
   }
 
   /**
@@ -299,6 +310,7 @@ final class LocalRocksDB private (
       val f = buffer
       val tables = f.columnFamilies.toList.map(cf => (families(cf).handle, f.tableOrNull(cf)))
       val task = new java.util.concurrent.FutureTask[Unit](() => {
+        Option(beforeBackgroundWriteForTest).foreach(_())
         keepingFailure {
           tables.foreach { case (h, t) => ingestInto(h, t) }
           flushAll(toFlush, waitForFlush = false) // what scans and the bound wrote into the memtables
@@ -390,6 +402,9 @@ final class LocalRocksDB private (
       if (batch.count > 0) db.write(writeOptions, batch)
     } finally batch.close()
   }
+
+  /** Tests: runs in the background thread before it writes a frozen buffer (to widen the window). */
+  @volatile private[keyedstate] var beforeBackgroundWriteForTest: () => Unit = null
 
   /** Tests: the next writes of buffered writes into RocksDB fail with this, as a full disk would. */
   @volatile private[keyedstate] var spillFault: Throwable = null
