@@ -22,6 +22,7 @@ import io.keyedstate.checkpoint.retention.RetentionCleaner
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.errors.ErrorId
 import io.keyedstate.metrics.KeyedStateMetrics
+import io.keyedstate.rocks.LocalRocksDB
 import io.keyedstate.ttl.{TtlClock, TtlStats}
 
 /**
@@ -328,6 +329,9 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     loaded.db.flush()
     loaded.db.compactRange()
   }
+
+  /** The loaded instance's working RocksDB (tests inject faults into it), or null. */
+  private[keyedstate] def loadedDbForTest: LocalRocksDB = synchronized(if (loaded == null) null else loaded.db)
 
   /** The working RocksDB's directory (tests look at its SST files). */
   private[keyedstate] def workingDbDir: File = dbDir

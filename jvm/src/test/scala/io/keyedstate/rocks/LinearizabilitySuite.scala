@@ -26,9 +26,10 @@ import io.keyedstate.conf.KeyedStateConf
  *   threads and explores their interleavings, so a use of a handle after its retire is found
  *   whichever instruction it would need to fall between.
  * - [[LocalRocksDB]] in stress mode (real threads: its work is native RocksDB calls and a
- *   background spill thread that Lincheck cannot schedule): the task thread's writes, freezes
- *   with their background write, writes past the executor-wide bound, drops and creates of a
- *   column family, beside point reads, existence checks and scans in two other threads.
+ *   background spill thread that Lincheck cannot schedule): the task thread's puts, merges,
+ *   deletes, range deletes, ingested files, freezes with their background write, writes past the
+ *   executor-wide bound, drops and creates of a column family, beside point reads, existence
+ *   checks, prefix scans and range scans in two other threads.
  */
 class LinearizabilitySuite extends AnyFunSuite {
   test("a column family's handle: no use after its retire, in every interleaving Lincheck explores (model checking)") {
@@ -45,7 +46,7 @@ class LinearizabilitySuite extends AnyFunSuite {
     // Reads of writes that happened before, while the buffer holding them is frozen and written.
     options.addCustomScenario(scenario(
       Seq("put" -> Seq(0, 1, 1), "put" -> Seq(1, 2, 2), "merge" -> Seq(0, 3, 1)),
-      Seq("freeze" -> Nil, "put" -> Seq(0, 1, 3), "freeze" -> Nil),
+      Seq("freeze" -> Nil, "ingest" -> Seq(0, 1, 3), "put" -> Seq(0, 3, 4)),
       Seq("get" -> Seq(0, 1), "get" -> Seq(1, 2), "get" -> Seq(0, 3)),
       Seq("exists" -> Seq(0, 1), "prefixScan" -> Seq(0), "scan" -> Seq(1))))
     // Writes that cross the bound (four values of 200 KB are held, the fifth spills them all).
@@ -144,6 +145,19 @@ class StoreOperations {
       @Param(gen = classOf[IntGen], conf = "1:4") to: Int): String =
     absentFamily({ db.deleteRange(Names(family), keyBytes(from), keyBytes(to)); "ok" }, NoFamily)
 
+  /** A value put by an SST file RocksDB takes in (as restores and rescales load state). */
+  @Operation(nonParallelGroup = "task")
+  def ingest(@Param(gen = classOf[IntGen], conf = "0:1") family: Int, @Param(gen = classOf[IntGen], conf = "1:4") key: Int,
+      @Param(gen = classOf[IntGen], conf = "1:9") value: Int): String = absentFamily({
+    val writer = new SstWriter(new File(dir, s"ingest-${java.util.UUID.randomUUID()}.sst"), Conf)
+    try {
+      writer.put(keyBytes(key), putValue(value))
+      writer.finish()
+    } finally writer.close()
+    db.ingest(Names(family), Seq(writer.file))
+    "ok"
+  }, NoFamily)
+
   /** The commit before a snapshot: the buffer freezes and a background thread writes it into RocksDB. */
   @Operation(nonParallelGroup = "task")
   def freeze(): Unit = db.flushInBackground()
@@ -227,6 +241,7 @@ class StoreModel {
   private def key(k: Int): String = new String(keyBytes(k), UTF_8)
 
   def put(family: Int, k: Int, value: Int): String = on(family) { m => m(key(k)) = putValue(value); "ok" }
+  def ingest(family: Int, k: Int, value: Int): String = put(family, k, value)
   def merge(family: Int, k: Int, value: Int): String = on(family) { m =>
     m(key(k)) = m.get(key(k)).fold(operand(value))(_ ++ operand(value)); "ok"
   }
