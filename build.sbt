@@ -59,6 +59,13 @@ lazy val root = (project in file("."))
       "-Dio.netty.tryReflectionSetAccessible=true"
     ),
     Test / parallelExecution := false,
+    // Lincheck instruments classes through a Java agent, which fails on classes other suites have
+    // loaded already: its suites run in a JVM of their own.
+    Test / testGrouping := {
+      val (lincheck, rest) = (Test / definedTests).value.partition(_.name.endsWith("LinearizabilitySuite"))
+      val fork = Tests.SubProcess(ForkOptions().withRunJVMOptions((Test / javaOptions).value.toVector))
+      Seq(Tests.Group("suites", rest, fork), Tests.Group("lincheck", lincheck, fork)).filter(_.tests.nonEmpty)
+    },
     Test / testOptions += Tests.Argument(TestFrameworks.ScalaTest, "-oD"),
     // The jar holds only our classes; Spark's jars are on the cluster already.
     assembly := (Compile / packageBin).value

@@ -23,10 +23,11 @@ class ProviderConcurrencySuite extends AnyFunSuite with ProviderFixture {
 
   for (changelog <- Seq(false, true)) {
     // Snapshot checkpointing writes the buffer into RocksDB in the commit; changelog
-    // checkpointing commits first and writes it in the background before its next snapshot.
+    // checkpointing commits first and writes it in the background before its next snapshot
+    // (with a snapshot every 3 versions, version 2's commit starts it: VersionLineage's Prime).
     test(s"buffered writes that fail to go into RocksDB: the next load rebuilds the instance, the retry commits (changelog=$changelog)") {
       val root = tempDir()
-      val conf = storeConf("spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "1",
+      val conf = storeConf("spark.sql.streaming.stateStore.minDeltasForSnapshot" -> (if (changelog) "3" else "1"),
         KeyedStateConf.Prefix + "changelogCheckpointing" -> changelog.toString)
       val p = newProvider(root, conf)
       val s0 = p.getStore(0)

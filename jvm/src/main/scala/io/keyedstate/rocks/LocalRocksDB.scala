@@ -158,7 +158,8 @@ final class LocalRocksDB private (
   def dropColumnFamily(name: String): Boolean = usingDb("drop a column family") {
     // Its waiting writes go with it; the frozen ones are in RocksDB first (their background write
     // uses the handle), so a family created again under the name starts with nothing buffered.
-    def dropBuffered(): Unit = lock.synchronized { awaitFrozenSpill(); buffer.remove(name) }
+    // Waited for without the lock first, as the reads of other threads need it meanwhile.
+    def dropBuffered(): Unit = { awaitFrozenSpill(); lock.synchronized { awaitFrozenSpill(); buffer.remove(name) } }
     families.get(name) match {
       case None => false
       case Some(_) if name == LocalRocksDB.DefaultColumnFamily =>
@@ -301,7 +302,12 @@ final class LocalRocksDB private (
    * hold every write waits for the background write first. False when nothing was started
    * (RocksDB refused the flush: writes stopped).
    */
-  def flushInBackground(): Boolean = usingDb("flush")(lock.synchronized {
+  def flushInBackground(): Boolean = usingDb("flush") {
+    awaitFrozenSpill() // the previous one's: without the lock, which reads need meanwhile
+    lock.synchronized(freeze())
+  }
+
+  private def freeze(): Boolean = {
     awaitFrozenSpill()
     // The background write holds no handle: a drop and the close wait for it before theirs go.
     val toFlush = families.values.map(_.handle).toList
@@ -325,7 +331,7 @@ final class LocalRocksDB private (
       LocalRocksDB.spillThreads.execute(task)
       true
     }
-  })
+  }
 
   /** Waits until the frozen buffer, if any, is in RocksDB; throws if its writes were lost. */
   private def awaitFrozenSpill(): Unit = {
@@ -831,12 +837,19 @@ object LocalRocksDB {
     }
 
   // Writes frozen buffers into RocksDB, for every instance in the JVM: a write of one is about a
-  // tenth of a second of one core per 100,000 keys, once per snapshot interval.
-  private val spillThreads = java.util.concurrent.Executors.newFixedThreadPool(2, (r: Runnable) => {
-    val t = new Thread(r, "keyedstate-buffer-spill")
-    t.setDaemon(true)
-    t
-  })
+  // tenth of a second of one core per 100,000 keys, once per snapshot interval. Up to as many
+  // threads as tasks can freeze at once (one per core; at least 2); an idle one ends after a minute.
+  private val spillThreads = {
+    val threads = math.max(2, Runtime.getRuntime.availableProcessors)
+    val pool = new java.util.concurrent.ThreadPoolExecutor(threads, threads, 60L, java.util.concurrent.TimeUnit.SECONDS,
+      new java.util.concurrent.LinkedBlockingQueue[Runnable](), (r: Runnable) => {
+        val t = new Thread(r, "keyedstate-buffer-spill")
+        t.setDaemon(true)
+        t
+      })
+    pool.allowCoreThreadTimeOut(true)
+    pool
+  }
 
   /** Waits for `task` (if any) to end, however it ends, even if this thread is interrupted meanwhile. */
   private def awaitUninterruptibly(task: java.util.concurrent.Future[_]): Unit = if (task != null) {
