@@ -30,7 +30,7 @@ lazy val root = (project in file("."))
     // Spark, Hadoop and rocksdbjni are "provided": they come from the Spark installation.
     Compile / unmanagedJars := (sparkJarsDir.value ** "*.jar").classpath,
     libraryDependencies += "org.scalatest" %% "scalatest" % "3.2.19" % Test,
-    // Linearizability checks of the store's concurrent operations (LocalRocksDBLinearizabilitySuite).
+    // Linearizability checks of the store's concurrent operations (rocks.LinearizabilitySuite).
     libraryDependencies += "org.jetbrains.kotlinx" % "lincheck-jvm" % "2.39" % Test,
     // The Kafka sink's client (io.keyedstate.sinks): at runtime it comes with Spark's Kafka
     // connector (keyedstate.configure(kafka=True)), so compile against that very version.

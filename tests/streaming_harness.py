@@ -222,7 +222,7 @@ def await_finished(query: StreamingQuery, timeout_s: float = QUERY_TIMEOUT_S) ->
 
 def refusal(
     spark: SparkSession, frame: DataFrame, checkpoint: Path, mode: str = "append"
-) -> keyedstate.KeyedStateException:
+) -> keyedstate.KeyedStateError:
     """The keyedstate error that fails ``frame``'s query on ``checkpoint`` before any batch."""
     import pytest
     from pyspark.errors import StreamingQueryException

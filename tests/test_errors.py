@@ -19,6 +19,7 @@ from keyedstate import (
     errors,
     key_by,
 )
+from keyedstate._error_catalog import ERROR_CLASSES
 from pyspark.errors import IllegalArgumentException, StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
@@ -87,7 +88,7 @@ def test_a_damaged_checkpoint_fails_the_restart_as_a_checkpoint_error(
 
     error = errors.state_error(failure.value)
     assert isinstance(error, errors.CheckpointError)
-    assert isinstance(error, keyedstate.KeyedStateException)
+    assert isinstance(error, keyedstate.KeyedStateError)
     assert error.error_id == error_id
     message = str(error)
     assert message.startswith(f"[{error_id}] Cannot load version 1 of state store "), message
@@ -207,11 +208,11 @@ def failed_keyed_query(
 @pytest.mark.parametrize(
     ("function", "cls", "message"),
     [
-        (StateOutsideOpen(), keyedstate.KeyedStateError, STATE_NOT_PLANNED),
+        (StateOutsideOpen(), keyedstate.StateUsageError, STATE_NOT_PLANNED),
         (TextForLong(), keyedstate.StateTypeError, "output column 'n' is bigint, got str '1'"),
         (
             UndeclaredSideOutput(),
-            keyedstate.KeyedStateError,
+            keyedstate.StateUsageError,
             "side output 'late' was not declared: pass side_outputs=[...] to process()",
         ),
     ],
@@ -234,7 +235,7 @@ def test_errors_raised_in_the_python_worker_map_to_their_classes(
     for seen in (failure, reported):
         error = errors.state_error(seen)
         assert isinstance(error, cls), str(seen)[:3000]
-        assert isinstance(error, keyedstate.KeyedStateException)
+        assert isinstance(error, keyedstate.KeyedStateError)
         assert error.error_id is None
         assert str(error) == message
         assert error.__cause__ is seen
@@ -247,7 +248,7 @@ def test_an_error_raised_in_the_python_worker_is_found_without_foreach_batch(
     failure, _ = failed_keyed_query(spark, tmp_path, StateOutsideOpen(), foreach_batch=False)
     assert "PYTHON_EXCEPTION" in str(failure), str(failure)[:2000]
     error = errors.state_error(failure)
-    assert isinstance(error, keyedstate.KeyedStateError), str(failure)[:3000]
+    assert isinstance(error, keyedstate.StateUsageError), str(failure)[:3000]
     assert str(error) == STATE_NOT_PLANNED and error.__cause__ is failure
 
 
@@ -355,28 +356,21 @@ def test_an_invalid_option_is_an_invalid_option_error(spark: SparkSession, tmp_p
 
 
 def test_every_jvm_identifier_has_its_family_class(spark: SparkSession) -> None:
-    """The JVM's identifiers (``ErrorId.all``) and Python's families stay in step: each maps to
-    the class of its family, never to the bare base class, and a local-disk failure built in the
-    JVM and wrapped as Spark wraps it comes out as ``LocalDiskError``."""
+    """The JVM's declaration (``ErrorId.all``, in the jar this session runs) and Python's
+    generated catalog agree: each identifier maps to the class its family declares, exported by
+    ``keyedstate.errors``, never to the bare root; and a local-disk failure built in the JVM and
+    wrapped as Spark wraps it comes out as ``LocalDiskError``."""
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     ids = jvm.io.keyedstate.errors.ErrorId.all()
-    families = {
-        "checkpoint": errors.CheckpointError,
-        "local disk": errors.LocalDiskError,
-        "configuration": errors.InvalidOptionError,
-        "rescale": errors.RescaleError,
-        "query checkpoint": errors.QueryCheckpointError,
-        "store": errors.StateStoreError,
-        "keyed function": errors.KeyedFunctionError,
-        "kafka sink": errors.KafkaSinkError,
-    }
-    seen = set()
+    names = set()
     for i in range(ids.size()):
         error_id = ids.apply(i)
-        name, family = str(error_id.name()), str(error_id.family().name())
-        assert errors.error_class(name) is families[family], (name, family)
-        seen.add(family)
-    assert seen == set(families)
+        name, python_class = str(error_id.name()), str(error_id.family().pythonClass())
+        cls = errors.error_class(name)
+        assert cls is getattr(errors, python_class) and cls is not errors.KeyedStateError, name
+        assert issubclass(cls, errors.KeyedStateError) and python_class in errors.__all__, name
+        names.add(name)
+    assert names == set(ERROR_CLASSES)
 
     disk = jvm.io.keyedstate.conf.LocalDiskException(
         "Cannot write the state changelog /x/keyedstate/c.log: No space left on device",

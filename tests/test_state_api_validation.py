@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from keyedstate import (
     KeyedProcessFunction,
-    KeyedStateError,
     ListStateDescriptor,
     MapStateDescriptor,
     RichMapFunction,
     RuntimeContext,
     StateTtlConfig,
     StateTypeError,
+    StateUsageError,
     Time,
     Types,
     ValueStateDescriptor,
@@ -101,32 +101,32 @@ def test_mistakes_fail_before_the_query_starts(spark: SparkSession, stream: Data
     keyed = key_by(stream, "k")
     with pytest.raises(StateTypeError, match="cannot map <class 'set'> to a Spark type"):
         keyed.process(BadType(), "k string")
-    with pytest.raises(KeyedStateError, match="'x' is already registered as ValueStateDescriptor"):
+    with pytest.raises(StateUsageError, match="'x' is already registered as ValueStateDescriptor"):
         keyed.process(TwoKinds(), "k string")
     with pytest.raises(TypeError, match="process_element"):
         keyed.process(AMap(), "k string")  # type: ignore[arg-type]
-    with pytest.raises(KeyedStateError, match="no column 'user'"):
+    with pytest.raises(StateUsageError, match="no column 'user'"):
         key_by(stream, "user").process(Counter(), "k string, n long")
-    with pytest.raises(KeyedStateError, match="no column 'seq'"):
+    with pytest.raises(StateUsageError, match="no column 'seq'"):
         key_by(stream, "k", order_by="seq").process(Counter(), "k string, n long")
     nested_map = stream.withColumn("m", F.struct(F.create_map("k", "v").alias("kv")))
-    with pytest.raises(KeyedStateError, match="'m' is struct<kv:map<string,bigint>>; a map cannot"):
+    with pytest.raises(StateUsageError, match="'m' is struct<kv:map<string,bigint>>; a map cannot"):
         key_by(nested_map, "m").process(Counter(), "k string, n long")
     # Collated strings equal under the collation differ in bytes; nested ones count too.
     collated = stream.withColumn("c", F.struct(F.col("k").cast("string collate UTF8_LCASE")))
-    with pytest.raises(KeyedStateError, match="of collation UTF8_LCASE can be equal with differ"):
+    with pytest.raises(StateUsageError, match="of collation UTF8_LCASE can be equal with differ"):
         key_by(collated, "c").process(Counter(), "k string, n long")
-    with pytest.raises(KeyedStateError, match="needs an event-time watermark"):
+    with pytest.raises(StateUsageError, match="needs an event-time watermark"):
         keyed.process(WithTimer(), "k string, n long", timer_mode="event")
     with pytest.raises(StateTypeError, match="cannot parse output schema"):
         keyed.process(Counter(), "k string, n lung")
-    with pytest.raises(KeyedStateError, match="cannot be shipped to executors"):
+    with pytest.raises(StateUsageError, match="cannot be shipped to executors"):
         keyed.process(Unpicklable(), "k string, n long")
-    with pytest.raises(KeyedStateError, match="streaming DataFrames"):
+    with pytest.raises(StateUsageError, match="streaming DataFrames"):
         key_by(spark.range(3).withColumnRenamed("id", "k"), "k").process(Counter(), "k long")
     with pytest.raises(TypeError, match="must take \\(value, state\\)"):
         keyed.map_with_state(lambda value: value, "k string")
-    with pytest.raises(KeyedStateError, match="timers are only available to KeyedProcessFunction"):
+    with pytest.raises(StateUsageError, match="timers are only available to KeyedProcessFunction"):
         keyed._build("map", AMap(), "k string", timer_mode="processing")
 
 
@@ -417,5 +417,5 @@ def test_other_providers_are_refused(spark: SparkSession, tmp_path: Path, provid
 
 @pytest.mark.parametrize("name", ["default", "_hidden", "$op", " padded", "trailing "])
 def test_state_names_a_state_store_refuses_are_refused_when_declared(name: str) -> None:
-    with pytest.raises(KeyedStateError, match=re.escape(repr(name))):
+    with pytest.raises(StateUsageError, match=re.escape(repr(name))):
         ValueStateDescriptor(name, Types.LONG())

@@ -11,10 +11,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from keyedstate._error_catalog import INVALID_OPTION
 from keyedstate.errors import InvalidOptionError
-
-# The JVM's identifier for the same fault (its check of a session setting).
-INVALID_OPTION = "KEYEDSTATE_INVALID_OPTION"
 
 PROVIDER_CLASS = "io.keyedstate.KeyedStateStoreProvider"
 PROVIDER_CLASS_KEY = "spark.sql.streaming.stateStore.providerClass"
@@ -26,7 +24,7 @@ OPTION_PREFIX = "spark.sql.streaming.stateStore.keyedstate."
 
 def _load_options() -> dict[str, dict[str, Any]]:
     """Python keyword -> the provider option's key and rule, generated from the provider's
-    option registry (io.keyedstate.OptionDocs; docs/configuration.md has the same table)."""
+    option registry (io.keyedstate.conf.OptionDocs; docs/configuration.md has the same table)."""
     text = resources.files("keyedstate").joinpath("_options.json").read_text(encoding="utf-8")
     return {entry["python"]: entry for entry in json.loads(text)}
 

@@ -17,13 +17,15 @@ original error as ``__cause__``::
         if isinstance(error, keyedstate.errors.CheckpointError):
             ...  # error.error_id == "KEYEDSTATE_CHECKPOINT_FILE_MISSING", str(error) names the file
 
-keyedstate's errors raised in Python (the state API's ``KeyedStateError`` and
-``StateTypeError``, the sinks' errors) are ``KeyedStateException`` subclasses too, with
+keyedstate's errors raised in Python (the state API's ``StateUsageError`` and
+``StateTypeError``, the sinks' errors) are ``KeyedStateError`` subclasses too, with
 ``error_id`` ``None``; raised in a Python worker or a ``foreachBatch`` function they reach the
 driver only as text, where :func:`state_error` finds them by class name.
 
-This module imports no other keyedstate module, and py4j and pyspark only when a JVM error is
-mapped.
+The classes of the identifiers and the mapping from one to the other are generated from the
+JVM's declaration (``keyedstate._error_catalog``, docs/errors.md); the classes of errors raised in
+Python only are here. This module imports no other keyedstate module but that one, and py4j and
+pyspark only when a JVM error is mapped.
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 __all__ = [
+    "BatchAlreadyCommitted",
     "CheckpointError",
     "CheckpointOperationError",
     "InvalidOptionError",
     "KafkaSinkError",
     "KeyedFunctionError",
-    "KeyedStateException",
+    "KeyedStateError",
     "LocalDiskError",
     "QueryCheckpointError",
     "RescaleError",
@@ -55,100 +58,46 @@ __all__ = [
     "state_error",
 ]
 
+from keyedstate._error_catalog import (
+    ERROR_CLASSES,
+    BatchAlreadyCommitted,
+    CheckpointError,
+    InvalidOptionError,
+    KafkaSinkError,
+    KeyedFunctionError,
+    KeyedStateError,
+    LocalDiskError,
+    QueryCheckpointError,
+    RescaleError,
+    StateStoreError,
+)
+
 # Spark wraps a task's failure a few times; a longer chain is a cycle the JVM did not close.
 MAX_CAUSES = 64
 _JVM_ERROR = "io.keyedstate.errors.KeyedStateError"
 
 
-class KeyedStateException(Exception):  # noqa: N818 - the family's root, Flink and Delta say Exception
-    """A failure keyedstate raised: ``error_id`` is its stable identifier (``None`` for one
-    raised in Python before anything reached the JVM, such as a bad argument)."""
-
-    def __init__(self, message: str, error_id: str | None = None) -> None:
-        super().__init__(message)
-        self.error_id = error_id
-
-
-class CheckpointError(KeyedStateException):
-    """A state checkpoint file is missing, damaged or could not be written, or a version could
-    not be loaded or committed: the message names the store, the version and the file."""
-
-
-class LocalDiskError(KeyedStateException):
-    """A write on an executor's local disk failed (full, read-only, gone): the message names the
-    file, the operating system's reason and the local directory (the ``localDir`` option)."""
-
-
-class InvalidOptionError(KeyedStateException, ValueError):
-    """An unknown keyedstate option, or a value it does not allow: the key, the value and what is
-    allowed."""
-
-
-class RescaleError(KeyedStateException):
-    """``rescale`` refused (a bad partition count, an uncommitted batch, a running query, ...), or
-    the checkpoint is held by an unfinished rescale."""
-
-
-class QueryCheckpointError(KeyedStateException):
-    """A tool (``inspect``, ``rescale``, ``state.read``) was given no checkpoint, one without a
-    committed batch or state, or an operator or state the checkpoint does not hold."""
-
-
-class StateStoreError(KeyedStateException):
-    """A state store call the store does not allow, or a partition another task still holds."""
-
-
-class KeyedFunctionError(KeyedStateException):
-    """A keyed function cannot run on this checkpoint or query (``KEYED_FUNCTION_*``: a changed
-    key or state type, the complete output mode, a provider it cannot use)."""
-
-
-class KafkaSinkError(KeyedStateException, RuntimeError):
-    """A Kafka sink cannot write: bad configuration, unreachable brokers, a missing topic, a
-    DataFrame that is not a Kafka record, or a transaction the broker refused."""
-
-
-class StateSchemaError(KeyedStateException):
+class StateSchemaError(KeyedStateError):
     """Spark refused a restart whose state schema does not fit the checkpoint's
     (``STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE``, ``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``,
     ``error_id``), with the stateful operator named: Spark's own message names only the two
     schemas. Returned by ``state_error(failure, checkpoint=...)``."""
 
 
-class CheckpointOperationError(KeyedStateException, RuntimeError):
-    """A rescale, inspect or ``state.read`` refused or failed; the message says why. A failure
-    with a keyedstate identifier is also an instance of its family's class (a refused rescale
-    is a ``RescaleError`` and a ``CheckpointOperationError``)."""
+class CheckpointOperationError(KeyedStateError, RuntimeError):
+    """A rescale, inspect, ``state.read`` or savepoint operation refused or failed; the message
+    says why. A failure with a keyedstate identifier is also an instance of its family's class
+    (a refused rescale is a ``RescaleError`` and a ``CheckpointOperationError``)."""
 
 
-# Identifier families, by prefix: one Python class each (docs/errors.md has the identifiers).
-_FAMILIES: tuple[tuple[str, type[KeyedStateException]], ...] = (
-    ("KEYEDSTATE_CHECKPOINT_", CheckpointError),
-    ("KEYEDSTATE_STATE_LOAD_FAILED", CheckpointError),
-    ("KEYEDSTATE_COMMIT_FAILED", CheckpointError),
-    ("KEYEDSTATE_LOCAL_DISK_", LocalDiskError),
-    ("KEYEDSTATE_INVALID_OPTION", InvalidOptionError),
-    ("KEYEDSTATE_RESCALE_", RescaleError),
-    ("KEYEDSTATE_QUERY_CHECKPOINT_", QueryCheckpointError),
-    ("KEYEDSTATE_STORE_", StateStoreError),
-    ("KEYEDSTATE_UNSUPPORTED_OPERATION", StateStoreError),
-    ("KEYEDSTATE_INVALID_STORE_ARGUMENT", StateStoreError),
-    ("KEYEDSTATE_KAFKA_", KafkaSinkError),
-    ("KEYED_FUNCTION_", KeyedFunctionError),
-)
-
-
-def error_class(error_id: str) -> type[KeyedStateException]:
-    """The Python class of an identifier's family (``KeyedStateException`` for one this version
-    does not know, from a newer jar)."""
-    for prefix, cls in _FAMILIES:
-        if error_id.startswith(prefix):
-            return cls
-    return KeyedStateException
+def error_class(error_id: str) -> type[KeyedStateError]:
+    """The Python class of an identifier (``KeyedStateError`` for one this version does not
+    know, from a newer jar)."""
+    return ERROR_CLASSES.get(error_id, KeyedStateError)
 
 
 @functools.cache
-def _operation_class(cls: type[KeyedStateException]) -> type[CheckpointOperationError]:
+def _operation_class(cls: type[KeyedStateError]) -> type[CheckpointOperationError]:
     """``cls`` that is also a ``CheckpointOperationError``: what the tools raise, so code
     catching either class works."""
     if issubclass(cls, CheckpointOperationError):
@@ -206,7 +155,7 @@ def from_java(
     throwable: Any,  # noqa: ANN401 - a py4j JavaObject (a Throwable)
     *,
     operation: bool = False,
-) -> KeyedStateException | None:
+) -> KeyedStateError | None:
     """The Python error of the keyedstate error in ``throwable``'s cause chain, or ``None``
     without one. ``operation``: raised by a tool, so also a ``CheckpointOperationError``."""
     ours = keyedstate_cause(throwable)
@@ -270,11 +219,11 @@ def _texts(error: BaseException) -> Iterator[str]:
             yield text
 
 
-def _python_classes() -> dict[str, type[KeyedStateException]]:
+def _python_classes() -> dict[str, type[KeyedStateError]]:
     """keyedstate's exception classes by the name a traceback gives them (``module.Name``),
     the family's own class before the tools' combined ones of the same name."""
-    found: dict[str, type[KeyedStateException]] = {}
-    pending: list[type[KeyedStateException]] = [KeyedStateException]
+    found: dict[str, type[KeyedStateError]] = {}
+    pending: list[type[KeyedStateError]] = [KeyedStateError]
     while pending:
         cls = pending.pop(0)
         found.setdefault(f"{cls.__module__}.{cls.__qualname__}", cls)
@@ -282,7 +231,7 @@ def _python_classes() -> dict[str, type[KeyedStateException]]:
     return found
 
 
-def _from_text(error: BaseException, operation: bool) -> KeyedStateException | None:
+def _from_text(error: BaseException, operation: bool) -> KeyedStateError | None:
     """The keyedstate error found in the text of ``error`` and its causes: a JVM one by its
     ``[ID]`` line, else a Python one by its class's name."""
     texts = list(_texts(error))
@@ -331,22 +280,22 @@ def state_error(
     *,
     checkpoint: str | os.PathLike[str] | None = None,
     operation: bool = False,
-) -> KeyedStateException | None:
+) -> KeyedStateError | None:
     """The keyedstate error behind ``error`` (a failed query's ``StreamingQueryException``, a
     ``Py4JJavaError``, any Python error raised from one), or ``None`` when keyedstate raised
     none. Its message is keyedstate's one line, ``error_id`` the identifier, ``__cause__``
-    ``error``. A ``KeyedStateException`` is returned as it is.
+    ``error``. A ``KeyedStateError`` is returned as it is.
 
     Where only text is left (under ``foreachBatch`` the batch's failure goes back to the JVM as
     a py4j error's text; a Python worker's error is Spark's ``PythonException`` quoting its
-    traceback), a JVM error is found by its ``[ID]`` line and a Python one (``KeyedStateError``,
+    traceback), a JVM error is found by its ``[ID]`` line and a Python one (``StateUsageError``,
     ``StateTypeError``, a sink's error) by its class's name on the traceback's last line.
 
     With the query's ``checkpoint``, Spark's refusal of a changed state schema on restart is a
     ``StateSchemaError`` naming the stateful operator whose stored schema it is (Spark's check
     runs on the driver before any provider is called, and names only the two schemas)."""
     for link in _python_chain(error):
-        if isinstance(link, KeyedStateException):
+        if isinstance(link, KeyedStateError):
             return link
     throwables = list(_java_throwables(error))
     for throwable in throwables:
@@ -450,7 +399,7 @@ def keyedstate_errors(function: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return function(*args, **kwargs)
-        except KeyedStateException:
+        except KeyedStateError:
             raise
         except Exception as error:
             mapped = state_error(error)

@@ -23,7 +23,7 @@ from keyedstate.functions import (
     ReduceFunction,
     RuntimeContext,
 )
-from keyedstate.state.descriptors import KeyedStateError, ValueStateDescriptor
+from keyedstate.state.descriptors import StateUsageError, ValueStateDescriptor
 from keyedstate.state.states import ValueState
 from keyedstate.state.types import Types, to_type_info
 
@@ -67,7 +67,7 @@ def key_by(
         else:
             raise TypeError(f"key columns are names (str), got {column!r}")
     if not names:
-        raise KeyedStateError("key_by needs at least one key column")
+        raise StateUsageError("key_by needs at least one key column")
     return KeyedStream(df, names, order_by)
 
 

@@ -19,10 +19,10 @@ from keyedstate.functions import (
 )
 from keyedstate.state.descriptors import (
     AggregatingStateDescriptor,
-    KeyedStateError,
     ListStateDescriptor,
     MapStateDescriptor,
     ReducingStateDescriptor,
+    StateUsageError,
     ValueStateDescriptor,
 )
 from keyedstate.state.states import (
@@ -57,12 +57,12 @@ class TimerServiceImpl(TimerService):
         if isinstance(timestamp, bool) or not isinstance(timestamp, int):
             raise StateTypeError(f"timer timestamps are int milliseconds, got {timestamp!r}")
         if self._mode == "none":
-            raise KeyedStateError(
+            raise StateUsageError(
                 "this query runs without timers (timer_mode='none'); define on_timer or pass "
                 "timer_mode='event' or 'processing' to process()"
             )
         if not event and self._mode == "event":
-            raise KeyedStateError(
+            raise StateUsageError(
                 "processing-time timers need timer_mode='processing' (or 'auto'); this query "
                 "runs with timer_mode='event'"
             )
@@ -107,7 +107,7 @@ class ContextImpl(KeyedProcessFunction.OnTimerContext):
 
     def output(self, output_tag: Any, value: Any) -> None:  # noqa: ANN401
         if self._side is None:
-            raise KeyedStateError(
+            raise StateUsageError(
                 f"side output {getattr(output_tag, 'tag_id', output_tag)!r} was not declared: "
                 "pass side_outputs=[...] to process()"
             )
@@ -197,7 +197,7 @@ class RuntimeContextImpl(RuntimeContext, FunctionInitializationContext, Function
 
     def get_operator_list_state(self, state_descriptor: ListStateDescriptor) -> ListState:
         if not isinstance(state_descriptor, ListStateDescriptor):
-            raise KeyedStateError("operator state needs a ListStateDescriptor")
+            raise StateUsageError("operator state needs a ListStateDescriptor")
         handle = self.operator_states.get(state_descriptor.name)
         if handle is None:
             handle = _OperatorListState(self._b, state_descriptor)

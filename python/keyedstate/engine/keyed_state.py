@@ -16,11 +16,11 @@ from typing import Any
 
 from keyedstate.state.descriptors import (
     AggregatingStateDescriptor,
-    KeyedStateError,
     ListStateDescriptor,
     MapStateDescriptor,
     ReducingStateDescriptor,
     StateDescriptor,
+    StateUsageError,
     ValueStateDescriptor,
 )
 from keyedstate.state.states import (
@@ -86,7 +86,7 @@ class KeyState:
             if old.signature() != descriptor.signature() or (old.ttl_config is None) != (
                 descriptor.ttl_config is None
             ):
-                raise KeyedStateError(
+                raise StateUsageError(
                     f"state '{descriptor.name}' is already registered as {old!r}"
                     f"{' with TTL' if old.ttl_config else ''}; cannot register it again as "
                     f"{descriptor!r}{' with TTL' if descriptor.ttl_config else ''}"
@@ -95,13 +95,13 @@ class KeyState:
         if self.declared is not None:
             planned = self.declared.get(descriptor.name)
             if planned is None:
-                raise KeyedStateError(
+                raise StateUsageError(
                     f"state '{descriptor.name}' was not declared when the query was planned: "
                     "keyedstate learns a function's states by running open() once on the driver, "
                     "so create every state in open() (or initialize_state())"
                 )
             if planned != descriptor.signature():
-                raise KeyedStateError(
+                raise StateUsageError(
                     f"state '{descriptor.name}' was planned as {planned[0]} state of {planned[1]} "
                     f"and is now registered as {descriptor!r}"
                 )
@@ -442,7 +442,7 @@ _EXPECTED = {
 def create_handle(backend: KeyState, descriptor: StateDescriptor, kind: str) -> _Handle:
     expected = _EXPECTED[kind]
     if not isinstance(descriptor, expected):
-        raise KeyedStateError(
+        raise StateUsageError(
             f"get_{kind}_state needs a {expected.__name__}, got {type(descriptor).__name__}"
             if kind != "value"
             else f"get_state needs a ValueStateDescriptor, got {type(descriptor).__name__}"

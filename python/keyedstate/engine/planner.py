@@ -22,7 +22,7 @@ from keyedstate.engine.contexts import RuntimeContextImpl
 from keyedstate.engine.keyed_state import KeyState
 from keyedstate.engine.runner import KeyedRunner, RunnerPlan, StatePlan
 from keyedstate.functions import CheckpointedFunction, KeyedProcessFunction
-from keyedstate.state.descriptors import KeyedStateError, StateDescriptor
+from keyedstate.state.descriptors import StateDescriptor, StateUsageError
 from keyedstate.state.ttl import StateTtlConfig
 from keyedstate.state.types import StateTypeError, to_type_info
 
@@ -138,7 +138,7 @@ def _declared_states(function: Any) -> tuple[list[StateDescriptor], list[StateDe
     try:
         probe = cloudpickle.loads(cloudpickle.dumps(function))
     except Exception as error:  # noqa: BLE001 - any pickling failure
-        raise KeyedStateError(
+        raise StateUsageError(
             f"the function {type(function).__name__} cannot be shipped to executors "
             f"(cloudpickle failed: {error})"
         ) from error
@@ -148,10 +148,10 @@ def _declared_states(function: Any) -> tuple[list[StateDescriptor], list[StateDe
         probe.open(context)
         if isinstance(probe, CheckpointedFunction):
             probe.initialize_state(context)
-    except (KeyedStateError, StateTypeError, TypeError):
+    except (StateUsageError, StateTypeError, TypeError):
         raise
     except Exception as error:  # noqa: BLE001 - user code
-        raise KeyedStateError(
+        raise StateUsageError(
             f"open() of {type(function).__name__} failed on the driver ({error!r}); keyedstate "
             "runs open() once before the query starts to learn the states it creates (each is "
             "a column family of the state store), so open() must run outside a Spark task too"
@@ -255,11 +255,11 @@ def _side_schemas(side_outputs: SideOutputs) -> list[tuple[str, T.StructType]]:
     for tag, schema in pairs:
         tag_id = getattr(tag, "tag_id", None)
         if not isinstance(tag_id, str):
-            raise KeyedStateError(f"side outputs are declared with OutputTag objects, got {tag!r}")
+            raise StateUsageError(f"side outputs are declared with OutputTag objects, got {tag!r}")
         if schema is None:
             info = getattr(tag, "type_info", None)
             if info is None:
-                raise KeyedStateError(
+                raise StateUsageError(
                     f"side output {tag_id!r} has no type: declare OutputTag({tag_id!r}, "
                     "Types.ROW_NAMED(...)) or pass side_outputs={tag: schema}"
                 )
@@ -274,7 +274,7 @@ def _side_schemas(side_outputs: SideOutputs) -> list[tuple[str, T.StructType]]:
         out.append((tag_id, struct))
     names = [n for n, _ in out]
     if len(set(names)) != len(names):
-        raise KeyedStateError(f"side output names repeat: {names}")
+        raise StateUsageError(f"side output names repeat: {names}")
     return out
 
 
@@ -291,7 +291,7 @@ def side_output(result: DataFrame, tag: Any) -> DataFrame:  # noqa: ANN401
     sides = getattr(result, SIDE_OUTPUTS_ATTRIBUTE, None)
     tag_id = getattr(tag, "tag_id", tag)
     if sides is None or tag_id not in sides:
-        raise KeyedStateError(
+        raise StateUsageError(
             f"no side output {tag_id!r} on this DataFrame: call side_output on the DataFrame "
             f"process() returned, with a tag it declared ({sorted(k for k in sides or {} if k)})"
         )
@@ -301,7 +301,7 @@ def side_output(result: DataFrame, tag: Any) -> DataFrame:  # noqa: ANN401
 def _check_extensions(df: DataFrame) -> None:
     configured = df.sparkSession.conf.get(EXTENSIONS_KEY, "") or ""
     if EXTENSIONS_CLASS not in configured.split(","):
-        raise KeyedStateError(
+        raise StateUsageError(
             f"keyed functions need {EXTENSIONS_KEY}={EXTENSIONS_CLASS} on the SparkSession (a "
             "static setting): build the session with keyedstate.configure(SparkSession.builder)"
             f"; this session has {EXTENSIONS_KEY}={configured!r}"
@@ -330,16 +330,16 @@ def build(
 ) -> DataFrame:
     """Checks everything that can be checked before the query starts, then plans it."""
     if uid is not None and (not isinstance(uid, str) or not uid.strip()):
-        raise KeyedStateError(f"uid must be a non-empty string, got {uid!r}")
+        raise StateUsageError(f"uid must be a non-empty string, got {uid!r}")
     if not isinstance(df, DataFrame) and type(df).__name__ != "DataFrame":
         raise TypeError(f"key_by needs a DataFrame, got {type(df).__name__}")
     if not hasattr(df, "_jdf"):
-        raise KeyedStateError(
+        raise StateUsageError(
             "keyed functions run on classic Spark sessions (the planner reaches the JVM through "
             "py4j); this DataFrame belongs to a Spark Connect session"
         )
     if not df.isStreaming:
-        raise KeyedStateError(
+        raise StateUsageError(
             "keyedstate runs on streaming DataFrames (spark.readStream...); for a static "
             "DataFrame use groupBy().applyInPandas"
         )
@@ -358,21 +358,21 @@ def build(
     columns = df.schema.names
     reserved = [c for c in columns if c.startswith("__ks_")]
     if reserved:
-        raise KeyedStateError(f"input column names starting with '__ks_' are reserved: {reserved}")
+        raise StateUsageError(f"input column names starting with '__ks_' are reserved: {reserved}")
     for column in [*key_columns, *([order_by] if order_by else [])]:
         if column not in columns:
-            raise KeyedStateError(f"no column {column!r} in the input; columns are {columns}")
+            raise StateUsageError(f"no column {column!r} in the input; columns are {columns}")
     for column in key_columns:
         key_type = df.schema[column].dataType
         unkeyable = _unkeyable(key_type)
         if unkeyable:
-            raise KeyedStateError(
+            raise StateUsageError(
                 f"key column {column!r} is {key_type.simpleString()}; {unkeyable} cannot be a key "
                 "(Spark cannot group or sort by it)"
             )
         collations = _non_binary_collations(key_type)
         if collations:
-            raise KeyedStateError(
+            raise StateUsageError(
                 f"key column {column!r} is {key_type.simpleString()}: strings of collation "
                 f"{', '.join(collations)} can be equal with different bytes, and state keeps one "
                 "key per byte form; key by a UTF8_BINARY string instead, for example "
@@ -381,12 +381,12 @@ def build(
     if order_by is not None:
         data_type = df.schema[order_by].dataType
         if not isinstance(data_type, _ORDERABLE):
-            raise KeyedStateError(
+            raise StateUsageError(
                 f"order_by column {order_by!r} is {data_type.simpleString()}, which cannot be "
                 "ordered; use a number, string, date or timestamp column"
             )
     if output_mode not in ("append", "update"):
-        raise KeyedStateError(f"output_mode must be 'append' or 'update', got {output_mode!r}")
+        raise StateUsageError(f"output_mode must be 'append' or 'update', got {output_mode!r}")
     _check_extensions(df)
 
     event_time = watermark_column(df)
@@ -396,21 +396,21 @@ def build(
         else:
             timer_mode = "none"
     elif timer_mode not in TIMER_MODES:
-        raise KeyedStateError(
+        raise StateUsageError(
             f"timer_mode must be 'auto', 'none', 'event' or 'processing', got {timer_mode!r}"
         )
     if timer_mode == "event" and event_time is None:
-        raise KeyedStateError(
+        raise StateUsageError(
             "timer_mode='event' needs an event-time watermark: call "
             "df.withWatermark('<timestamp column>', '<delay>') before key_by"
         )
     if timer_mode != "none" and kind != "process":
-        raise KeyedStateError("timers are only available to KeyedProcessFunction (process())")
+        raise StateUsageError("timers are only available to KeyedProcessFunction (process())")
 
     main_struct = output_struct(output_schema) if kind != "filter" else df.schema
     sides = _side_schemas(side_outputs)
     if sides and kind != "process":
-        raise KeyedStateError("side outputs are only available to KeyedProcessFunction (process())")
+        raise StateUsageError("side outputs are only available to KeyedProcessFunction (process())")
     struct = _with_sides(main_struct, sides) if sides else main_struct
     keyed, operator = _declared_states(function)
     states = [StatePlan(i, d.name, d.kind, d) for i, d in enumerate(keyed)]
@@ -420,7 +420,7 @@ def build(
     names = [s.name for s in states]
     clashing = sorted({n for n in names if names.count(n) > 1})
     if clashing:
-        raise KeyedStateError(f"keyed and operator states share the names {clashing}")
+        raise StateUsageError(f"keyed and operator states share the names {clashing}")
 
     spark = df.sparkSession
     spec = {
@@ -462,7 +462,7 @@ def build(
     try:
         lookup = DataFrame(engine.lookup(df._jdf, spec_json), spark)
     except Exception as error:  # noqa: BLE001 - py4j errors carry the JVM message
-        raise KeyedStateError(f"cannot plan {type(function).__name__}: {error}") from None
+        raise StateUsageError(f"cannot plan {type(function).__name__}: {error}") from None
     runner = KeyedRunner(plan)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

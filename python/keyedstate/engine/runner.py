@@ -27,7 +27,7 @@ from keyedstate.engine.contexts import ContextImpl, RuntimeContextImpl, TimerSer
 from keyedstate.engine.convert import OutputRows
 from keyedstate.engine.keyed_state import MIN_TIME, KeyState
 from keyedstate.functions import CheckpointedFunction, TimeDomain
-from keyedstate.state.descriptors import KeyedStateError, StateDescriptor
+from keyedstate.state.descriptors import StateDescriptor, StateUsageError
 
 __all__ = ["KeyedRunner", "RunnerPlan", "StatePlan"]
 
@@ -199,7 +199,7 @@ class _Task:
     def _side(self, tag: Any, value: Any) -> None:  # noqa: ANN401
         index = self.plan.side_tags.get(getattr(tag, "tag_id", tag))
         if index is None:
-            raise KeyedStateError(
+            raise StateUsageError(
                 f"side output {getattr(tag, 'tag_id', tag)!r} was not declared; process() "
                 f"declares {sorted(self.plan.side_tags)}"
             )

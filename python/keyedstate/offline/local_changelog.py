@@ -9,12 +9,12 @@ import importlib
 import struct
 from types import ModuleType
 
+from keyedstate._error_catalog import CHECKPOINT_FILE_CORRUPT as FILE_CORRUPT
 from keyedstate.errors import CheckpointError
 
 __all__ = ["INSTALL_HINT", "Record", "read_changelog", "require"]
 
 INSTALL_HINT = "pip install 'keyedstate[local]'"
-FILE_CORRUPT = "KEYEDSTATE_CHECKPOINT_FILE_CORRUPT"
 
 
 def require(module: str, package: str) -> ModuleType:

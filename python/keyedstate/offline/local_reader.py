@@ -41,6 +41,10 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
+from keyedstate._error_catalog import CHECKPOINT_FILE_CORRUPT as FILE_CORRUPT
+from keyedstate._error_catalog import CHECKPOINT_FILE_MISSING as FILE_MISSING
+from keyedstate._error_catalog import QUERY_CHECKPOINT_INVALID
+from keyedstate._error_catalog import STATE_LOAD_FAILED as LOAD_FAILED
 from keyedstate.errors import CheckpointError, QueryCheckpointError
 from keyedstate.offline import unsafe_row
 from keyedstate.offline.local_changelog import (
@@ -63,10 +67,6 @@ __all__ = [
     "rocksdict_rocksdb_version",
 ]
 
-FILE_MISSING = "KEYEDSTATE_CHECKPOINT_FILE_MISSING"
-FILE_CORRUPT = "KEYEDSTATE_CHECKPOINT_FILE_CORRUPT"
-LOAD_FAILED = "KEYEDSTATE_STATE_LOAD_FAILED"
-QUERY_CHECKPOINT_INVALID = "KEYEDSTATE_QUERY_CHECKPOINT_INVALID"
 
 MANIFEST_FORMAT = 3  # checkpoint.VersionManifest.FormatVersion
 SAVEPOINT_METADATA = "_savepoint.json"

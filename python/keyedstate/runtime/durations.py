@@ -33,7 +33,3 @@ def to_millis(owner: str, name: str, value: object, minimum_ms: int = 0) -> int:
         )
     return millis
 
-
-def describe_millis(millis: int) -> str:
-    """``1500`` -> ``'1500 ms'``; for messages and reprs."""
-    return f"{millis} ms"

@@ -21,6 +21,7 @@ from typing import Any
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.errors import IllegalArgumentException as PySparkIllegalArgumentException
 
+from keyedstate._error_catalog import KEYED_FUNCTION_COMPLETE_MODE
 from keyedstate.errors import java_causes, java_interfaces
 
 __all__ = [
@@ -94,7 +95,7 @@ NON_RETRIABLE_CONDITIONS: frozenset[str] = frozenset({
     "STREAMING_QUERY_EVOLUTION_ERROR",
     "STREAMING_OUTPUT_MODE",
     "UNSUPPORTED_STREAMING_OPERATOR_WITHOUT_WATERMARK",
-    "KEYED_FUNCTION_COMPLETE_MODE",
+    KEYED_FUNCTION_COMPLETE_MODE,
 })
 
 # JVM exception classes (or their subclasses) that mean a bad setting or query: keyedstate's

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 # Eager: both modules import their clients (psycopg, py4j) only when used, and a lazy
 # __getattr__ would lose to the submodule once anything imported keyedstate.sinks.kafka.
+from keyedstate.errors import BatchAlreadyCommitted
 from keyedstate.sinks.kafka import KafkaSink, KafkaSinkError, kafka
 from keyedstate.sinks.postgres import PostgresSink, PostgresSinkError, postgres
 from keyedstate.sinks.two_phase_commit import (
-    BatchAlreadyCommitted,
     TransactionContext,
     TransactionScope,
     TwoPhaseCommitSink,

@@ -23,10 +23,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from keyedstate.errors import KafkaSinkError, first_line, java_causes, keyedstate_cause
+from keyedstate.errors import (
+    BatchAlreadyCommitted,
+    KafkaSinkError,
+    error_class,
+    first_line,
+    java_causes,
+    keyedstate_cause,
+)
 from keyedstate.sinks.two_phase_commit import (
     QUERY_ID_PROPERTY,
-    BatchAlreadyCommitted,
     TransactionContext,
     TransactionScope,
     TwoPhaseCommitSink,
@@ -254,11 +260,13 @@ def jvm_error(
     add it; anything else is ``what`` failed, with the innermost cause's first line (Spark's
     job failures embed executor stack traces in their messages: never shown)."""
     ours = keyedstate_cause(throwable)
-    if ours is not None and str(ours.errorId()).startswith("KEYEDSTATE_KAFKA_"):
+    if ours is not None:
         error_id = str(ours.errorId())
-        if error_id == "KEYEDSTATE_KAFKA_BATCH_ALREADY_COMMITTED":
-            return BatchAlreadyCommitted(str(ours.detail())), True
-        return KafkaSinkError(first_line(ours), error_id), True
+        cls = error_class(error_id)
+        if cls is BatchAlreadyCommitted:
+            return BatchAlreadyCommitted(str(ours.detail()), error_id), True
+        if cls is KafkaSinkError:
+            return KafkaSinkError(first_line(ours), error_id), True
     chain = java_causes(throwable)
     for error in chain:
         name = str(error.getClass().getName())

@@ -18,9 +18,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from keyedstate.errors import KeyedStateException
+from keyedstate.errors import BatchAlreadyCommitted, KeyedStateError
 from keyedstate.sinks.two_phase_commit import (
-    BatchAlreadyCommitted,
     TransactionContext,
     TransactionScope,
     TwoPhaseCommitSink,
@@ -43,7 +42,7 @@ _STAGE = "keyedstate_stage"
 _SEQ = "keyedstate_seq"
 
 
-class PostgresSinkError(KeyedStateException, RuntimeError):
+class PostgresSinkError(KeyedStateError, RuntimeError):
     """A PostgreSQL sink could not be set up or could not write a batch; the message names the
     server, the object and the fix. Raised in Python, so ``error_id`` is ``None``."""
 

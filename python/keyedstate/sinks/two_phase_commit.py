@@ -24,6 +24,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from keyedstate.errors import BatchAlreadyCommitted
+
 if TYPE_CHECKING:  # pyspark is only needed once a batch is written
     from pyspark.sql import DataFrame, Row
 
@@ -66,12 +68,6 @@ class TransactionScope(enum.Enum):
 class WriteOutcome(enum.Enum):
     COMMITTED = "committed"
     SKIPPED = "skipped"  # already committed by an earlier attempt: a replay
-
-
-class BatchAlreadyCommitted(Exception):  # noqa: N818 - a signal, not an error
-    """Raised by a sink's ``begin_transaction``/``invoke``/``pre_commit`` when it finds, inside
-    its transaction, that another attempt committed the same context meanwhile (a race that
-    ``is_committed`` could not see). The template aborts the transaction and skips the batch."""
 
 
 class TwoPhaseCommitSink(ABC, Generic[TXN]):

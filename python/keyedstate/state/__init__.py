@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Any
 
 from keyedstate.state.descriptors import (
     AggregatingStateDescriptor,
-    KeyedStateError,
     ListStateDescriptor,
     MapStateDescriptor,
     ReducingStateDescriptor,
     StateDescriptor,
+    StateUsageError,
     ValueStateDescriptor,
 )
 from keyedstate.state.states import (
@@ -56,7 +56,7 @@ __all__ = [
     "AggregatingStateDescriptor",
     "AppendingState",
     "Duration",
-    "KeyedStateError",
+    "StateUsageError",
     "ListState",
     "ListStateDescriptor",
     "MapState",

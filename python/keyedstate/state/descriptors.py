@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from keyedstate.errors import KeyedStateException
+from keyedstate.errors import KeyedStateError
 from keyedstate.state.ttl import StateTtlConfig
 from keyedstate.state.types import TypeInformation, Types, to_type_info
 
@@ -19,7 +19,7 @@ __all__ = [
 ]
 
 
-class KeyedStateError(KeyedStateException, ValueError):
+class StateUsageError(KeyedStateError, ValueError):
     """A misuse of the state API that the engine can detect (names, kinds, modes). Raised in
     Python, so ``error_id`` is ``None``; ``keyedstate.state_error`` finds it behind a query
     that failed with it in a Python worker."""
@@ -36,13 +36,13 @@ class _AggregateLike(Protocol):
 
 def _check_name(name: object) -> str:
     if not isinstance(name, str) or not name:
-        raise KeyedStateError(f"a state name must be a non-empty str, got {name!r}")
+        raise StateUsageError(f"a state name must be a non-empty str, got {name!r}")
     # Each state is a column family named after it: the names state stores refuse are refused
     # here, before a query starts.
     if name.strip() != name:
-        raise KeyedStateError(f"a state name must not start or end with spaces, got {name!r}")
+        raise StateUsageError(f"a state name must not start or end with spaces, got {name!r}")
     if name == "default" or name[0] in "_$":
-        raise KeyedStateError(
+        raise StateUsageError(
             f"state name {name!r} is reserved by the state store ('default' and names starting "
             "with '_' or '$'): choose another name"
         )

@@ -1,9 +1,11 @@
 """State time-to-live configuration, named as in PyFlink (``StateTtlConfig``).
 
-TTL is kept by the Python state layer: each TTL'd value (or list element, or map entry) carries
-its last-access timestamp. Time is the micro-batch's processing time (the trigger timestamp Spark
-records in the offset log), so a replayed batch expires exactly what the first attempt expired.
-What each cleanup strategy does in this engine is described in docs/python-api.md ("TTL").
+TTL is kept by keyedstate's provider (docs/ttl.md): it stamps every TTL'd value (or list element,
+or map entry) with its last-access time, hides or returns expired ones, and runs the cleanup
+strategies. Time is the micro-batch's processing time (the trigger timestamp Spark records in the
+offset log), so a replayed batch expires exactly what the first attempt expired. This module only
+configures it: the engine passes the configuration to the provider, and writes back what a
+function read under ``OnReadAndWrite``.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Any
 from pyspark.sql import Row
 from pyspark.sql import types as T
 
-from keyedstate.errors import KeyedStateException
+from keyedstate.errors import KeyedStateError
 
 __all__ = [
     "StateTypeError",
@@ -41,7 +41,7 @@ _SHORT = (-(2**15), 2**15 - 1)
 _BYTE = (-(2**7), 2**7 - 1)
 
 
-class StateTypeError(KeyedStateException, TypeError):
+class StateTypeError(KeyedStateError, TypeError):
     """A value does not match the declared type of a state, an output column or a key (or a
     type cannot be declared). Raised in Python, so ``error_id`` is ``None``."""
 

@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Iterator
 
 from keyedstate import _session
+from keyedstate._error_catalog import INVALID_OPTION, QUERY_CHECKPOINT_INVALID, RESCALE_REFUSED
 from keyedstate.tools import demo
 
 
@@ -100,20 +101,20 @@ def _checked_before_spark(args: argparse.Namespace) -> str | None:
     not exist (other file systems are checked by the job). The refusal's one line, or None."""
     if args.command == "rescale" and not 1 <= args.partitions <= MAX_PARTITIONS:
         return (
-            f"[KEYEDSTATE_RESCALE_REFUSED] Invalid partition count {args.partitions} for rescale: "
+            f"[{RESCALE_REFUSED}] Invalid partition count {args.partitions} for rescale: "
             f"allowed is an integer from 1 to {MAX_PARTITIONS}"
         )
     if args.command == "savepoint":
         partitions = getattr(args, "partitions", None)
         if partitions is not None and not 1 <= partitions <= MAX_PARTITIONS:
             return (
-                f"[KEYEDSTATE_RESCALE_REFUSED] Invalid partition count {partitions} for restore: "
+                f"[{RESCALE_REFUSED}] Invalid partition count {partitions} for restore: "
                 f"allowed is an integer from 1 to {MAX_PARTITIONS}"
             )
         return None
     if args.command == "inspect" and not 1 <= args.key_groups <= MAX_KEY_GROUPS:
         return (
-            f"[KEYEDSTATE_INVALID_OPTION] Invalid key group count {args.key_groups} for inspect: "
+            f"[{INVALID_OPTION}] Invalid key group count {args.key_groups} for inspect: "
             f"allowed is an integer from 1 to {MAX_KEY_GROUPS}"
         )
     location = args.checkpoint
@@ -125,7 +126,7 @@ def _checked_before_spark(args: argparse.Namespace) -> str | None:
         local = None  # another file system: the job checks it
     if local is not None and not os.path.exists(local):
         where = os.path.abspath(local)
-        return f"[KEYEDSTATE_QUERY_CHECKPOINT_INVALID] no checkpoint at file:{where}"
+        return f"[{QUERY_CHECKPOINT_INVALID}] no checkpoint at file:{where}"
     return None
 
 

@@ -62,7 +62,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   @volatile private var lastSnapshotUploaded = -1L
 
   // One store at a time uses the instance.
-  private var activeStore: KeyedStateStore = _
+  private var activeStore: TaskStateStore = _
   private var activeThread: Thread = _
 
   // Commit and cleanup never overlap on one partition: cleanup must not take a commit's
@@ -131,7 +131,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       uniqueId: Option[String],
       forceSnapshotOnCommit: Boolean): StateStore = synchronized {
     readStore match {
-      case ours: KeyedStateStore if (ours eq activeStore) && ours.isOpen && ours.version == version =>
+      case ours: TaskStateStore if (ours eq activeStore) && ours.isOpen && ours.version == version =>
         refuseSavepoint()
         claimLease()
         ours.upgradeToWritable(forceSnapshotOnCommit)
@@ -146,7 +146,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       checkpointId: Option[String],
       loadEmpty: Boolean,
       writable: Boolean,
-      forceSnapshot: Boolean): KeyedStateStore =
+      forceSnapshot: Boolean): TaskStateStore =
     synchronized {
       if (version < 0) throw KeyedStateErrors.unexpectedVersion(version)
       if (writable) refuseSavepoint()
@@ -158,7 +158,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
         instance.ttl.beginBatch(() => TtlClock.at(id.checkpointRootLocation, version, hadoopConf))
         instance.ttlCleanup.refresh()
         if (writable) claimLease()
-        val store = new KeyedStateStore(this, loaded, version, writable, forceSnapshot)
+        val store = new TaskStateStore(this, loaded, version, writable, forceSnapshot)
         activeStore = store
         activeThread = Thread.currentThread()
         store
@@ -195,9 +195,9 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     while (activeStore != null && activeThread != Thread.currentThread()) {
       val waitMs = TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime())
       if (waitMs <= 0) {
-        throw KeyedStateErrors.badState(ErrorId.StoreBusy,
+        throw KeyedStateErrors.storeBusy(
           s"Timed out after 2 minutes waiting for state store $id: ${activeStore} is still in use by " +
-            s"thread ${activeThread.getName}")
+            s"thread ${activeThread.getName}", activeThread.getName, TimeUnit.MINUTES.toMillis(2))
       }
       wait(waitMs)
     }
@@ -208,7 +208,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     }
   }
 
-  private[keyedstate] def finish(store: KeyedStateStore, discardWrites: Boolean): Unit = synchronized {
+  private[keyedstate] def finish(store: TaskStateStore, discardWrites: Boolean): Unit = synchronized {
     if (store eq activeStore) {
       if (loaded != null) loaded.db.releaseScanIterators()
       if (discardWrites && loaded != null && !loaded.servable) discardLoaded()
@@ -262,7 +262,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 
   // ---- committing ----
 
-  private[keyedstate] def commit(store: KeyedStateStore): (Long, StateStoreCheckpointInfo) = synchronized {
+  private[keyedstate] def commit(store: TaskStateStore): (Long, StateStoreCheckpointInfo) = synchronized {
     if (!(store eq activeStore)) {
       throw KeyedStateErrors.badState(ErrorId.StoreBusy, s"Cannot commit $store: the state store instance was taken over")
     }

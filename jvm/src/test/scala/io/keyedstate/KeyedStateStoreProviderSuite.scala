@@ -9,8 +9,8 @@ import org.apache.spark.sql.types._
 import org.apache.spark.unsafe.types.UTF8String
 import org.scalatest.funsuite.AnyFunSuite
 
-import io.keyedstate.conf.{CheckpointFileException, KeyedStateConf}
-import io.keyedstate.errors.{ErrorFamily, ErrorId}
+import io.keyedstate.conf.{CheckpointFileException, KeyedStateConf, KeyedStateErrors}
+import io.keyedstate.errors.{ErrorFamily, ErrorId, KeyedStateError}
 
 /** The provider against the 4.3 contract, on real RocksDB and a real local Hadoop file system. */
 class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
@@ -96,8 +96,8 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     import org.json4s._
     val root = tempDir()
     val p = newProvider(root)
-    def declared(s: StateStore) = s.asInstanceOf[KeyedStateStore].declaration
-    def declare(s: StateStore, d: JValue): Unit = s.asInstanceOf[KeyedStateStore].declare(d)
+    def declared(s: StateStore) = s.asInstanceOf[TaskStateStore].declaration
+    def declare(s: StateStore, d: JValue): Unit = s.asInstanceOf[TaskStateStore].declare(d)
     val first = JObject("kind" -> JString("test"), "n" -> JInt(1))
     val second = JObject("kind" -> JString("test"), "n" -> JInt(2))
     commitWith(p, 0) { s => assert(declared(s).isEmpty); declare(s, first); s.put(key("a"), value(1)) }
@@ -109,12 +109,12 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     // The aborted declaration went with the instance: the version is reloaded as committed.
     val again = p.getStore(2)
     assert(declared(again).contains(first), declared(again))
-    assert(again.asInstanceOf[KeyedStateStore].loadedManifest.getName == "2.manifest")
+    assert(again.asInstanceOf[TaskStateStore].loadedManifest.getName == "2.manifest")
     again.abort()
     val fresh = newProvider(root)
     Seq(1L, 2L).foreach { v =>
       val r = fresh.getReadStore(v)
-      assert(r.asInstanceOf[KeyedStateStore].declaration.contains(first), v)
+      assert(r.asInstanceOf[TaskStateStore].declaration.contains(first), v)
       r.release()
     }
     val manifest = new File(root, "0/0/2.manifest")
@@ -122,7 +122,7 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     assert(io.keyedstate.checkpoint.VersionManifest.fromJson(
       new String(java.nio.file.Files.readAllBytes(manifest.toPath))).declaration.contains(first))
     val readOnly = fresh.getReadStore(2)
-    intercept[IllegalStateException](readOnly.asInstanceOf[KeyedStateStore].declare(second))
+    intercept[IllegalStateException](readOnly.asInstanceOf[TaskStateStore].declare(second))
     readOnly.release()
     p.close(); fresh.close()
   }
@@ -612,13 +612,18 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
 
   /** Loads on a new executor (its own local directory, so nothing comes from a local cache). */
   private def assertLoadFails(root: File, version: Long, mustMention: String*): Unit =
-    assertLoadFailsWith(root, version, Map.empty, mustMention: _*)
+    assertLoadFailsWith(root, version, Map.empty, "", mustMention: _*)
 
-  private def assertLoadFailsWith(root: File, version: Long, settings: Map[String, String], mustMention: String*): Unit = {
+  /** A load that fails with Spark's `CANNOT_LOAD_STATE_STORE.<subCondition>`. */
+  private def assertLoadFailsAs(subCondition: String, root: File, version: Long, mustMention: String*): Unit =
+    assertLoadFailsWith(root, version, Map.empty, subCondition, mustMention: _*)
+
+  private def assertLoadFailsWith(root: File, version: Long, settings: Map[String, String], subCondition: String,
+      mustMention: String*): Unit = {
     val p = newProvider(root, storeConf((Seq(KeyedStateConf.Prefix + "changelogCheckpointing" -> "false",
       KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath) ++ settings): _*))
     val (condition, message) = sparkFailure(p.getStore(version))
-    assert(condition.startsWith("CANNOT_LOAD_STATE_STORE."), condition)
+    assert(condition.startsWith("CANNOT_LOAD_STATE_STORE." + subCondition), condition)
     mustMention.foreach(m => assert(message.contains(m), s"'$message' should mention '$m'"))
     p.close()
   }
@@ -629,14 +634,15 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     val raf = new RandomAccessFile(sst, "rw")
     try raf.setLength(sst.length() / 2) finally raf.close()
     new File(sst.getParentFile, s".${sst.getName}.crc").delete()
-    assertLoadFails(root, 1, sst.getName, "version 1", "damaged")
+    assertLoadFailsAs("UNEXPECTED_FILE_SIZE", root, 1, sst.getName, "version 1", "damaged")
   }
 
   test("a deleted state file fails the load, naming the file and the version") {
     val root = oneVersion()
     val sst = committedSst(root, 1)
     assert(sst.delete())
-    assertLoadFails(root, 1, sst.getName, "version 1", "missing")
+    // Spark's condition as its RocksDB provider raises it, naming the file.
+    assertLoadFailsAs("CANNOT_READ_STREAMING_STATE_FILE", root, 1, sst.getName, "version 1", "missing")
   }
 
   test("a state file with flipped bytes fails the checksum, naming the file and the version") {
@@ -680,7 +686,7 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
       finally raf.close()
       new File(log.getParentFile, s".${log.getName}.crc").delete()
       // The size is right and the manifest's CRC32C is not checked: the codec's own check catches it.
-      assertLoadFailsWith(root, 1, Map(KeyedStateConf.Prefix + "verifyChecksumsOnLoad" -> "false"),
+      assertLoadFailsWith(root, 1, Map(KeyedStateConf.Prefix + "verifyChecksumsOnLoad" -> "false"), "",
         log.getName, "version 1", "damaged")
     }
   }
@@ -752,14 +758,28 @@ class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {
     commitWith(p, 0)(_.put(key("a"), value(1)))
     val negative = intercept[Exception](p.getStore(-1))
     assert(condition(negative) == "CANNOT_LOAD_STATE_STORE.UNEXPECTED_VERSION", negative)
-    val (missing, message) = sparkFailure(p.getReadStore(7))
-    assert(missing.startsWith("CANNOT_LOAD_STATE_STORE."), missing)
+    val missingVersion = intercept[Exception](p.getReadStore(7))
+    // Spark's condition for a missing state file, `fileToRead` the manifest.
+    assert(condition(missingVersion) == "CANNOT_LOAD_STATE_STORE.CANNOT_READ_STREAMING_STATE_FILE", missingVersion)
+    assert(missingVersion.getMessage.contains("7.manifest"), missingVersion.getMessage)
+    val (_, message) = sparkFailure(p.getReadStore(7))
     assert(message.contains("version 7") && message.contains("7.manifest") && message.contains(root.getAbsolutePath),
       message)
     // The provider still serves the versions it has.
     val r = p.getReadStore(1)
     assert(contents(r) == Map(("a", 0) -> 1L))
     r.release(); p.close()
+  }
+
+  test("a partition held by another task past the wait is Spark's UNRELEASED_THREAD_ERROR, keyedstate's STORE_BUSY the cause") {
+    // The two-minute wait itself is not run here: the mapping of its failure is.
+    val busy = KeyedStateErrors.storeBusy("Timed out after 2 minutes waiting for state store s", "task-7", 120000)
+    val e = KeyedStateErrors.cannotLoad(StateStoreId("/cp", 0, 3), 5, busy)
+    assert(condition(e) == "CANNOT_LOAD_STATE_STORE.UNRELEASED_THREAD_ERROR", e)
+    assert(e.getMessage.contains("task-7") && e.getMessage.contains("120000"), e.getMessage)
+    val ours = KeyedStateError.find(e).get
+    assert(ours.error == ErrorId.StoreBusy && !ours.isInstanceOf[CheckpointFileException], ours)
+    assert(ours.getMessage.startsWith("[KEYEDSTATE_STORE_BUSY] Cannot load version 5 of state store"), ours.getMessage)
   }
 
   test("a file system whose rename reports failure fails the commit with CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT") {

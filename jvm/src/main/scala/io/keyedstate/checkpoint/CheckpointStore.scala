@@ -137,7 +137,7 @@ final class CheckpointStore(val root: Path, val hadoopConf: Configuration) exten
       } catch {
         case e: java.io.FileNotFoundException =>
           throw KeyedStateErrors.fileMissing(
-            s"State version $version is missing: manifest $path does not exist", e)
+            s"State version $version is missing: manifest $path does not exist", e, file = path)
       }
     val manifest =
       try VersionManifest.fromJson(json)
@@ -279,7 +279,7 @@ final class CheckpointStore(val root: Path, val hadoopConf: Configuration) exten
     try fs.open(source)
     catch {
       case e: java.io.FileNotFoundException =>
-        throw KeyedStateErrors.fileMissing(s"State file $source needed by version $version is missing", e)
+        throw KeyedStateErrors.fileMissing(s"State file $source needed by version $version is missing", e, file = source)
     }
 
   /**
@@ -300,9 +300,9 @@ final class CheckpointStore(val root: Path, val hadoopConf: Configuration) exten
           s"State file $source needed by version $version is corrupt or unreadable: ${e.getMessage}", e)
       } finally in.close()
     if (copied != file.size) {
-      throw KeyedStateErrors.fileCorrupt(
+      throw KeyedStateErrors.fileSizeMismatch(
         s"State file $source needed by version $version is damaged: " +
-          s"$copied bytes, the manifest says ${file.size}")
+          s"$copied bytes, the manifest says ${file.size}", source, target, file.size, copied)
     }
     if (verifyChecksum && crc.getValue != file.crc32c) {
       throw KeyedStateErrors.fileCorrupt(

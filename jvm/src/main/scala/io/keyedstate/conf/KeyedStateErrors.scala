@@ -3,6 +3,7 @@ package io.keyedstate.conf
 import java.io.File
 
 import io.keyedstate.errors._
+import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.execution.streaming.state.{StateStore, StateStoreId}
 import org.apache.spark.sql.keyedstate.StateStoreErrorsBridge
 
@@ -15,7 +16,10 @@ import org.apache.spark.sql.keyedstate.StateStoreErrorsBridge
  * | failure | Spark error class |
  * |---|---|
  * | a negative version | `CANNOT_LOAD_STATE_STORE.UNEXPECTED_VERSION` |
- * | a version that cannot be loaded (missing or damaged files, a missing version) | `CANNOT_LOAD_STATE_STORE.UNCATEGORIZED` |
+ * | a version whose manifest or state file is missing | `CANNOT_LOAD_STATE_STORE.CANNOT_READ_STREAMING_STATE_FILE` (`fileToRead`) |
+ * | a state file whose download has another size than its manifest says | `CANNOT_LOAD_STATE_STORE.UNEXPECTED_FILE_SIZE` |
+ * | a partition another task of the executor holds for two minutes | `CANNOT_LOAD_STATE_STORE.UNRELEASED_THREAD_ERROR` |
+ * | a version that cannot be loaded for another reason (a damaged file, RocksDB refused to open) | `CANNOT_LOAD_STATE_STORE.UNCATEGORIZED` |
  * | a commit that fails | `CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT` |
  * | a call on a column family the store does not have | `STATE_STORE_UNSUPPORTED_OPERATION_ON_MISSING_COLUMN_FAMILY` |
  * | creating or removing a column family named empty, with edge spaces, or `default` | `STATE_STORE_CANNOT_USE_COLUMN_FAMILY_WITH_INVALID_NAME` |
@@ -34,9 +38,21 @@ import org.apache.spark.sql.keyedstate.StateStoreErrorsBridge
 object KeyedStateErrors {
   def unexpectedVersion(version: Long): Throwable = StateStoreErrorsBridge.unexpectedVersion(version)
 
-  def cannotLoad(id: StateStoreId, version: Long, cause: Throwable): Throwable =
-    StateStoreErrorsBridge.cannotLoad(
-      withContext(ErrorId.StateLoadFailed, s"Cannot load version $version of state store $id", cause))
+  /** Spark's most precise `CANNOT_LOAD_STATE_STORE` condition for `cause`, keyedstate's error its cause. */
+  def cannotLoad(id: StateStoreId, version: Long, cause: Throwable): Throwable = {
+    val ours = withContext(ErrorId.StateLoadFailed, s"Cannot load version $version of state store $id", cause)
+    val precise = Iterator.iterate(cause)(_.getCause).takeWhile(_ != null).take(64).collectFirst {
+      case f: CheckpointFileException if f.missing.isDefined =>
+        StateStoreErrorsBridge.stateFileMissing(f.missing.get, ours)
+      case f: CheckpointFileException if f.sizeMismatch.isDefined =>
+        val m = f.sizeMismatch.get
+        StateStoreErrorsBridge.unexpectedFileSize(m.source, m.local, m.expected, m.found, ours)
+      case b: StoreBusyException =>
+        StateStoreErrorsBridge.unreleasedThread(id.toString, Thread.currentThread().getName, "load",
+          b.holderThread, b.waitedMs, ours)
+    }
+    precise.getOrElse(StateStoreErrorsBridge.cannotLoad(ours))
+  }
 
   def cannotCommit(id: StateStoreId, version: Long, cause: Throwable): Throwable =
     StateStoreErrorsBridge.cannotCommit(s"$id version $version",
@@ -44,8 +60,18 @@ object KeyedStateErrors {
 
   // ---- the checkpoint's files: each names the file and the version ----
 
-  def fileMissing(detail: String, cause: Throwable = null): CheckpointFileException =
-    new CheckpointFileException(ErrorId.CheckpointFileMissing, detail, cause)
+  /** A missing file; `file`, when given, is what Spark's load error names as `fileToRead`. */
+  def fileMissing(detail: String, cause: Throwable = null, file: Path = null): CheckpointFileException =
+    new CheckpointFileException(ErrorId.CheckpointFileMissing, detail, cause, missing = Option(file))
+
+  /** A state file that arrived with another size than its manifest says. */
+  def fileSizeMismatch(detail: String, source: Path, local: File, expected: Long, found: Long): CheckpointFileException =
+    new CheckpointFileException(ErrorId.CheckpointFileCorrupt, detail,
+      sizeMismatch = Some(CheckpointFileException.SizeMismatch(source, local, expected, found)))
+
+  /** A task waited too long for the partition another task holds. */
+  def storeBusy(detail: String, holderThread: String, waitedMs: Long): StoreBusyException =
+    new StoreBusyException(detail, holderThread, waitedMs)
 
   def fileCorrupt(detail: String, cause: Throwable = null): CheckpointFileException =
     new CheckpointFileException(ErrorId.CheckpointFileCorrupt, detail, cause)
@@ -127,11 +153,13 @@ object KeyedStateErrors {
    * reads says both and the identifier appears once.
    */
   private def withContext(fallback: ErrorId, context: String, cause: Throwable): Throwable = {
-    val error = cause match {
-      case k: KeyedStateError => k.error
-      case _ => fallback
+    val detail = s"$context: ${KeyedStateError.detailOf(cause)}"
+    cause match {
+      // A failure that is not a file's keeps its kind (a busy partition is no checkpoint file).
+      case k: KeyedStateError if k.error.family != ErrorFamily.Checkpoint => new KeyedStateStateException(k.error, detail, cause)
+      case k: KeyedStateError => new CheckpointFileException(k.error, detail, cause)
+      case _ => new CheckpointFileException(fallback, detail, cause)
     }
-    new CheckpointFileException(error, s"$context: ${KeyedStateError.detailOf(cause)}", cause)
   }
 }
 
@@ -139,6 +167,22 @@ object KeyedStateErrors {
 class LocalDiskException(detail: String, cause: Throwable)
     extends KeyedStateIOException(ErrorId.LocalDiskWriteFailed, detail, cause)
 
-/** A store-level failure that names the file and version involved. */
-class CheckpointFileException(id: ErrorId, detail: String, cause: Throwable = null)
+/**
+ * A store-level failure that names the file and version involved; `missing` and `sizeMismatch`
+ * are what Spark's own load conditions name (see [[KeyedStateErrors.cannotLoad]]).
+ */
+class CheckpointFileException(
+    id: ErrorId,
+    detail: String,
+    cause: Throwable = null,
+    val missing: Option[Path] = None,
+    val sizeMismatch: Option[CheckpointFileException.SizeMismatch] = None)
     extends KeyedStateIOException(id, detail, cause)
+
+object CheckpointFileException {
+  final case class SizeMismatch(source: Path, local: File, expected: Long, found: Long)
+}
+
+/** A task that waited too long for a partition another task of the executor holds. */
+class StoreBusyException(detail: String, val holderThread: String, val waitedMs: Long)
+    extends KeyedStateStateException(ErrorId.StoreBusy, detail)

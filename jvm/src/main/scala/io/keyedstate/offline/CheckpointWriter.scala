@@ -20,7 +20,7 @@ import org.apache.spark.util.SerializableConfiguration
 import org.json4s.{JArray, JField, JString}
 import org.json4s.jackson.JsonMethods
 
-import io.keyedstate.{KeyedStateStore, KeyedStateStoreProvider}
+import io.keyedstate.{TaskStateStore, KeyedStateStoreProvider}
 import io.keyedstate.checkpoint.{BootstrappedState, CheckpointStore}
 import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.errors.ErrorId
@@ -136,7 +136,7 @@ object CheckpointWriter {
         }
         declaration.foreach { d =>
           store match {
-            case ours: KeyedStateStore => ours.declare(JsonMethods.parse(d))
+            case ours: TaskStateStore => ours.declare(JsonMethods.parse(d))
             case other => throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid,
               s"operator $op is a keyed function: its state is written by keyedstate's provider only, not by " +
                 other.getClass.getName)
@@ -155,7 +155,7 @@ object CheckpointWriter {
               (0 until array.numElements()).map(e => array.get(e, elementType))
           } else if (entry.stamps != null) {
             // TTL'd state keeps its last-access times (the table is a keyed function's: our store).
-            store.asInstanceOf[KeyedStateStore].putStamped(entry.key, entry.values, entry.stamps, cf)
+            store.asInstanceOf[TaskStateStore].putStamped(entry.key, entry.values, entry.stamps, cf)
           } else if (t.family.multipleValues) store.putList(entry.key, entry.values, cf)
           else store.put(entry.key, entry.values.head, cf)
         }
@@ -248,7 +248,7 @@ object CheckpointWriter {
 /**
  * One stored entry: a family's key, its value or values (a list's elements), and, for a TTL'd
  * state, each value's last-access stamp (null: stamped with the batch's time when written; an
- * element whose stamp is missing in the table gets [[KeyedStateStore.Unstamped]]).
+ * element whose stamp is missing in the table gets [[TaskStateStore.Unstamped]]).
  */
 private final case class StoredEntry(key: UnsafeRow, values: Array[UnsafeRow], stamps: Array[Long])
 
@@ -272,7 +272,7 @@ private final class TableRowEncoder(table: StateTable) {
   private def fields(row: InternalRow, from: Int, n: Int): Seq[Any] = (0 until n).map(i => row.get(from + i, keyTypes(i)))
 
   private def stamp(data: SpecializedGetters, i: Int): Long =
-    if (data.isNullAt(i)) KeyedStateStore.Unstamped else data.getLong(i)
+    if (data.isNullAt(i)) TaskStateStore.Unstamped else data.getLong(i)
 
   def entries(row: InternalRow): Seq[StoredEntry] = {
     val n = keyTypes.length
@@ -293,7 +293,7 @@ private final class TableRowEncoder(table: StateTable) {
             val stamps = if (!table.lastAccess) null else {
               val listed = if (row.isNullAt(2 + n)) null else row.getArray(2 + n)
               Array.tabulate(array.numElements()) { i =>
-                if (listed == null || i >= listed.numElements()) KeyedStateStore.Unstamped else stamp(listed, i)
+                if (listed == null || i >= listed.numElements()) TaskStateStore.Unstamped else stamp(listed, i)
               }
             }
             Seq(StoredEntry(key(fields(row, 1, n)), Array.tabulate(array.numElements())(i => value(array.get(i, valueType))),
@@ -305,7 +305,7 @@ private final class TableRowEncoder(table: StateTable) {
           if (map == null) Nil
           else {
             val stampOf: Int => Long =
-              if (!table.lastAccess || row.isNullAt(n + 1)) _ => KeyedStateStore.Unstamped
+              if (!table.lastAccess || row.isNullAt(n + 1)) _ => TaskStateStore.Unstamped
               else mapStamps(map.keyArray(), row.getMap(n + 1))
             (0 until map.numElements()).map { i =>
               val mapKey = map.keyArray().get(i, keyTypes.last)
@@ -330,7 +330,7 @@ private final class TableRowEncoder(table: StateTable) {
       val k = keys.get(i, t)
       val j = if (i < stampKeys.numElements() && same(stampKeys.get(i, t), k)) i
         else (0 until stampKeys.numElements()).find(j => same(stampKeys.get(j, t), k)).getOrElse(-1)
-      if (j < 0) KeyedStateStore.Unstamped else stamp(stamps.valueArray(), j)
+      if (j < 0) TaskStateStore.Unstamped else stamp(stamps.valueArray(), j)
     }
   }
 }

@@ -19,7 +19,7 @@ import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.types._
 import org.apache.spark.util.SerializableConfiguration
 
-import io.keyedstate.KeyedStateStore
+import io.keyedstate.TaskStateStore
 import io.keyedstate.conf.KeyedStateErrors
 import io.keyedstate.errors.ErrorId
 import io.keyedstate.process.StateKind
@@ -198,7 +198,7 @@ object StateReader {
       } else {
         val values: Iterator[PartitionRows.Value] = if (table.lastAccess) {
           val stamped = store match {
-            case ours: KeyedStateStore => ours.stampedEntries(f.name)
+            case ours: TaskStateStore => ours.stampedEntries(f.name)
             case other => throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid, s"${table.describe} " +
               s"has a TTL: it is read by keyedstate's provider only, not by ${other.getClass.getName}")
           }

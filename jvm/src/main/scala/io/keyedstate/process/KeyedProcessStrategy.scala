@@ -10,8 +10,8 @@ import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.streaming.OutputMode
 
 import io.keyedstate.{KeyedStateStoreProvider, QueryLeaseListener}
-import io.keyedstate.conf.KeyedStateConf
-import io.keyedstate.errors.{ErrorId, KeyedStateArgumentException}
+import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
+import io.keyedstate.errors.ErrorId
 
 /**
  * `spark.sql.extensions=io.keyedstate.process.KeyedStateExtensions` (set by
@@ -60,13 +60,13 @@ object KeyedProcessOperators {
       val index = functions.indexWhere(_.nodeId == nodeId)
       require(index >= 0, s"keyed function $nodeId is not in the plan of batch ${exec.currentBatchId}")
       functions.flatMap(_.uid).groupBy(identity).collectFirst { case (uid, all) if all.size > 1 =>
-        throw new KeyedProcessError(ErrorId.KeyedFunctionDuplicateUid, s"${all.size} keyed functions of the query " +
+        throw KeyedStateErrors.badArgument(ErrorId.KeyedFunctionDuplicateUid, s"${all.size} keyed functions of the query " +
           s"have the uid '$uid' (${functions.filter(_.uid.contains(uid)).map(_.functionName).mkString(", ")}): a " +
           "uid names one operator and its state; give each function its own")
       }
       val operatorId = FirstOperatorId + index
       if (exec.outputMode == OutputMode.Complete()) {
-        throw new KeyedProcessError(ErrorId.KeyedFunctionCompleteMode,
+        throw KeyedStateErrors.badArgument(ErrorId.KeyedFunctionCompleteMode,
           "keyed functions emit rows per key and cannot run in Complete output mode; use append or update")
       }
       checkProvider(session.sessionState.conf)
@@ -107,16 +107,13 @@ object KeyedProcessOperators {
   def checkProvider(conf: SQLConf): Unit = {
     val provider = conf.stateStoreProviderClass
     if (provider != classOf[KeyedStateStoreProvider].getName) {
-      throw new KeyedProcessError(ErrorId.KeyedFunctionUnsupportedProvider,
+      throw KeyedStateErrors.badArgument(ErrorId.KeyedFunctionUnsupportedProvider,
         s"keyed functions keep their state, and the declaration it was written with, in keyedstate's " +
           s"provider; the query's provider is $provider. Set spark.sql.streaming.stateStore.providerClass=" +
           s"${classOf[KeyedStateStoreProvider].getName} (keyedstate.configure sets it)")
     }
   }
 }
-
-/** A clear error with a stable identifier (raised on the driver, before any task runs). */
-final class KeyedProcessError(id: ErrorId, detail: String) extends KeyedStateArgumentException(id, detail)
 
 final class KeyedProcessStrategy(session: SparkSession) extends SparkStrategy {
   override def apply(plan: LogicalPlan): Seq[SparkPlan] = plan match {

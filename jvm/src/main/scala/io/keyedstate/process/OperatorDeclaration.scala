@@ -10,7 +10,7 @@ import org.apache.spark.sql.types._
 import org.json4s._
 import org.json4s.jackson.JsonMethods
 
-import io.keyedstate.KeyedStateStore
+import io.keyedstate.TaskStateStore
 import io.keyedstate.checkpoint.CheckpointStore
 import io.keyedstate.conf.KeyedStateErrors
 import io.keyedstate.errors.ErrorId
@@ -102,7 +102,7 @@ object OperatorDeclaration {
       case None => declared.function == stored.function
     }
     if (!sameOperator) {
-      throw new KeyedProcessError(ErrorId.KeyedFunctionUidChanged,
+      throw KeyedStateErrors.badArgument(ErrorId.KeyedFunctionUidChanged,
         s"$operator holds the state of keyed function ${stored.describe}, and the query now runs " +
           s"${declared.describe} there: operator ids follow the order in which the query applies its keyed " +
           "functions, so functions were reordered, added or removed, or the uid changed. Keep the keyed functions " +
@@ -112,7 +112,7 @@ object OperatorDeclaration {
     val oldKey = stored.keySchema.fields.map(f => (f.name, f.dataType))
     val newKey = declared.keySchema.fields.map(f => (f.name, f.dataType))
     if (!oldKey.sameElements(newKey)) {
-      throw new KeyedProcessError(ErrorId.KeyedFunctionKeyChanged,
+      throw KeyedStateErrors.badArgument(ErrorId.KeyedFunctionKeyChanged,
         s"$operator was keyed by [${keyDescription(stored.keySchema)}] on this checkpoint and is now keyed by " +
           s"[${keyDescription(declared.keySchema)}]; the key of a keyed function cannot change on an existing " +
           "checkpoint (key_by the old columns, or start a new checkpoint)")
@@ -120,7 +120,7 @@ object OperatorDeclaration {
     declared.states.foreach { now =>
       stored.states.find(_.name == now.name).foreach { was =>
         if (was.kind != now.kind || was.valueType != now.valueType || was.mapKeyType != now.mapKeyType) {
-          throw new KeyedProcessError(ErrorId.KeyedFunctionStateChanged,
+          throw KeyedStateErrors.badArgument(ErrorId.KeyedFunctionStateChanged,
             s"state '${now.name}' (column family '${now.toVar.columnFamily}') of $operator was stored as " +
               s"${was.describe} and is now declared as ${now.describe}; a state's kind and type cannot change on " +
               "an existing checkpoint (use a new state name)")
@@ -139,7 +139,7 @@ object OperatorDeclaration {
   }
 
   private def missing(manifest: Path, version: Long, operatorId: Long): Nothing =
-    throw new KeyedProcessError(ErrorId.KeyedFunctionDeclarationMissing,
+    throw KeyedStateErrors.badArgument(ErrorId.KeyedFunctionDeclarationMissing,
       s"state version $version of stateful operator $operatorId has no keyed function declaration in its " +
         s"manifest $manifest, so its states cannot be read safely: it was written by a keyedstate build from " +
         "before declarations were kept in manifests, or by an operator that is not a keyed function. Start a new " +
@@ -149,7 +149,7 @@ object OperatorDeclaration {
    * In each task, before any state is read: checks the loaded version's declaration and declares
    * the reconciled one, committed with the batch. A version after the first without one is refused.
    */
-  def checkAndDeclare(store: KeyedStateStore, declared: OperatorDeclaration, operatorId: Long, partition: Int): Unit = {
+  def checkAndDeclare(store: TaskStateStore, declared: OperatorDeclaration, operatorId: Long, partition: Int): Unit = {
     // Every batch after the first finds the very declaration it declares: nothing to parse.
     if (store.declaration.contains(declared.toJson)) return
     val stored = store.declaration.flatMap(fromJson(_, s"manifest ${store.loadedManifest}"))

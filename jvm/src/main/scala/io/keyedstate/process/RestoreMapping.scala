@@ -13,7 +13,7 @@ import org.apache.spark.sql.types.StructType
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.{JsonMethods, Serialization}
 
-import io.keyedstate.KeyedStateStore
+import io.keyedstate.TaskStateStore
 import io.keyedstate.checkpoint.BootstrappedState
 import io.keyedstate.conf.KeyedStateErrors
 import io.keyedstate.errors.ErrorId
@@ -93,13 +93,13 @@ object RestoreMapping {
     }
     if (!pending.allowNonRestoredState) {
       dropped.headOption.foreach { f =>
-        throw new KeyedProcessError(ErrorId.KeyedFunctionStateNotRestored, s"the savepoint restored into " +
+        throw KeyedStateErrors.badArgument(ErrorId.KeyedFunctionStateNotRestored, s"the savepoint restored into " +
           s"${checkpointState.getParent} holds the state of keyed function ${f.describe} (operator ${f.operatorId} there), " +
           s"and the query has no keyed function ${f.uid.fold(s"of class ${f.function} at operator ${f.operatorId}")(u => s"with uid '$u'")}; " +
           "restore with allow_non_restored_state=True (--allow-non-restored-state) to drop its state")
       }
       removedStates.headOption.foreach { case (f, s) =>
-        throw new KeyedProcessError(ErrorId.KeyedFunctionStateNotRestored, s"state '$s' of keyed function " +
+        throw KeyedStateErrors.badArgument(ErrorId.KeyedFunctionStateNotRestored, s"state '$s' of keyed function " +
           s"${f.describe} is in the savepoint restored into ${checkpointState.getParent}, and the function no longer declares " +
           "it; restore with allow_non_restored_state=True (--allow-non-restored-state) to leave it unread")
       }
@@ -209,7 +209,7 @@ object RestoreMapping {
       try {
         val store = provider.getStore(batch, None, forceSnapshotOnCommit = true, loadEmpty = true)
         try {
-          store.asInstanceOf[KeyedStateStore].declare(declaration.toJson)
+          store.asInstanceOf[TaskStateStore].declare(declaration.toJson)
           store.commit()
         } finally if (!store.hasCommitted) store.abort()
       } finally provider.close()

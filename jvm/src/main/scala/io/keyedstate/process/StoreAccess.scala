@@ -4,8 +4,8 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.state._
 
-import io.keyedstate.KeyedStateStore
-import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.TaskStateStore
+import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
 import io.keyedstate.errors.ErrorId
 import io.keyedstate.rocks.LocalRocksDB
 
@@ -20,7 +20,7 @@ private[process] object StoreAccess {
       layout: StateLayout,
       declaration: OperatorDeclaration,
       storeConf: StateStoreConf,
-      hadoopConf: Configuration): KeyedStateStore = {
+      hadoopConf: Configuration): TaskStateStore = {
     val providerId = StateStoreProviderId(
       StateStoreId(info.checkpointLocation, info.operatorId, partition, StateStoreId.DEFAULT_STORE_NAME),
       info.queryRunId)
@@ -28,7 +28,7 @@ private[process] object StoreAccess {
     val store = StateStore.get(providerId, layout.keySchema, layout.defaultValueSchema,
       NoPrefixKeyStateEncoderSpec(layout.keySchema), info.storeVersion, checkpointId, None,
       useColumnFamilies = true, storeConf, hadoopConf, useMultipleValuesPerKey = true) match {
-      case s: KeyedStateStore => s
+      case s: TaskStateStore => s
       case other => // the planner refuses other providers (KeyedProcessOperators.checkProvider)
         other.abort()
         throw new IllegalStateException(s"keyed functions need keyedstate's provider, got ${other.getClass.getName}")
@@ -67,7 +67,7 @@ private[keyedstate] object StoreOptions {
         c.refreshOnRead || (c.enabled && c.cleanupIncrementalEveryRecord && c.cleanupIncrementalSize > 0)
       }
       if (writingReads.nonEmpty) {
-        throw new KeyedProcessError(ErrorId.KeyedFunctionPipelinedRunner,
+        throw KeyedStateErrors.badArgument(ErrorId.KeyedFunctionPipelinedRunner,
           s"state ${writingReads.map(v => s"'${v.name}'").mkString(", ")} of keyed function ${spec.functionName} " +
             s"cleans up expired entries on every record, its reads included, and with $PipelinedRunnerKey=true " +
             "Spark reads in the Python writer thread while the task thread writes the same store. Start the " +

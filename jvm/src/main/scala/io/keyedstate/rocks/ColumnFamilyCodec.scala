@@ -90,8 +90,7 @@ final class ColumnFamilyCodec(
   def rowOf(bytes: Array[Byte], e: TtlValueCodec.Element): UnsafeRow = rowOf(bytes, e.offset, e.length)
 
   private def rowOf(bytes: Array[Byte], offset: Int, length: Int): UnsafeRow = {
-    if (length < 0) throw new IllegalStateException(
-      s"Corrupt stored value (${bytes.length} bytes) in column family '$name'")
+    if (length < 0) TtlValueCodec.corrupt(bytes, name)
     val row = new UnsafeRow(numValueFields)
     // Bytes from RocksDB are fresh arrays: point into them (as Spark's own value decoder does).
     row.pointTo(bytes, Platform.BYTE_ARRAY_OFFSET + offset, length)

@@ -112,7 +112,8 @@ final class LocalRocksDB private (
   private def holding[T](family: GuardedHandle, op: String)(body: => T): T = {
     if (!family.tryAcquire()) {
       if (closing.get()) throw closedError(op)
-      throw new IllegalStateException(s"Cannot $op: column family '${family.name}' of RocksDB at $dir was dropped")
+      throw KeyedStateErrors.badState(ErrorId.UnsupportedOperation,
+        s"Cannot $op: column family '${family.name}' of RocksDB at $dir was dropped")
     }
     try body finally family.release()
   }
@@ -137,7 +138,8 @@ final class LocalRocksDB private (
         lastUsed = family
         family
       case _ if closing.get() => throw closedError(op)
-      case _ => throw new IllegalStateException(s"Cannot $op: column family '$cf' does not exist in RocksDB at $dir")
+      case _ => throw KeyedStateErrors.badState(ErrorId.UnsupportedOperation,
+        s"Cannot $op: column family '$cf' does not exist in RocksDB at $dir")
     }
   }
 
@@ -679,20 +681,14 @@ final class SstWriter(val file: File, options: Options) extends AutoCloseable {
   private val writer = new SstFileWriter(envOptions, options)
   private var opened = false
   private var count = 0L
-  private var bytes = 0L
 
-  def put(key: Array[Byte], value: Array[Byte]): Unit = { open(); writer.put(key, value); added(key, value) }
-  def merge(key: Array[Byte], operand: Array[Byte]): Unit = { open(); writer.merge(key, operand); added(key, operand) }
-  def delete(key: Array[Byte]): Unit = { open(); writer.delete(key); added(key, Array.emptyByteArray) }
+  def put(key: Array[Byte], value: Array[Byte]): Unit = { open(); writer.put(key, value); count += 1 }
+  def merge(key: Array[Byte], operand: Array[Byte]): Unit = { open(); writer.merge(key, operand); count += 1 }
+  def delete(key: Array[Byte]): Unit = { open(); writer.delete(key); count += 1 }
 
   private def open(): Unit = if (!opened) { writer.open(file.getAbsolutePath); opened = true }
-  private def added(key: Array[Byte], value: Array[Byte]): Unit = {
-    count += 1
-    bytes += key.length + value.length
-  }
 
   def entries: Long = count
-  def rawBytes: Long = bytes
 
   def finish(): Long = {
     if (opened) writer.finish()

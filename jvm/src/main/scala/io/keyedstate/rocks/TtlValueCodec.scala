@@ -6,6 +6,9 @@ import scala.collection.mutable.ArrayBuffer
 
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 
+import io.keyedstate.conf.KeyedStateErrors
+import io.keyedstate.errors.ErrorId
+
 /**
  * The stored value layout that carries each entry's last-access timestamp (as Flink's
  * `TtlValue`: 8 bytes, big-endian, before the user bytes). Every value is stamped, with or
@@ -84,6 +87,7 @@ object TtlValueCodec {
     out
   }
 
-  private def corrupt(bytes: Array[Byte], cf: String): Nothing =
-    throw new IllegalStateException(s"Corrupt stored value (${bytes.length} bytes) in column family '$cf'")
+  private[rocks] def corrupt(bytes: Array[Byte], cf: String): Nothing =
+    throw KeyedStateErrors.badState(ErrorId.StoredValueCorrupt,
+      s"Corrupt stored value (${bytes.length} bytes) in column family '$cf': it does not decode as the family's format")
 }

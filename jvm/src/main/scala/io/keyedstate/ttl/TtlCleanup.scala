@@ -185,9 +185,6 @@ final class TtlCleanup(inst: TtlCleanupTarget, ttl: TtlState, initialCursors: Ma
       next = candidates.poll()
     }
   }
-
-  /** Background findings not yet handed to a commit (tests). */
-  def pendingCandidates: Int = candidateCount.get
 }
 
 object TtlCleanup {

@@ -97,7 +97,4 @@ object TtlClock extends Logging {
   private def exists(fs: FileSystem, path: Path): Boolean =
     try fs.exists(path)
     catch { case NonFatal(_) => false }
-
-  /** For tests that rewrite a batch's offset entry. */
-  private[keyedstate] def clearCache(): Unit = cache.clear()
 }

@@ -26,5 +26,4 @@ final case class TtlStats(
     case CleanupStrategy.Compaction => copy(removedCompaction = removedCompaction + n)
     case CleanupStrategy.Background => copy(removedBackground = removedBackground + n)
   }
-  def totalRemoved: Long = removedFullSnapshot + removedIncremental + removedCompaction + removedBackground
 }

@@ -1,11 +1,12 @@
 package org.apache.spark.sql.keyedstate
 
+import org.apache.spark.SparkException
 import org.apache.spark.sql.errors.QueryExecutionErrors
 import org.apache.spark.sql.execution.streaming.state.StateStoreErrors
 
 /**
  * Spark's own state-store errors (`private[sql]` factories), for keyedstate's provider: code
- * that catches Spark's error classes works with it. io.keyedstate.KeyedStateErrors decides
+ * that catches Spark's error classes works with it. io.keyedstate.conf.KeyedStateErrors decides
  * which one each failure is.
  */
 object StateStoreErrorsBridge {
@@ -14,6 +15,23 @@ object StateStoreErrorsBridge {
 
   /** `CANNOT_LOAD_STATE_STORE.*` with `cause` (Spark keeps a cause that already has the class). */
   def cannotLoad(cause: Throwable): Throwable = StateStoreErrors.cannotLoadStore(cause)
+
+  /** `CANNOT_LOAD_STATE_STORE.CANNOT_READ_STREAMING_STATE_FILE`, naming the file as Spark's RocksDB provider does. */
+  def stateFileMissing(file: org.apache.hadoop.fs.Path, cause: Throwable): Throwable =
+    QueryExecutionErrors.failedToReadStreamingStateFileError(file, cause)
+
+  /** `CANNOT_LOAD_STATE_STORE.UNEXPECTED_FILE_SIZE` (Spark's factory takes no cause: built with one). */
+  def unexpectedFileSize(dfsFile: org.apache.hadoop.fs.Path, localFile: java.io.File, expected: Long, found: Long,
+      cause: Throwable): Throwable =
+    new SparkException("CANNOT_LOAD_STATE_STORE.UNEXPECTED_FILE_SIZE", Map("dfsFile" -> dfsFile.toString,
+      "localFile" -> localFile.toString, "expectedSize" -> expected.toString, "localFileSize" -> found.toString), cause)
+
+  /** `CANNOT_LOAD_STATE_STORE.UNRELEASED_THREAD_ERROR`: a partition another task still holds. */
+  def unreleasedThread(store: String, thread: String, operation: String, holder: String, waitedMs: Long,
+      cause: Throwable): Throwable =
+    new SparkException("CANNOT_LOAD_STATE_STORE.UNRELEASED_THREAD_ERROR", Map("loggingId" -> store,
+      "newAcquiredThreadInfo" -> thread, "operationType" -> operation, "acquiredThreadInfo" -> holder,
+      "timeWaitedMs" -> waitedMs.toString, "stackTraceOutput" -> ""), cause)
 
   /** `CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT`. */
   def cannotCommit(store: String, cause: Throwable): Throwable =
@@ -42,4 +60,5 @@ object StateStoreErrorsBridge {
     error.initCause(cause)
     error
   }
+
 }

@@ -12,10 +12,10 @@ import io.keyedstate.conf.KeyedStateErrors
 import io.keyedstate.errors.ErrorId
 import io.keyedstate.rocks.{ClosableIterator, ColumnFamilyCodec}
 
-private[keyedstate] object KeyedStateStore {
+private[keyedstate] object TaskStateStore {
   /** A prefix scan with more entries than this does not teach the key count's memo. */
   val MaxScanRemembered = 10000
-  /** A stamp [[KeyedStateStore.putStamped]] replaces with the batch's time (a table row without one). */
+  /** A stamp [[TaskStateStore.putStamped]] replaces with the batch's time (a table row without one). */
   val Unstamped: Long = Long.MinValue
 }
 
@@ -26,7 +26,7 @@ private[keyedstate] object KeyedStateStore {
  * short-lived view of it for one task, holding the instance it was opened on (no provider lock
  * per read or write).
  */
-final class KeyedStateStore private[keyedstate] (
+final class TaskStateStore private[keyedstate] (
     provider: KeyedStateStoreProvider,
     state: StoreInstance,
     override val version: Long,
@@ -62,7 +62,7 @@ final class KeyedStateStore private[keyedstate] (
   }
 
   /** Turns this read store into the write store of the same loaded version (no reload). */
-  private[keyedstate] def upgradeToWritable(forceSnapshot: Boolean): KeyedStateStore = {
+  private[keyedstate] def upgradeToWritable(forceSnapshot: Boolean): TaskStateStore = {
     checkOpen("upgrade")
     writable = true
     snapshotOnCommit = forceSnapshot
@@ -152,7 +152,7 @@ final class KeyedStateStore private[keyedstate] (
         val entry = raw.next()
         if (!settled) {
           seen += entry._1
-          if (seen.length > KeyedStateStore.MaxScanRemembered) { settled = true; seen.clear() }
+          if (seen.length > TaskStateStore.MaxScanRemembered) { settled = true; seen.clear() }
         }
         entry
       }
@@ -296,7 +296,7 @@ final class KeyedStateStore private[keyedstate] (
     requireValues(values, "put", cf)
     val codec = state.codec(cf, "put")
     lazy val now = state.ttl.stamp(cf)
-    val resolved = stamps.map(s => if (s == KeyedStateStore.Unstamped) now else s)
+    val resolved = stamps.map(s => if (s == TaskStateStore.Unstamped) now else s)
     state.write(cf, codec.encodeKey(key), codec.encodeStamped(values, resolved), merge = false)
   }
 
@@ -377,5 +377,5 @@ final class KeyedStateStore private[keyedstate] (
     checkpointInfo
   }
 
-  override def toString: String = s"KeyedStateStore[$id, version=$version, ${phase.toString.toLowerCase}]"
+  override def toString: String = s"TaskStateStore[$id, version=$version, ${phase.toString.toLowerCase}]"
 }
