@@ -372,7 +372,7 @@ def test_every_jvm_identifier_has_its_family_class(spark: SparkSession) -> None:
         names.add(name)
     assert names == set(ERROR_CLASSES)
 
-    disk = jvm.io.keyedstate.conf.LocalDiskException(
+    disk = jvm.io.keyedstate.errors.LocalDiskException(
         "Cannot write the state changelog /x/keyedstate/c.log: No space left on device",
         jvm.java.io.IOException("No space left on device"),
     )

@@ -82,7 +82,7 @@ JVM_LAYERS = [
     {"checkpoint.restore"},
     {"metrics"},
     {""},
-    {"process"},
+    {"engine"},
     # The offline operations on a query's checkpoint: one reader and one writer of it in
     # ``offline``, each operation in a package of its own above them.
     {"offline"},

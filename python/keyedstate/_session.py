@@ -16,8 +16,8 @@ from keyedstate.errors import InvalidOptionError
 
 PROVIDER_CLASS = "io.keyedstate.KeyedStateStoreProvider"
 PROVIDER_CLASS_KEY = "spark.sql.streaming.stateStore.providerClass"
-# Plans the Python API's keyed functions (io.keyedstate.process): a static setting.
-EXTENSIONS_CLASS = "io.keyedstate.process.KeyedStateExtensions"
+# Plans the Python API's keyed functions (io.keyedstate.engine): a static setting.
+EXTENSIONS_CLASS = "io.keyedstate.engine.KeyedStateExtensions"
 EXTENSIONS_KEY = "spark.sql.extensions"
 OPTION_PREFIX = "spark.sql.streaming.stateStore.keyedstate."
 

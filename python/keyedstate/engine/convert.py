@@ -3,7 +3,7 @@
 Each element is a named tuple of the input columns. Outputs are tuples (or dicts, or single
 values) checked against the output schema column by column, so a wrong value fails with the
 column's name instead of an Arrow error; they leave with the key's state changes in one Arrow
-schema (io.keyedstate.process.Exchange.outSchema).
+schema (io.keyedstate.engine.Exchange.outSchema).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from keyedstate.state.types import StateTypeError
 
 __all__ = ["OutputRows", "output_tuple"]
 
-# Row kinds going back to the JVM (io.keyedstate.process.Exchange; timer rows are the runner's).
+# Row kinds going back to the JVM (io.keyedstate.engine.Exchange; timer rows are the runner's).
 OUTPUT, KEY_CHANGES, OPERATOR_STATES = range(3)
 
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)

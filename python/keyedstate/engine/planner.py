@@ -435,7 +435,7 @@ def build(
     }
     spec_json = json.dumps(spec)
     jvm = spark._jvm  # type: ignore[attr-defined]
-    engine = jvm.io.keyedstate.process.KeyedProcess
+    engine = jvm.io.keyedstate.engine.KeyedProcess
     out_schema = T.StructType.fromJson(
         json.loads(engine.outSchemaJson(spec_json, df.schema.json()))
     )

@@ -31,7 +31,7 @@ from keyedstate.state.descriptors import StateDescriptor, StateUsageError
 
 __all__ = ["KeyedRunner", "RunnerPlan", "StatePlan"]
 
-# Row kinds (io.keyedstate.process.Exchange).
+# Row kinds (io.keyedstate.engine.Exchange).
 IN_BATCH, IN_KEY, IN_EVENT_TIMER, IN_PROC_TIMER, IN_ELEMENT, IN_OPERATOR_STATE = range(6)
 REGISTER_EVENT, REGISTER_PROC, DELETE_EVENT, DELETE_PROC = range(5, 9)
 # What a key's change row does to one state variable (its __ks_op<i> cell; None: unchanged).

@@ -73,7 +73,7 @@ SAVEPOINT_METADATA = "_savepoint.json"
 DEFAULT_STORE = "default"
 DEFAULT_COLUMN_FAMILY = "default"
 OPERATOR_STATE_PREFIX = "$op_"  # rocks.KeyGroups.PartitionLocalPrefix
-TIMER_FAMILIES = ("$eventTimers", "$procTimers")  # process.StateLayout
+TIMER_FAMILIES = ("$eventTimers", "$procTimers")  # engine.StateLayout
 _MANIFEST_NAME = re.compile(r"^(\d+)(?:_(.+))?\.manifest$")
 _CHUNK = 1 << 20
 

@@ -19,8 +19,8 @@ import io.keyedstate.checkpoint.{CheckpointStore, LocalFileCache, LocalFiles, Re
 import io.keyedstate.checkpoint.commit.{CommitStats, SnapshotStrategy, VersionLineage}
 import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
 import io.keyedstate.checkpoint.retention.RetentionCleaner
-import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.metrics.KeyedStateMetrics
 import io.keyedstate.rocks.LocalRocksDB
 import io.keyedstate.ttl.{TtlClock, TtlStats}

@@ -11,8 +11,8 @@ import org.json4s.JValue
 
 import io.keyedstate.checkpoint.ManifestColumnFamily
 import io.keyedstate.checkpoint.commit.Changelog
-import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors, TtlConfig}
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.conf.{KeyedStateConf, TtlConfig}
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.rocks.{ColumnFamilyCodec, LocalRocksDB}
 import io.keyedstate.ttl.{TtlCleanup, TtlCleanupTarget, TtlState}
 

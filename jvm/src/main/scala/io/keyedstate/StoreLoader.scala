@@ -13,8 +13,9 @@ import org.json4s.JValue
 import io.keyedstate.checkpoint.{BootstrappedState, ChangelogFile, CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, VersionManifest}
 import io.keyedstate.checkpoint.commit.{Changelog, SnapshotStrategy, VersionLineage}
 import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
-import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
+import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.rocks.LocalRocksDB
+import io.keyedstate.errors.KeyedStateErrors
 
 /** The schema of a provider's default column family, as Spark declared it in `init`. */
 private[keyedstate] final case class StoreSchema(

@@ -8,8 +8,7 @@ import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 import org.json4s.JValue
 
-import io.keyedstate.conf.KeyedStateErrors
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.rocks.{ClosableIterator, ColumnFamilyCodec}
 
 private[keyedstate] object TaskStateStore {

@@ -9,8 +9,8 @@ import org.apache.spark.sql.types._
 import org.apache.spark.unsafe.types.UTF8String
 import org.scalatest.funsuite.AnyFunSuite
 
-import io.keyedstate.conf.{CheckpointFileException, KeyedStateConf, KeyedStateErrors}
-import io.keyedstate.errors.{ErrorFamily, ErrorId, KeyedStateError}
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.{CheckpointFileException, ErrorFamily, ErrorId, KeyedStateError, KeyedStateErrors}
 
 /** The provider against the 4.3 contract, on real RocksDB and a real local Hadoop file system. */
 class KeyedStateStoreProviderSuite extends AnyFunSuite with ProviderFixture {

@@ -14,7 +14,8 @@ import org.scalatest.funsuite.AnyFunSuite
 
 import io.keyedstate.checkpoint.{CheckpointStore, ManifestFile}
 import io.keyedstate.checkpoint.commit.Changelog
-import io.keyedstate.conf.{KeyedStateConf, LocalDiskException}
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.LocalDiskException
 
 /**
  * The executor's local disk failing under the provider (tests/test_storage_outages.py fills a

@@ -12,7 +12,7 @@ import org.apache.hadoop.fs.permission.FsPermission
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.checkpointing.{CheckpointFileManager, FileContextBasedCheckpointFileManager}
 
-import io.keyedstate.conf.{CheckpointFileException, KeyedStateErrors, LocalDiskException}
+import io.keyedstate.errors.{CheckpointFileException, KeyedStateErrors, LocalDiskException}
 
 /** A manifest (or snapshot descriptor) found in the store directory. */
 final case class ManifestRef(version: Long, checkpointId: Option[String], path: Path, modificationTime: Long)

@@ -3,7 +3,8 @@ package io.keyedstate.checkpoint
 import java.io.{File, FileOutputStream, IOException, OutputStream}
 import java.util.concurrent.TimeUnit
 
-import io.keyedstate.conf.KeyedStateErrors
+import io.keyedstate.errors.KeyedStateErrors
+import io.keyedstate.conf.KeyedStateConf
 
 private[keyedstate] object LocalFiles {
   def deleteRecursively(f: File): Unit = {
@@ -25,7 +26,7 @@ private[keyedstate] object LocalFiles {
     try body
     catch {
       case e: IOException if !e.isInstanceOf[java.nio.file.NoSuchFileException] =>
-        throw KeyedStateErrors.localDiskWrite(what, file, e)
+        throw KeyedStateErrors.localDiskWrite(what, file, KeyedStateConf.localDirOf(file), KeyedStateConf.LocalDirKey, e)
     }
 }
 

@@ -7,8 +7,7 @@ import org.apache.hadoop.fs.{FileContext, Options, Path}
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
-import io.keyedstate.conf.KeyedStateErrors
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 
 /**
  * The record of a rescale in progress, at `<checkpoint>/.keyedstate-rescale/journal.json`.

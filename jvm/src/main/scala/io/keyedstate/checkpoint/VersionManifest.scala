@@ -40,7 +40,7 @@ final case class ManifestColumnFamily(
  * the incremental TTL cleanup's position per column family (hex of the last key checked).
  * `declaration` is what the operator that wrote the version declares about its state, kept with
  * the state so that the two cannot be lost apart (a keyed function: its key columns and each
- * state's kind and type, checked before the state is read; see `process.OperatorDeclaration`);
+ * state's kind and type, checked before the state is read; see `engine.OperatorDeclaration`);
  * opaque to the store, carried from version to version, absent for Spark's own operators.
  *
  * Format 3: stored values carry an 8-byte last-access stamp (see `ttl.TtlValueCodec`), and stored

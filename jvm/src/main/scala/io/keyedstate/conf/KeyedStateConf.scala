@@ -5,6 +5,8 @@ import java.util.Locale
 
 import org.apache.spark.sql.execution.streaming.state.StateStoreConf
 
+import io.keyedstate.errors.KeyedStateErrors
+
 /**
  * The provider's options, read from the session under `spark.sql.streaming.stateStore.keyedstate.*`
  * (Spark hands every `spark.sql.streaming.stateStore.*` key to the provider through
@@ -37,6 +39,14 @@ object KeyedStateConf {
 
   /** The folder keyedstate creates in its local directory (`<localDir>/keyedstate/jvm-<uuid>`). */
   val LocalSubdir = "keyedstate"
+  val LocalDirKey: String = Prefix + "localDir"
+
+  /** The local directory keyedstate was given, for a file under it: the parent of its `keyedstate/` folder. */
+  def localDirOf(file: java.io.File): java.io.File =
+    Iterator.iterate(file.getAbsoluteFile)(_.getParentFile).takeWhile(_ != null)
+      .find(f => f.getName == LocalSubdir && f.getParentFile != null)
+      .map(_.getParentFile)
+      .getOrElse(file.getAbsoluteFile.getParentFile)
 
   val Compressions: Seq[String] = Seq("none", "snappy", "lz4", "zstd")
   /** The codecs of changelog files (`checkpoint.commit.Changelog.Codec`). */

@@ -2,6 +2,8 @@ package io.keyedstate.conf
 
 import java.util.Locale
 
+import io.keyedstate.errors.KeyedStateErrors
+
 /** Flink's `StateTtlConfig.UpdateType`: which accesses restart an entry's time to live. */
 sealed abstract class UpdateType(val name: String) extends Serializable
 object UpdateType {

@@ -22,9 +22,9 @@ import org.json4s.jackson.JsonMethods
 
 import io.keyedstate.{TaskStateStore, KeyedStateStoreProvider}
 import io.keyedstate.checkpoint.{BootstrappedState, CheckpointStore}
-import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
-import io.keyedstate.errors.ErrorId
-import io.keyedstate.process.StateKind
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
+import io.keyedstate.engine.StateKind
 import io.keyedstate.rocks.{KeyGroupHasher, KeyGroups}
 
 /**

@@ -5,12 +5,13 @@ import java.nio.charset.StandardCharsets.UTF_8
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileSystem, FileUtil, Path}
 import org.apache.spark.sql.execution.streaming.state.StateStoreId
+import org.apache.spark.sql.internal.SQLConf
 import org.json4s._
 import org.json4s.jackson.JsonMethods.{compact, parse, render}
 
+import io.keyedstate.KeyedStateStoreProvider
 import io.keyedstate.checkpoint.{CheckpointStore, RescaleJournal}
-import io.keyedstate.conf.KeyedStateErrors
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 
 /** One state store partition directory of a checkpoint. */
 final case class StoreRef(operatorId: Int, storeName: String, partition: Int) {
@@ -271,8 +272,8 @@ object QueryCheckpoint {
   /** Where a rescale keeps its journal and staging files, under the checkpoint root. */
   val RescaleDir: String = RescaleJournal.Dir
 
-  val ProviderKey = "spark.sql.streaming.stateStore.providerClass"
-  val PartitionsKey = "spark.sql.shuffle.partitions"
-  val OurProvider = "io.keyedstate.KeyedStateStoreProvider"
-  val SparkDefaultProvider = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+  val ProviderKey: String = SQLConf.STATE_STORE_PROVIDER_CLASS.key
+  val PartitionsKey: String = SQLConf.SHUFFLE_PARTITIONS.key
+  val OurProvider: String = classOf[KeyedStateStoreProvider].getName
+  val SparkDefaultProvider = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider" // private[sql]
 }

@@ -9,7 +9,7 @@ import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
 import io.keyedstate.checkpoint.CheckpointStore
-import io.keyedstate.conf.KeyedStateErrors
+import io.keyedstate.errors.KeyedStateErrors
 
 /** A file of a savepoint, relative to its root, with its size and CRC32C. */
 final case class SavepointFile(path: String, size: Long, crc32c: Long)

@@ -20,9 +20,8 @@ import org.apache.spark.sql.types._
 import org.apache.spark.util.SerializableConfiguration
 
 import io.keyedstate.TaskStateStore
-import io.keyedstate.conf.KeyedStateErrors
-import io.keyedstate.errors.ErrorId
-import io.keyedstate.process.StateKind
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
+import io.keyedstate.engine.StateKind
 
 /**
  * `keyedstate.state.read` (docs/state-processor.md): one table of a checkpoint's state (a native

@@ -8,10 +8,9 @@ import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types._
 import org.json4s.jackson.JsonMethods
 
-import io.keyedstate.conf.KeyedStateErrors
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 
-import io.keyedstate.process._
+import io.keyedstate.engine._
 
 /**
  * One table of a checkpoint's state, as `keyedstate.state.read` returns it and a canonical

@@ -10,8 +10,8 @@ import org.apache.hadoop.fs.Path
 import io.keyedstate.KeyedStateStoreProvider
 import io.keyedstate.checkpoint.{CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, VersionManifest}
 import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
-import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.rocks.{KeyGroups, LocalRocksDB}
 
 /**

@@ -10,8 +10,8 @@ import scala.jdk.CollectionConverters._
 
 import org.rocksdb._
 
-import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors, LocalDiskException}
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors, LocalDiskException}
 
 /**
  * The working RocksDB instance of one state store partition, on local disk.
@@ -886,7 +886,8 @@ object LocalRocksDB {
     // rocksdbjni has no sub-code for RocksDB's PathNotFound: a missing file reads ENOENT's text.
     val missingFile = Option(e.getMessage).exists(_.contains("No such file or directory"))
     if (status != null && status.getCode == Status.Code.IOError && !missingFile) {
-      KeyedStateErrors.localDiskWrite("the working RocksDB instance", dir, e)
+      KeyedStateErrors.localDiskWrite("the working RocksDB instance", dir, KeyedStateConf.localDirOf(dir),
+        KeyedStateConf.LocalDirKey, e)
     } else e
   }
 

@@ -6,8 +6,7 @@ import scala.collection.mutable.ArrayBuffer
 
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 
-import io.keyedstate.conf.KeyedStateErrors
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 
 /**
  * The stored value layout that carries each entry's last-access timestamp (as Flink's

@@ -11,8 +11,8 @@ import org.apache.spark.internal.Logging
 import org.json4s._
 import org.json4s.jackson.JsonMethods
 
-import io.keyedstate.conf.{KeyedStateErrors, TimeCharacteristic}
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.conf.TimeCharacteristic
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 
 /**
  * The time of one micro-batch, as the query recorded it in its offset log before running it:

@@ -7,7 +7,7 @@ import java.util.zip.CRC32C
 import org.apache.hadoop.conf.Configuration
 import org.scalatest.funsuite.AnyFunSuite
 
-import io.keyedstate.conf.CheckpointFileException
+import io.keyedstate.errors.CheckpointFileException
 
 /**
  * The checkpoint store on its own, on Hadoop's local file system: uploads and downloads with

@@ -12,7 +12,7 @@ import org.apache.hadoop.fs.Path
 import org.scalatest.funsuite.AnyFunSuite
 
 import io.keyedstate.{FaultyFileSystem, RenameReturnsFalseFileSystem}
-import io.keyedstate.conf.CheckpointFileException
+import io.keyedstate.errors.CheckpointFileException
 
 /**
  * The manifest protocol: a version exists exactly when its manifest does; names under checkpoint

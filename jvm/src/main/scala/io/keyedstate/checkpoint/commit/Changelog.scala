@@ -9,7 +9,7 @@ import com.github.luben.zstd.{RecyclingBufferPool, ZstdInputStreamNoFinalizer, Z
 import net.jpountz.lz4.{LZ4BlockInputStream, LZ4BlockOutputStream}
 
 import io.keyedstate.checkpoint.LocalFileOutput
-import io.keyedstate.conf.{CheckpointFileException, KeyedStateErrors}
+import io.keyedstate.errors.{CheckpointFileException, KeyedStateErrors}
 import io.keyedstate.rocks.LocalRocksDB
 
 /**

@@ -9,8 +9,9 @@ import org.apache.spark.internal.Logging
 
 import io.keyedstate.checkpoint.{CheckpointStore, LocalFileCache, LocalFiles, ManifestFile, Transfers, VersionManifest}
 import io.keyedstate.checkpoint.commit.Changelog
-import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors, LocalDiskException}
+import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.rocks.LocalRocksDB
+import io.keyedstate.errors.{KeyedStateErrors, LocalDiskException}
 
 /** What one load did. */
 final case class LoadStats(

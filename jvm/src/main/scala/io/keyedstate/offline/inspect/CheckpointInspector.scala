@@ -6,8 +6,8 @@ import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
 import io.keyedstate.checkpoint.CheckpointStore
-import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.rocks.KeyGroups
 import io.keyedstate.offline.{OfflineJob, QueryCheckpoint, StoreRef, StoreVersions}
 

@@ -16,8 +16,8 @@ import io.keyedstate.KeyedStateStoreProvider
 import io.keyedstate.checkpoint.{CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, Transfers, VersionManifest}
 import io.keyedstate.checkpoint.commit.SnapshotStrategy
 import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
-import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.rocks.{KeyGroups, LocalRocksDB, SstWriter}
 import io.keyedstate.offline.{OfflineJob, StoreRef, StoreVersions}
 

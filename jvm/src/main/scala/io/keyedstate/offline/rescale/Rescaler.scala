@@ -10,8 +10,8 @@ import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
 import io.keyedstate.checkpoint.{LeaseHolder, RescaleJournal, StoreLease}
-import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.offline.{CheckpointWriter, OfflineJob, QueryCheckpoint, StoreRef}
 
 /** What a rescale did. */

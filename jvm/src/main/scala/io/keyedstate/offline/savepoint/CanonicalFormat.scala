@@ -6,8 +6,7 @@ import org.apache.spark.sql.{DataFrame, SparkSession}
 import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.json4s.jackson.JsonMethods
 
-import io.keyedstate.conf.KeyedStateErrors
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.offline.{CheckpointWriter, QueryCheckpoint, SavepointFile, SavepointMetadata, SavepointOperator,
   SavepointTable, StateReader, StateTable, StateTables}
 

@@ -6,8 +6,8 @@ import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.execution.streaming.state.StateStoreId
 
 import io.keyedstate.checkpoint.CheckpointStore
-import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.offline.{CheckpointWriter, OfflineJob, QueryCheckpoint, SavepointFile, SavepointMetadata,
   SavepointOperator, StoreRef}
 import io.keyedstate.offline.rescale.Rescaler

@@ -6,8 +6,7 @@ import scala.util.control.NonFatal
 
 import org.apache.hadoop.fs.Path
 
-import io.keyedstate.conf.KeyedStateErrors
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.offline.{QueryCheckpoint, SavepointMetadata}
 
 /**

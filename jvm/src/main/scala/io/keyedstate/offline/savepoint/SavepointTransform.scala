@@ -5,8 +5,7 @@ import org.apache.spark.sql.{DataFrame, SparkSession}
 import org.apache.spark.sql.types.DataType
 import org.json4s.jackson.JsonMethods
 
-import io.keyedstate.conf.KeyedStateErrors
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.offline.{QueryCheckpoint, SavepointMetadata, SavepointOperator, StateReader, StateTable, StateTables}
 
 /** `keyedstate.state.transform` (docs/state-processor.md): a savepoint made from another, changed. */

@@ -9,11 +9,11 @@ import org.apache.spark.SPARK_VERSION
 import org.apache.spark.sql.SparkSession
 
 import io.keyedstate.checkpoint.CheckpointStore
-import io.keyedstate.conf.{CheckpointFileException, KeyedStateConf, KeyedStateErrors}
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.{CheckpointFileException, ErrorId, KeyedStateErrors}
 import io.keyedstate.offline.{QueryCheckpoint, SavepointFile, SavepointMetadata, StateTables}
 import io.keyedstate.offline.rescale.Rescaler
-import io.keyedstate.process.{PendingRestore, RestoreMapping, SavedFunction}
+import io.keyedstate.engine.{PendingRestore, RestoreMapping, SavedFunction}
 
 /** What a restore did. */
 final case class RestoreResult(savepoint: String, checkpoint: String, batchId: Long, fromPartitions: Int,

@@ -6,7 +6,7 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreErrors
 
 /**
  * Spark's own state-store errors (`private[sql]` factories), for keyedstate's provider: code
- * that catches Spark's error classes works with it. io.keyedstate.conf.KeyedStateErrors decides
+ * that catches Spark's error classes works with it. io.keyedstate.errors.KeyedStateErrors decides
  * which one each failure is.
  */
 object StateStoreErrorsBridge {

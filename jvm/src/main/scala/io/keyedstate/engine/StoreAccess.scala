@@ -1,19 +1,19 @@
-package io.keyedstate.process
+package io.keyedstate.engine
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.state._
 
 import io.keyedstate.TaskStateStore
-import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.rocks.LocalRocksDB
 
 /**
  * Opens a keyed function's store for one partition, with every column family it uses, after
  * checking the version's declaration against the function's (see [[OperatorDeclaration]]).
  */
-private[process] object StoreAccess {
+private[engine] object StoreAccess {
   def open(
       info: StatefulOperatorStateInfo,
       partition: Int,

@@ -1,4 +1,4 @@
-package io.keyedstate.process
+package io.keyedstate.engine
 
 import java.util.concurrent.ConcurrentHashMap
 
@@ -9,7 +9,7 @@ import org.apache.spark.sql.execution.streaming.state.StateStore
  * commits it: the store is handed over by (task attempt, operator). Spark's own aggregation
  * hands its store from restore to save the same way.
  */
-private[process] object StoreHandoff {
+private[engine] object StoreHandoff {
   private val stores = new ConcurrentHashMap[(Long, Long), StateStore]()
 
   def put(taskAttemptId: Long, operatorId: Long, store: StateStore): Unit = stores.put((taskAttemptId, operatorId), store)

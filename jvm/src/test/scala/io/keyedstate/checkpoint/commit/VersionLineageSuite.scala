@@ -1,9 +1,11 @@
-package io.keyedstate.checkpoint
+package io.keyedstate.checkpoint.commit
 
 import scala.concurrent.duration._
 
 import org.scalatest.concurrent.Eventually._
 import org.scalatest.funsuite.AnyFunSuite
+
+import io.keyedstate.checkpoint.CheckpointLayerFixture
 
 /**
  * The commit layer on its own: which commits take a snapshot and which start the flush one

@@ -1,4 +1,4 @@
-package io.keyedstate.process
+package io.keyedstate.engine
 
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types._

@@ -1,4 +1,4 @@
-package io.keyedstate.process
+package io.keyedstate.engine
 
 import org.apache.spark.sql.catalyst.expressions.{Alias, NamedExpression}
 import org.apache.spark.sql.catalyst.plans.logical.{LogicalPlan, Project}
@@ -12,7 +12,7 @@ import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
  * So float and double key columns (inside structs and arrays too) are normalized first, as
  * Spark's `groupBy` does: the function, its outputs and its state see 0.0 and one NaN.
  */
-private[process] object KeyColumns {
+private[engine] object KeyColumns {
   def normalized(keyColumns: Seq[String], plan: LogicalPlan): LogicalPlan = {
     val keys = keyColumns.toSet
     def needs(a: NamedExpression): Boolean = keys(a.name) && KeyedProcessSqlBridge.needsFloatNormalization(a.dataType)

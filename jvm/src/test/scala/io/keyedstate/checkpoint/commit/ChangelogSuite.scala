@@ -1,4 +1,4 @@
-package io.keyedstate
+package io.keyedstate.checkpoint.commit
 
 import java.io.{File, RandomAccessFile}
 import java.nio.charset.StandardCharsets.UTF_8
@@ -7,8 +7,10 @@ import org.scalatest.funsuite.AnyFunSuite
 
 import io.keyedstate.checkpoint.commit.Changelog
 import io.keyedstate.checkpoint.commit.Changelog.Codec
-import io.keyedstate.conf.{CheckpointFileException, KeyedStateConf}
+import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.rocks.LocalRocksDB
+import io.keyedstate.errors.CheckpointFileException
+import io.keyedstate.ProviderFixture
 
 /** The changelog file format: every codec replays exactly, and damage is reported, never applied quietly. */
 class ChangelogSuite extends AnyFunSuite with ProviderFixture {

@@ -1,4 +1,4 @@
-package io.keyedstate
+package io.keyedstate.offline.rescale
 
 import java.io.File
 import java.nio.file.{Files, StandardCopyOption}
@@ -22,6 +22,11 @@ import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.offline.{OfflineJob, QueryCheckpoint, StoreRef, StoreVersions}
 import io.keyedstate.offline.rescale.Rescaler
 import io.keyedstate.rocks.KeyGroups
+import io.keyedstate.FaultyFileSystem
+import io.keyedstate.FaultyFs
+import io.keyedstate.FaultyLocalFileSystem
+import io.keyedstate.KeyedStateStoreProvider
+import io.keyedstate.ProviderFixture
 
 /**
  * Failure injection in a rescale, at every file-system call (the split and build tasks, the

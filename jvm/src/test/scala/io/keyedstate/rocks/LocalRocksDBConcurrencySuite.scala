@@ -1,4 +1,4 @@
-package io.keyedstate
+package io.keyedstate.rocks
 
 import java.io.File
 import java.nio.charset.StandardCharsets.UTF_8
@@ -9,6 +9,7 @@ import org.scalatest.funsuite.AnyFunSuite
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateStateException}
 import io.keyedstate.rocks.LocalRocksDB
+import io.keyedstate.ProviderFixture
 
 /**
  * The instance's native handles under the threads that really share it: the task thread drops

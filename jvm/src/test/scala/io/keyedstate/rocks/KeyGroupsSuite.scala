@@ -1,4 +1,4 @@
-package io.keyedstate
+package io.keyedstate.rocks
 
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{BoundReference, UnsafeProjection, UnsafeRow}

@@ -1,4 +1,4 @@
-package io.keyedstate
+package io.keyedstate.ttl
 
 import java.io.File
 import java.nio.charset.StandardCharsets.UTF_8
@@ -10,6 +10,8 @@ import org.scalatest.funsuite.AnyFunSuite
 
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.ttl.TtlClock
+import io.keyedstate.KeyedStateStoreProvider
+import io.keyedstate.ProviderFixture
 
 /**
  * TTL on the real provider: semantics (update type x visibility, processing and event time),

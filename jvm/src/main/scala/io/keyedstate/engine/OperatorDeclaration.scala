@@ -1,4 +1,4 @@
-package io.keyedstate.process
+package io.keyedstate.engine
 
 import scala.util.control.NonFatal
 
@@ -12,8 +12,7 @@ import org.json4s.jackson.JsonMethods
 
 import io.keyedstate.TaskStateStore
 import io.keyedstate.checkpoint.CheckpointStore
-import io.keyedstate.conf.KeyedStateErrors
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 
 /** One state as a keyed function declared it: kind as declared (`reducing`, ...), types, TTL options. */
 final case class DeclaredState(name: String, kind: String, valueType: DataType, mapKeyType: Option[DataType],

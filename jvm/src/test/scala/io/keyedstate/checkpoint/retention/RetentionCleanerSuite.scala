@@ -1,4 +1,4 @@
-package io.keyedstate.checkpoint
+package io.keyedstate.checkpoint.retention
 
 import java.io.File
 import java.nio.file.Files
@@ -8,7 +8,10 @@ import org.apache.hadoop.fs.Path
 import org.scalatest.funsuite.AnyFunSuite
 
 import io.keyedstate.checkpoint.retention.RetentionCleaner
-import io.keyedstate.conf.CheckpointFileException
+import io.keyedstate.errors.CheckpointFileException
+import io.keyedstate.checkpoint.CheckpointLayerFixture
+import io.keyedstate.checkpoint.CheckpointStore
+import io.keyedstate.checkpoint.RefusingFileSystem
 
 /**
  * Retention on its own, over checkpoints written by the commit layer: which manifests and files
@@ -55,7 +58,7 @@ class RetentionCleanerSuite extends AnyFunSuite with CheckpointLayerFixture {
       val gone = intercept[CheckpointFileException](store.readManifest(7, None))
       assert(gone.getMessage.contains("7.manifest"))
       // A second cleanup has nothing left to do.
-      assert(new RetentionCleaner(store, conf).cleanup(nowMs = later) == retention.CleanupStats(0, 0, 0))
+      assert(new RetentionCleaner(store, conf).cleanup(nowMs = later) == CleanupStats(0, 0, 0))
     }
   }
 

@@ -1,4 +1,4 @@
-package io.keyedstate
+package io.keyedstate.rocks
 
 import java.nio.charset.StandardCharsets.UTF_8
 import java.nio.file.Files

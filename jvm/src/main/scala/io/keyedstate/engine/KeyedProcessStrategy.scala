@@ -1,4 +1,4 @@
-package io.keyedstate.process
+package io.keyedstate.engine
 
 import org.apache.spark.sql.{SparkSession, SparkSessionExtensions}
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
@@ -10,11 +10,11 @@ import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.streaming.OutputMode
 
 import io.keyedstate.{KeyedStateStoreProvider, QueryLeaseListener}
-import io.keyedstate.conf.{KeyedStateConf, KeyedStateErrors}
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 
 /**
- * `spark.sql.extensions=io.keyedstate.process.KeyedStateExtensions` (set by
+ * `spark.sql.extensions=io.keyedstate.engine.KeyedStateExtensions` (set by
  * `keyedstate.configure`): plans keyed functions, and checks the provider's options on the
  * driver when a streaming query starts, so a bad value fails `start()` with the key, the value
  * and what is allowed, before any task runs; and releases a stopped query's store leases

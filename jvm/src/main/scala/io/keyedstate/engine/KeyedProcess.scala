@@ -1,4 +1,4 @@
-package io.keyedstate.process
+package io.keyedstate.engine
 
 import org.apache.spark.sql.DataFrame
 import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge

@@ -1,4 +1,4 @@
-package io.keyedstate
+package io.keyedstate.rocks
 
 import java.io.File
 import java.nio.charset.StandardCharsets.UTF_8
@@ -7,6 +7,7 @@ import org.scalatest.funsuite.AnyFunSuite
 
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.rocks.LocalRocksDB
+import io.keyedstate.ProviderFixture
 
 /**
  * `heapWriteBufferMB` bounds the write buffers of every store in the JVM together: many stores,

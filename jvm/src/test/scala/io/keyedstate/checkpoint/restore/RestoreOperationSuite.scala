@@ -1,4 +1,4 @@
-package io.keyedstate.checkpoint
+package io.keyedstate.checkpoint.restore
 
 import java.io.File
 import java.nio.file.Files
@@ -6,7 +6,11 @@ import java.nio.file.Files
 import org.scalatest.funsuite.AnyFunSuite
 
 import io.keyedstate.checkpoint.restore.RestoreOperation
-import io.keyedstate.conf.CheckpointFileException
+import io.keyedstate.errors.CheckpointFileException
+import io.keyedstate.checkpoint.CheckpointLayerFixture
+import io.keyedstate.checkpoint.CheckpointStore
+import io.keyedstate.checkpoint.LocalFileCache
+import io.keyedstate.checkpoint.VersionManifest
 
 /**
  * Restore on its own: a version rebuilt from its snapshot and changelogs into a real RocksDB,

@@ -1,13 +1,14 @@
-package io.keyedstate
+package io.keyedstate.conf
 
 import org.scalatest.funsuite.AnyFunSuite
 
 import io.keyedstate.conf.{KeyedStateConf, OptionDocs}
+import io.keyedstate.GeneratedFiles
 
 /** The Python keywords and the docs' options table are generated from the option registry. */
 class OptionDocsSuite extends AnyFunSuite {
   private val generated = new GeneratedFiles("KEYEDSTATE_WRITE_OPTION_DOCS",
-    "./dev/sbt 'testOnly io.keyedstate.OptionDocsSuite'")
+    "./dev/sbt 'testOnly io.keyedstate.conf.OptionDocsSuite'")
 
   test("python/keyedstate/_options.json is generated from KeyedStateConf.options") {
     generated.file("python/keyedstate/_options.json", OptionDocs.json)

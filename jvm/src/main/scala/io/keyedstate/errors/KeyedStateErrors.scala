@@ -1,8 +1,7 @@
-package io.keyedstate.conf
+package io.keyedstate.errors
 
 import java.io.File
 
-import io.keyedstate.errors._
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.execution.streaming.state.{StateStore, StateStoreId}
 import org.apache.spark.sql.keyedstate.StateStoreErrorsBridge
@@ -132,20 +131,13 @@ object KeyedStateErrors {
    * system's reason ("No space left on device") and the directory to free or move, instead of
    * leaving them to a native stack trace.
    */
-  def localDiskWrite(what: String, file: File, cause: Throwable): LocalDiskException = {
+  def localDiskWrite(what: String, file: File, localDir: File, localDirKey: String, cause: Throwable): LocalDiskException = {
     val reason = Option(cause.getMessage).filter(_.nonEmpty).getOrElse(cause.getClass.getName)
     new LocalDiskException(
       s"Cannot write $what $file on the executor's local disk: $reason. keyedstate works under " +
-        s"${localDirOf(file)} (${KeyedStateConf.Prefix}localDir, else Spark's local directory): free space " +
-        "there or point localDir to a larger disk", cause)
+        s"$localDir ($localDirKey, else Spark's local directory): free space there or point localDir to a " +
+        "larger disk", cause)
   }
-
-  /** The directory keyedstate was given: the parent of its `keyedstate/` folder. */
-  private def localDirOf(file: File): File =
-    Iterator.iterate(file.getAbsoluteFile)(_.getParentFile).takeWhile(_ != null)
-      .find(f => f.getName == KeyedStateConf.LocalSubdir && f.getParentFile != null)
-      .map(_.getParentFile)
-      .getOrElse(file.getAbsoluteFile.getParentFile)
 
   /**
    * Where it happened (store, version) before keyedstate's own message (file, what is wrong),

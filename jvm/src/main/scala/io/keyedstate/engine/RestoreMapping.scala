@@ -1,4 +1,4 @@
-package io.keyedstate.process
+package io.keyedstate.engine
 
 import java.nio.charset.StandardCharsets.UTF_8
 import java.util.UUID
@@ -15,8 +15,7 @@ import org.json4s.jackson.{JsonMethods, Serialization}
 
 import io.keyedstate.TaskStateStore
 import io.keyedstate.checkpoint.BootstrappedState
-import io.keyedstate.conf.KeyedStateErrors
-import io.keyedstate.errors.ErrorId
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 
 /** A keyed function of the savepoint a checkpoint was restored from: its operator id there. */
 final case class SavedFunction(operatorId: Int, uid: Option[String], function: String, states: Seq[String]) {

@@ -1,4 +1,4 @@
-package io.keyedstate.process
+package io.keyedstate.engine
 
 import java.util
 
