@@ -17,7 +17,7 @@ import org.rocksdb.{ColumnFamilyDescriptor, ColumnFamilyHandle, FlushOptions, Re
 import io.keyedstate.KeyedStateStoreProvider
 import io.keyedstate.checkpoint.LocalFiles
 import io.keyedstate.conf.KeyedStateConf
-import io.keyedstate.rocks.{ColumnFamilyCodec, LocalRocksDB}
+import io.keyedstate.rocks.{ColumnFamilyCodec, LocalRocksDB, RocksDBResources}
 
 /**
  * Per-operation overhead (issue 13): each `StateStore` call as Spark's operators make it (provider
@@ -102,8 +102,8 @@ object OperationOverheadBench {
       noPrefix, useColumnFamilies = true, storeConf, new Configuration(), useMultipleValuesPerKey = false, None)
 
     // The raw database: keyedstate's options, its column families.
-    val cfOptions = LocalRocksDB.columnFamilyOptions(conf)
-    val dbOptions = LocalRocksDB.dbOptions(conf)
+    val cfOptions = RocksDBResources.columnFamilyOptions(conf)
+    val dbOptions = RocksDBResources.dbOptions(conf)
     val names = Seq(RocksDB.DEFAULT_COLUMN_FAMILY) ++ Seq(ValueCf, ListCf, MapCf).map(_.getBytes("UTF-8"))
     val handles = new java.util.ArrayList[ColumnFamilyHandle]()
     val rawDir = new File(root, "raw")

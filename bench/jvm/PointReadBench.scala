@@ -8,7 +8,7 @@ import scala.jdk.CollectionConverters._
 import org.rocksdb._
 
 import io.keyedstate.checkpoint.LocalFiles
-import io.keyedstate.rocks.LocalRocksDB
+import io.keyedstate.rocks.{LocalRocksDB, PointReads}
 
 /**
  * rocksdbjni's `get` (a C++ exception per missing key inside JNI) against [[LocalRocksDB.get]]
@@ -53,7 +53,7 @@ object PointReadBench {
           }
           (System.nanoTime() - start) / keys.length
         }
-        val times = (1 to rounds).map(_ => (pass(db.get(cf, _)), pass(LocalRocksDB.get(db, cf, _))))
+        val times = (1 to rounds).map(_ => (pass(db.get(cf, _)), pass(PointReads.get(db, cf, _))))
         (name, times.map(_._1).min, times.map(_._2).min)
       }
       val inMemtable = Seq(

@@ -1,7 +1,6 @@
 package io.keyedstate.rocks
 
 import java.io.File
-import java.nio.ByteBuffer
 import java.nio.charset.StandardCharsets.UTF_8
 import java.util.concurrent.ConcurrentHashMap
 
@@ -152,9 +151,9 @@ final class LocalRocksDB private (
     }
   }
 
-  /** RocksDB's I/O errors are the local disk's: they name the directory (see `LocalRocksDB.failure`). */
+  /** RocksDB's I/O errors are the local disk's: they name the directory (see `RocksDBResources.failure`). */
   private def localIo[T](body: => T): T =
-    try body catch { case e: RocksDBException => throw LocalRocksDB.failure(dir, e) }
+    try body catch { case e: RocksDBException => throw RocksDBResources.failure(dir, e) }
 
   /** Drops a column family; the default one cannot be dropped, so it is emptied instead. */
   def dropColumnFamily(name: String): Boolean = usingDb("drop a column family") {
@@ -206,7 +205,7 @@ final class LocalRocksDB private (
         case WriteTable.Put => t.value(i)
         case WriteTable.Delete => null
         // Under the lock: no spill moves these operands into RocksDB before the base is read.
-        case _ => LocalRocksDB.appended(getBelowBuffer(h, cf, key), t.value(i))
+        case _ => KeyBytes.appended(getBelowBuffer(h, cf, key), t.value(i))
       }
     }
     if (buffered ne LocalRocksDB.NotBuffered) buffered else getBelowBuffer(h, cf, key)
@@ -217,12 +216,12 @@ final class LocalRocksDB private (
     val f = frozen
     val t = if (f == null) null else f.tableOrNull(cf)
     val i = if (t == null) -1 else t.find(key)
-    if (i < 0) { beforeNativeRead(); LocalRocksDB.get(db, h, key) }
+    if (i < 0) { beforeNativeRead(); PointReads.get(db, h, key) }
     else t.kind(i) match {
       case WriteTable.Put => t.value(i)
       case WriteTable.Delete => null
       // Its operands may or may not be in RocksDB yet: read once they are.
-      case _ => awaitFrozenSpill(); LocalRocksDB.get(db, h, key)
+      case _ => awaitFrozenSpill(); PointReads.get(db, h, key)
     }
   }
 
@@ -234,7 +233,7 @@ final class LocalRocksDB private (
       val f = frozen
       val below = if (f == null) WriteBuffer.Missing else f.kindOf(cf, key)
       if (below != WriteBuffer.Missing) below != WriteTable.Delete
-      else { beforeNativeRead(); LocalRocksDB.exists(db, h, key) }
+      else { beforeNativeRead(); PointReads.exists(db, h, key) }
     }
   }
 
@@ -354,7 +353,7 @@ final class LocalRocksDB private (
     } catch {
       case e: Throwable =>
         if (lostWrites == null) lostWrites = e match {
-          case r: RocksDBException => LocalRocksDB.failure(dir, r)
+          case r: RocksDBException => RocksDBResources.failure(dir, r)
           case other => other
         }
         throw lostWrites
@@ -461,7 +460,7 @@ final class LocalRocksDB private (
       val found = holding(family, "scan") {
         if (it.isValid) {
           val k = it.key()
-          if (prefix == null || LocalRocksDB.startsWith(k, prefix)) { key = k; true } else false
+          if (prefix == null || KeyBytes.startsWith(k, prefix)) { key = k; true } else false
         } else { it.status(); false }
       }
       if (!found) close()
@@ -495,7 +494,7 @@ final class LocalRocksDB private (
   /** Key-ordered entries whose key starts with `prefix`. */
   def prefixScan(cf: String, prefix: Array[Byte]): ClosableIterator[(Array[Byte], Array[Byte])] = {
     val reused = acquireScanIterator(cf, prefix)
-    if (reused == null) return scan(cf, Some(prefix), LocalRocksDB.prefixUpperBound(prefix))
+    if (reused == null) return scan(cf, Some(prefix), KeyBytes.prefixUpperBound(prefix))
     new Entries(reused.it, reused.family, prefix, release = () => prefixIterators.synchronized {
       reused.inUse = false
       if (reused.retired) reused.close()
@@ -665,147 +664,10 @@ final class LocalRocksDB private (
   }
 }
 
-trait ClosableIterator[A] extends Iterator[A] with AutoCloseable
-
-/**
- * Writes one SST file of key-ordered entries for bulk ingestion ([[LocalRocksDB.ingest]]).
- * Nothing is written for an empty writer: `finish()` returns the entry count, 0 meaning no file.
- * It closes the `options` it is given.
- */
-final class SstWriter(val file: File, options: Options) extends AutoCloseable {
-  /** A file with the default table options and the configured compression (rescale's). */
-  def this(file: File, conf: KeyedStateConf) =
-    this(file, new Options().setCompressionType(LocalRocksDB.compressionType(conf.compression)))
-
-  private val envOptions = new EnvOptions()
-  private val writer = new SstFileWriter(envOptions, options)
-  private var opened = false
-  private var count = 0L
-
-  def put(key: Array[Byte], value: Array[Byte]): Unit = { open(); writer.put(key, value); count += 1 }
-  def merge(key: Array[Byte], operand: Array[Byte]): Unit = { open(); writer.merge(key, operand); count += 1 }
-  def delete(key: Array[Byte]): Unit = { open(); writer.delete(key); count += 1 }
-
-  private def open(): Unit = if (!opened) { writer.open(file.getAbsolutePath); opened = true }
-
-  def entries: Long = count
-
-  def finish(): Long = {
-    if (opened) writer.finish()
-    count
-  }
-
-  override def close(): Unit = {
-    writer.close()
-    options.close()
-    envOptions.close()
-  }
-}
-
 object LocalRocksDB {
   val DefaultColumnFamily = "default"
 
   private val logger = org.slf4j.LoggerFactory.getLogger(classOf[LocalRocksDB])
-
-  RocksDB.loadLibrary()
-
-  // One block cache per executor JVM, shared by every partition's instance, so memory stays
-  // bounded however many partitions an executor hosts. Sized by the first instance's conf.
-  @volatile private var sharedCache: Cache = _
-  private def blockCache(sizeMB: Long): Cache = synchronized {
-    if (sharedCache == null) sharedCache = new LRUCache(sizeMB * 1024 * 1024)
-    sharedCache
-  }
-
-  private[rocks] def compressionType(name: String): CompressionType = name match {
-    case "none" => CompressionType.NO_COMPRESSION
-    case "snappy" => CompressionType.SNAPPY_COMPRESSION
-    case "lz4" => CompressionType.LZ4_COMPRESSION
-    case "zstd" => CompressionType.ZSTD_COMPRESSION
-  }
-
-  /** Every column family's options (the bench opens a raw RocksDB with them: bench/jvm). */
-  private[keyedstate] def columnFamilyOptions(conf: KeyedStateConf): ColumnFamilyOptions = {
-    val table = new BlockBasedTableConfig()
-      .setBlockCache(blockCache(conf.blockCacheSizeMB))
-      .setFilterPolicy(new BloomFilter(10, false))
-      .setBlockSize(16 * 1024)
-      .setFormatVersion(5)
-    new ColumnFamilyOptions()
-      .setTableFormatConfig(table)
-      .setCompressionType(compressionType(conf.compression))
-      // zstd (the default) at level 1: SSTs are compressed on flush and compaction, in the
-      // commit's and the tasks' time; level 3 made an aggregation's SSTs only 4% smaller for
-      // 10-15% more flush and compaction time.
-      .setCompressionOptions(new CompressionOptions().setLevel(1))
-      .setWriteBufferSize(conf.writeBufferSizeMB * 1024 * 1024)
-      .setMaxWriteBufferNumber(2)
-      // A snapshot makes two L0 files (the flush the commit before starts, then its own; see
-      // VersionLineage), and an L0 compaction rewrites L1, which the next snapshot uploads whole:
-      // twice RocksDB's default trigger keeps that to every fourth snapshot, as one file each did.
-      .setLevel0FileNumCompactionTrigger(8)
-      .setMergeOperator(new StringAppendOperator(""))
-  }
-
-  /**
-   * A point read that does not pay for a missing key: rocksdbjni's `get` (every variant, 9.8)
-   * throws and catches a C++ exception inside JNI on NotFound, costlier than the lookup itself.
-   * `keyMayExist` looks in memtables and cached blocks only and answers without one: not there
-   * (memtables and bloom filters rule the key out), or the value. Only a key that may be in blocks
-   * not cached, or a value larger than the buffer (which then grows), is read again with `get`.
-   * The direct-buffer variant, with buffers reused per thread, costs a found key about what `get`
-   * does; the one returning the value in a `Holder` allocates three Java arrays per read.
-   * `keyMayExist` reads no file, so the errors `get` would raise (I/O, corruption) come from the
-   * `get` it falls back to.
-   */
-  private[keyedstate] def get(db: RocksDB, cf: ColumnFamilyHandle, key: Array[Byte]): Array[Byte] = {
-    val buffers = readBuffers.get()
-    val v = buffers.value
-    v.clear()
-    val found = db.keyMayExist(cf, null, buffers.keyFor(key), v)
-    found.exists match {
-      case KeyMayExist.KeyMayExistEnum.kNotExist => null
-      case KeyMayExist.KeyMayExistEnum.kExistsWithValue if found.valueLength <= v.capacity =>
-        val value = new Array[Byte](found.valueLength)
-        v.get(value)
-        value
-      case KeyMayExist.KeyMayExistEnum.kExistsWithValue =>
-        buffers.fitValues(found.valueLength)
-        db.get(cf, key)
-      case KeyMayExist.KeyMayExistEnum.kExistsWithoutValue => db.get(cf, key)
-    }
-  }
-
-  /** Whether `key` exists: [[get]] without copying the value into a Java array. */
-  private[keyedstate] def exists(db: RocksDB, cf: ColumnFamilyHandle, key: Array[Byte]): Boolean = {
-    val buffers = readBuffers.get()
-    val v = buffers.value
-    v.clear()
-    db.keyMayExist(cf, null, buffers.keyFor(key), v).exists match {
-      case KeyMayExist.KeyMayExistEnum.kNotExist => false
-      case KeyMayExist.KeyMayExistEnum.kExistsWithValue => true
-      case KeyMayExist.KeyMayExistEnum.kExistsWithoutValue => db.get(cf, key) != null
-    }
-  }
-
-  /** Direct buffers the JNI reads a key from and copies a value into (one pair per thread). */
-  private final class ReadBuffers {
-    private var key = ByteBuffer.allocateDirect(256)
-    var value: ByteBuffer = ByteBuffer.allocateDirect(16 * 1024)
-
-    def keyFor(bytes: Array[Byte]): ByteBuffer = {
-      if (key.capacity < bytes.length) key = ByteBuffer.allocateDirect(bytes.length * 2)
-      key.clear()
-      key.put(bytes).flip()
-    }
-
-    /** Grows the value buffer so values of `length` bytes fit next time (up to 1 MiB). */
-    def fitValues(length: Int): Unit = if (length <= MaxValueBuffer) {
-      value = ByteBuffer.allocateDirect(math.min(MaxValueBuffer, math.max(length, value.capacity * 2)))
-    }
-  }
-  private val MaxValueBuffer = 1024 * 1024
-  private val readBuffers = ThreadLocal.withInitial[ReadBuffers](() => new ReadBuffers)
 
   // A batch of buffered writes going into RocksDB: large enough that the per-write cost (the
   // write path's queue and lock) is spread thin (a batch of 256 costs a put within 3% of one of
@@ -822,15 +684,6 @@ object LocalRocksDB {
 
   /** What [[LocalRocksDB.get]]'s look in the buffer returns for a key the buffer does not hold. */
   private val NotBuffered = new Array[Byte](0)
-
-  /** `operands` merged onto `base` (the merge operator appends; no base: the operands alone). */
-  private def appended(base: Array[Byte], operands: Array[Byte]): Array[Byte] =
-    if (base == null) operands
-    else {
-      val merged = java.util.Arrays.copyOf(base, base.length + operands.length)
-      System.arraycopy(operands, 0, merged, base.length, operands.length)
-      merged
-    }
 
   // Writes frozen buffers into RocksDB, for every instance in the JVM: a write of one is about a
   // tenth of a second of one core per 100,000 keys, once per snapshot interval. Up to as many
@@ -861,64 +714,11 @@ object LocalRocksDB {
     if (interrupted) Thread.currentThread().interrupt()
   }
 
-  def startsWith(key: Array[Byte], prefix: Array[Byte]): Boolean =
-    key.length >= prefix.length && java.util.Arrays.equals(key, 0, prefix.length, prefix, 0, prefix.length)
-
-  /** The smallest key greater than every key starting with `prefix`, if there is one. */
-  def prefixUpperBound(prefix: Array[Byte]): Option[Array[Byte]] = {
-    var i = prefix.length - 1
-    while (i >= 0 && (prefix(i) & 0xff) == 0xff) i -= 1
-    if (i < 0) None
-    else {
-      val bound = java.util.Arrays.copyOf(prefix, i + 1)
-      bound(i) = (bound(i) + 1).toByte
-      Some(bound)
-    }
-  }
-
-  /**
-   * An I/O error of the working instance is the local disk's (full, read-only, failing: RocksDB
-   * touches nothing else): a `LocalDiskException` naming the directory. A file RocksDB expected
-   * and did not find (a damaged snapshot) and every other error stay as they are.
-   */
-  private[keyedstate] def failure(dir: File, e: RocksDBException): Exception = {
-    val status = e.getStatus
-    // rocksdbjni has no sub-code for RocksDB's PathNotFound: a missing file reads ENOENT's text.
-    val missingFile = Option(e.getMessage).exists(_.contains("No such file or directory"))
-    if (status != null && status.getCode == Status.Code.IOError && !missingFile) {
-      KeyedStateErrors.localDiskWrite("the working RocksDB instance", dir, KeyedStateConf.localDirOf(dir),
-        KeyedStateConf.LocalDirKey, e)
-    } else e
-  }
-
-  private val ManifestPreallocationBytes = 64L * 1024
-
-  /** The database's options (the bench opens a raw RocksDB with them: bench/jvm). */
-  private[keyedstate] def dbOptions(conf: KeyedStateConf): DBOptions =
-    new DBOptions()
-      .setCreateIfMissing(true)
-      .setCreateMissingColumnFamilies(true)
-      .setMaxOpenFiles(conf.maxOpenFiles)
-      .setAvoidFlushDuringShutdown(true)
-      .setMaxManifestFileSize(8L * 1024 * 1024)
-      // RocksDB reserves (fallocate) 4 MB for each MANIFEST by default: 4 MB of local disk per
-      // state partition before any state, gone from a small disk (and a full one fails at open).
-      // keyedstate's MANIFESTs grow by a record per flush; 64 KB steps are enough.
-      .setManifestPreallocationSize(ManifestPreallocationBytes)
-      .setInfoLogLevel(InfoLogLevel.WARN_LEVEL)
-      .setKeepLogFileNum(2)
-      // No periodic statistics dump (it writes to the info log at INFO level, which the WARN level
-      // above discards). RocksDB's timer thread ran it at a random moment in each instance's
-      // period, and 9.8's DumpStats crashed the JVM (SIGSEGV) when it met a column family being
-      // dropped (LocalRocksDBConcurrencySuite's stress test, 2026-11-27).
-      .setStatsDumpPeriodSec(0)
-      .setStatsPersistPeriodSec(0)
-
   /** Opens (or creates) the database in `dir` with all its column families. */
   def open(dir: File, conf: KeyedStateConf): LocalRocksDB = {
     dir.mkdirs()
-    val dbOptions = this.dbOptions(conf)
-    val cfOptions = columnFamilyOptions(conf)
+    val dbOptions = RocksDBResources.dbOptions(conf)
+    val cfOptions = RocksDBResources.columnFamilyOptions(conf)
     val existing =
       if (new File(dir, "CURRENT").exists()) {
         val lo = new Options()
@@ -931,7 +731,7 @@ object LocalRocksDB {
       catch {
         case e: RocksDBException =>
           dbOptions.close(); cfOptions.close()
-          throw failure(dir, e) match {
+          throw RocksDBResources.failure(dir, e) match {
             case local: LocalDiskException => local
             case _ => new IllegalStateException(s"Cannot open RocksDB at $dir: ${e.getMessage}", e)
           }
