@@ -20,6 +20,7 @@ from keyedstate import (
     ValueStateDescriptor,
     key_by,
 )
+from keyedstate.state.descriptors import KEYED_STATE_DESCRIPTORS, OPERATOR_LIST
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from state_api_support import ship_by_value
@@ -291,3 +292,17 @@ def test_each_task_checks_its_own_partitions_declaration(
     assert error.error_id == "KEYED_FUNCTION_DECLARATION_MISSING", error
     assert str(stripped) in str(error), error
     assert committed_batches(checkpoint) == [0]
+
+
+def test_python_and_the_jvm_know_the_same_state_kinds(spark: SparkSession) -> None:
+    """The kinds Python declares states with (one descriptor each, plus operator list state) are
+    exactly the kinds the JVM parses (``io.keyedstate.engine.StateKind``), and it refuses others
+    naming them."""
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    kinds = jvm.io.keyedstate.engine.StateKind
+    names = kinds.names()
+    assert {str(names.apply(i)) for i in range(names.size())} == {
+        *KEYED_STATE_DESCRIPTORS, OPERATOR_LIST
+    }
+    with pytest.raises(Exception, match="unknown state kind 'broadcast'"):
+        kinds.parse("broadcast")

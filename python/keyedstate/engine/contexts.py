@@ -160,21 +160,21 @@ class RuntimeContextImpl(RuntimeContext, FunctionInitializationContext, Function
 
     # KeyedStateStore
     def get_state(self, state_descriptor: ValueStateDescriptor) -> ValueState:
-        return self._b.register(state_descriptor, "value")  # type: ignore[return-value]
+        return self._b.register(state_descriptor, ValueStateDescriptor.kind)  # type: ignore[return-value]
 
     def get_list_state(self, state_descriptor: ListStateDescriptor) -> ListState:
-        return self._b.register(state_descriptor, "list")  # type: ignore[return-value]
+        return self._b.register(state_descriptor, ListStateDescriptor.kind)  # type: ignore[return-value]
 
     def get_map_state(self, state_descriptor: MapStateDescriptor) -> MapState:
-        return self._b.register(state_descriptor, "map")  # type: ignore[return-value]
+        return self._b.register(state_descriptor, MapStateDescriptor.kind)  # type: ignore[return-value]
 
     def get_reducing_state(self, state_descriptor: ReducingStateDescriptor) -> ReducingState:
-        return self._b.register(state_descriptor, "reducing")  # type: ignore[return-value]
+        return self._b.register(state_descriptor, ReducingStateDescriptor.kind)  # type: ignore[return-value]
 
     def get_aggregating_state(
         self, state_descriptor: AggregatingStateDescriptor
     ) -> AggregatingState:
-        return self._b.register(state_descriptor, "aggregating")  # type: ignore[return-value]
+        return self._b.register(state_descriptor, AggregatingStateDescriptor.kind)  # type: ignore[return-value]
 
     # RuntimeContext
     def get_index_of_this_subtask(self) -> int:

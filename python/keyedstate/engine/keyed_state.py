@@ -15,6 +15,7 @@ from operator import is_ as _is
 from typing import Any
 
 from keyedstate.state.descriptors import (
+    KEYED_STATE_DESCRIPTORS,
     AggregatingStateDescriptor,
     ListStateDescriptor,
     MapStateDescriptor,
@@ -423,24 +424,16 @@ class _MapStateImpl(_Handle, MapState):
 
 
 _IMPLEMENTATIONS: dict[str, type[_Handle]] = {
-    "value": _ValueStateImpl,
-    "list": _ListStateImpl,
-    "map": _MapStateImpl,
-    "reducing": _ReducingStateImpl,
-    "aggregating": _AggregatingStateImpl,
-}
-
-_EXPECTED = {
-    "value": ValueStateDescriptor,
-    "list": ListStateDescriptor,
-    "map": MapStateDescriptor,
-    "reducing": ReducingStateDescriptor,
-    "aggregating": AggregatingStateDescriptor,
+    ValueStateDescriptor.kind: _ValueStateImpl,
+    ListStateDescriptor.kind: _ListStateImpl,
+    MapStateDescriptor.kind: _MapStateImpl,
+    ReducingStateDescriptor.kind: _ReducingStateImpl,
+    AggregatingStateDescriptor.kind: _AggregatingStateImpl,
 }
 
 
 def create_handle(backend: KeyState, descriptor: StateDescriptor, kind: str) -> _Handle:
-    expected = _EXPECTED[kind]
+    expected = KEYED_STATE_DESCRIPTORS[kind]
     if not isinstance(descriptor, expected):
         raise StateUsageError(
             f"get_{kind}_state needs a {expected.__name__}, got {type(descriptor).__name__}"

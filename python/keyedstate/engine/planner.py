@@ -22,7 +22,12 @@ from keyedstate.engine.contexts import RuntimeContextImpl
 from keyedstate.engine.keyed_state import KeyState
 from keyedstate.engine.runner import KeyedRunner, RunnerPlan, StatePlan
 from keyedstate.functions import CheckpointedFunction, KeyedProcessFunction
-from keyedstate.state.descriptors import StateDescriptor, StateUsageError
+from keyedstate.state.descriptors import (
+    OPERATOR_LIST,
+    ListStateDescriptor,
+    StateDescriptor,
+    StateUsageError,
+)
 from keyedstate.state.ttl import StateTtlConfig
 from keyedstate.state.types import StateTypeError, to_type_info
 
@@ -191,7 +196,7 @@ def _state_json(descriptor: StateDescriptor, kind: str) -> dict[str, Any]:
     if kind == "map":
         value_type = descriptor.value_type_info.spark_type()  # type: ignore[attr-defined]
         key_type: T.DataType | None = descriptor.key_type_info.spark_type()  # type: ignore[attr-defined]
-    elif kind in ("list", "operator_list"):
+    elif kind in (ListStateDescriptor.kind, OPERATOR_LIST):
         value_type = descriptor.element_type_info.spark_type()  # type: ignore[attr-defined]
         key_type = None
     else:
@@ -203,7 +208,7 @@ def _state_json(descriptor: StateDescriptor, kind: str) -> dict[str, Any]:
         "kind": kind,
         "type": json.loads(value_type.json()),
         "keyType": None if key_type is None else json.loads(key_type.json()),
-        "ttl": None if ttl is None or kind == "operator_list" else _ttl_options(ttl),
+        "ttl": None if ttl is None or kind == OPERATOR_LIST else _ttl_options(ttl),
     }
 
 
@@ -415,7 +420,7 @@ def build(
     keyed, operator = _declared_states(function)
     states = [StatePlan(i, d.name, d.kind, d) for i, d in enumerate(keyed)]
     states += [
-        StatePlan(len(keyed) + i, d.name, "operator_list", d) for i, d in enumerate(operator)
+        StatePlan(len(keyed) + i, d.name, OPERATOR_LIST, d) for i, d in enumerate(operator)
     ]
     names = [s.name for s in states]
     clashing = sorted({n for n in names if names.count(n) > 1})

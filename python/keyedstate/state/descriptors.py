@@ -183,3 +183,19 @@ class AggregatingStateDescriptor(StateDescriptor):
 
     def get_agg_function(self) -> Any:  # noqa: ANN401
         return self._agg_function
+
+
+# The kinds keyed state is declared with, each with its descriptor; the JVM parses the same names
+# (``io.keyedstate.engine.StateKind``, tests/test_state_declaration.py checks they agree), and
+# OPERATOR_LIST for operator state.
+KEYED_STATE_DESCRIPTORS: dict[str, type[StateDescriptor]] = {
+    d.kind: d
+    for d in (
+        ValueStateDescriptor,
+        ListStateDescriptor,
+        MapStateDescriptor,
+        ReducingStateDescriptor,
+        AggregatingStateDescriptor,
+    )
+}
+OPERATOR_LIST = "operator_list"

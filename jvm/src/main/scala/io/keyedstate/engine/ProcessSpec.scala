@@ -14,13 +14,15 @@ object StateKind {
   case object List extends StateKind("list")
   case object Map extends StateKind("map")
   case object OperatorList extends StateKind("operator_list")
-  private val byName = Seq(Value, List, Map, OperatorList).map(k => k.name -> k).toMap
   // Reducing and aggregating state store one value per key, like value state.
-  def parse(raw: String): StateKind = raw match {
-    case "reducing" | "aggregating" => Value
-    case other => byName.getOrElse(other, throw new IllegalArgumentException(
-      s"unknown state kind '$other'; allowed: value, list, map, reducing, aggregating, operator_list"))
-  }
+  private val byName = Seq(Value, List, Map, OperatorList).map(k => k.name -> k).toMap ++
+    Seq("reducing" -> Value, "aggregating" -> Value)
+
+  /** The kinds Python declares states with (`keyedstate.state.descriptors`; a test checks both agree). */
+  val names: Seq[String] = byName.keys.toSeq.sorted
+
+  def parse(raw: String): StateKind = byName.getOrElse(raw, throw new IllegalArgumentException(
+    s"unknown state kind '$raw'; allowed: ${names.mkString(", ")}"))
 }
 
 /** Provider-side TTL of one state variable, in the provider's own option names (docs/ttl.md). */
