@@ -1,5 +1,7 @@
-"""The Python package is laid out by layer: the public API (functions, keyed streams, elements,
-``state/``) imports nothing from the engine or the tools, and nothing imports in a cycle."""
+"""The code is laid out by layer, lowest first: a module imports its own package and lower
+layers, never another package of its layer or a higher one (Python and the JVM alike); the
+package root (``keyedstate/__init__.py``) is the facade that re-exports every layer, and only
+the tools use it from inside."""
 
 from __future__ import annotations
 
@@ -10,43 +12,83 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "python" / "keyedstate"
-API = ["functions.py", "keyed_stream.py", "elements.py", "state"]
+
+# The Python side, lowest layer first: each entry a top-level module or subpackage of keyedstate.
+PY_LAYERS = [
+    {"_error_catalog"},  # generated from the JVM's error declaration
+    {"errors"},
+    {"_session"},  # the session's configuration and the jar
+    {"state"},  # the state API (PyFlink's datastream/state.py): imports no runtime code
+    {"functions", "elements"},
+    {"keyed_stream"},
+    {"engine", "offline", "runtime", "sinks"},
+    {"tools", "examples"},
+]
+# Upward imports allowed inside a function only, run when used (never at import time).
+PY_LAZY_UPWARD = {
+    ("keyed_stream", "engine"),  # a keyed stream plans itself with the engine when it is run
+    ("state", "offline"),  # keyedstate.state.read/bootstrap/transform, the state processor API
+}
+# Who may import the package root (the facade) from inside the package.
+PY_FACADE_USERS = {"tools", "examples"}
 
 
-def module_imports(path: Path) -> list[str]:
-    """Top-level (module load time) keyedstate imports of a file."""
+def package_of(path: Path) -> str:
+    """The top-level module or subpackage of keyedstate a file belongs to ("" for the root)."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return parts[0] if parts else ""
+
+
+def imported_packages(path: Path) -> list[tuple[str, bool, int]]:
+    """(top-level module or subpackage of keyedstate, imported at module level, line) of every
+    keyedstate import of a file, those inside functions and ``TYPE_CHECKING`` blocks included
+    ("" for the root itself)."""
+    tree = ast.parse(path.read_text())
+    top_level = {id(node) for node in tree.body}
     found = []
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("keyedstate"):
-            found.append(str(node.module))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = node.module.split(".")
+            if names[0] != "keyedstate":
+                continue
+            if len(names) > 1:
+                found.append((names[1], id(node) in top_level, node.lineno))
+            else:  # from keyedstate import x: a submodule, or a name of the facade
+                for alias in node.names:
+                    sub = (PACKAGE / alias.name).is_dir() or (PACKAGE / f"{alias.name}.py").exists()
+                    found.append((alias.name if sub else "", id(node) in top_level, node.lineno))
         elif isinstance(node, ast.Import):
-            found += [a.name for a in node.names if a.name.startswith("keyedstate")]
+            for alias in node.names:
+                names = alias.name.split(".")
+                if names[0] == "keyedstate":
+                    found.append((names[1] if len(names) > 1 else "", id(node) in top_level,
+                                  node.lineno))
     return found
 
 
-def api_files() -> list[Path]:
-    files: list[Path] = []
-    for name in API:
-        path = PACKAGE / name
-        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
-    return files
-
-
-def test_api_modules_import_no_engine_or_tools() -> None:
-    for path in api_files():
-        for module in module_imports(path):
-            assert not module.startswith(
-                ("keyedstate.engine", "keyedstate.offline", "keyedstate.tools")
-            ), (
-                f"{path.relative_to(PACKAGE)} imports {module}"
-            )
-
-
-def test_engine_and_offline_import_no_tools() -> None:
-    for layer in ("engine", "offline"):
-        for path in sorted((PACKAGE / layer).rglob("*.py")):
-            for module in module_imports(path):
-                assert not module.startswith("keyedstate.tools"), f"{path.name} imports {module}"
+def test_python_modules_import_only_their_own_or_lower_layers() -> None:
+    rank = {name: i for i, layer in enumerate(PY_LAYERS) for name in layer}
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        package = package_of(path)
+        if package == "":
+            continue  # the facade
+        assert package in rank, f"{path.relative_to(PACKAGE)}: {package!r} has no layer"
+        for imported, top, line in imported_packages(path):
+            where = f"{path.relative_to(PACKAGE)}:{line} ({package})"
+            if imported == package:
+                continue
+            if imported == "":
+                if package not in PY_FACADE_USERS:
+                    problems.append(f"{where} imports the package root")
+                continue
+            assert imported in rank, f"{where} imports keyedstate.{imported}, which has no layer"
+            lazy = (package, imported) in PY_LAZY_UPWARD and not top
+            if rank[imported] >= rank[package] and not lazy:
+                problems.append(f"{where} imports keyedstate.{imported}")
+    assert not problems, "\n".join(problems)
 
 
 def test_importing_the_package_loads_no_engine_and_every_module_imports_alone() -> None:
@@ -71,7 +113,8 @@ def test_importing_the_package_loads_no_engine_and_every_module_imports_alone() 
 
 
 # The JVM side, lowest layer first (docs/architecture.md, "Code layout"): a package may import
-# its own layer's and lower layers' packages, never a higher one. "" is the provider itself.
+# itself and lower layers' packages, never another of its layer or a higher one. "" is the
+# provider itself.
 JVM_ROOT = PACKAGE.parent.parent / "jvm" / "src" / "main" / "scala" / "io" / "keyedstate"
 JVM_LAYERS = [
     {"errors"},
@@ -121,6 +164,9 @@ def test_jvm_packages_import_only_their_own_or_lower_layers() -> None:
                 continue
             if imported in JVM_SHARED and rank[imported] < rank.get(package, len(rank)):
                 continue
+            assert imported in rank or imported in JVM_STANDALONE, (
+                f"{path.relative_to(JVM_ROOT)} imports io.keyedstate.{imported}, which has no layer"
+            )
             if (
                 package in JVM_STANDALONE
                 or imported in JVM_STANDALONE
