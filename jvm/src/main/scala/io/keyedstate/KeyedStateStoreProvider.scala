@@ -203,7 +203,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     }
     if (activeStore != null) {
       activeStore.invalidate()
-      if (loaded != null && !loaded.servable) discardLoaded()
+      if (loaded != null && !loaded.servable) discardLoaded(s"$activeStore was taken over with writes")
       activeStore = null
     }
   }
@@ -211,7 +211,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   private[keyedstate] def finish(store: TaskStateStore, discardWrites: Boolean): Unit = synchronized {
     if (store eq activeStore) {
       if (loaded != null) loaded.db.releaseScanIterators()
-      if (discardWrites && loaded != null && !loaded.servable) discardLoaded()
+      if (discardWrites && loaded != null && !loaded.servable) discardLoaded(s"$store ended with its writes dropped")
       activeStore = null
       activeThread = null
       notifyAll()
@@ -219,7 +219,9 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   }
 
   /** Uncommitted writes are in the working RocksDB: drop it, the next load rebuilds it. */
-  private def discardLoaded(): scala.concurrent.Future[Unit] = {
+  private def discardLoaded(reason: String): scala.concurrent.Future[Unit] = {
+    val lost = if (loaded.db.healthy) "" else " (its RocksDB instance lost buffered writes)"
+    logInfo(s"Dropping the loaded instance of $id at version ${lineage.version}: $reason$lost")
     loaded.close()
     loaded = null
     val uploads = lineage.close()
@@ -233,7 +235,10 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     if (reuse) {
       lastLoad = Some(LoadStats())
     } else {
-      if (loaded != null) discardLoaded()
+      if (loaded != null) {
+        discardLoaded(s"version $version${checkpointId.fold("")(c => s" (commit $c)")} asked for" +
+          (if (loaded.servable) "" else ", and it holds writes not committed"))
+      }
       val (next, stats) =
         if (loadEmpty || (version == 0 && !loader.bootstrapped)) (loader.empty(version), LoadStats())
         else loader.restore(version, checkpointId)
@@ -300,7 +305,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       (newVersion, info)
     } catch {
       case NonFatal(e) =>
-        discardLoaded()
+        discardLoaded(s"the commit of version $newVersion failed: ${e.getMessage}")
         throw KeyedStateErrors.cannotCommit(id, newVersion, e)
     } finally {
       activeStore = null
@@ -403,7 +408,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 
   override def close(): Unit = synchronized {
     if (leaseRefreshedMs > 0) StoreLease.release(checkpointStore.root, hadoopConf)
-    val uploads = if (loaded != null) discardLoaded() else scala.concurrent.Future.unit
+    val uploads = if (loaded != null) discardLoaded("the provider is unloaded") else scala.concurrent.Future.unit
     if (localRoot != null) {
       LocalFiles.deleteRecursively(dbDir)
       // A background snapshot upload still reads its checkpoint under the work directory.

@@ -48,6 +48,7 @@ private[keyedstate] final class StoreLoader(
 
   /** The empty state at `version` (version 0, or `loadEmpty`). */
   def empty(version: Long): LoadedVersion = {
+    logInfo(s"Starting $id at version $version with no state")
     LocalFiles.deleteRecursively(dbDir)
     loaded(LocalRocksDB.open(dbDir, conf), Nil, Map.empty, None,
       lineage(version, None, snapshotVersion = version, Nil, Vector.empty))

@@ -8,6 +8,7 @@ import scala.util.control.NonFatal
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.apache.spark.SparkEnv
+import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.runtime.StreamExecution
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
@@ -30,7 +31,7 @@ final case class LeaseHolder(
  * fresh lease of another application: that query is running. A lease left by a killed executor
  * goes stale after [[StoreLease.StaleAfterMs]].
  */
-object StoreLease {
+object StoreLease extends Logging {
   val FileName = ".keyedstate-lease"
   /** Three default maintenance intervals without a refresh: the holder is gone. */
   val StaleAfterMs: Long = 3 * 60 * 1000L
@@ -81,7 +82,9 @@ object StoreLease {
       held.put(p, hadoopConf -> holder)
       now
     } catch {
-      case NonFatal(_) => lastRefreshMs // a lease is advice for operators, not state
+      case NonFatal(e) => // a lease is advice for operators, not state
+        logWarning(s"Could not write the lease $p (it tells keyedstate rescale the query runs): ${e.getMessage}")
+        lastRefreshMs
     }
   }
 

@@ -115,10 +115,14 @@ final class VersionLineage(
         val cp = snapshots.checkpointLocally(db, newVersion, commitId)
         flushedThrough = newVersion
         val base = snapshotFiles
+        logInfo(s"Snapshot of ${store.root} version $newVersion taken (flush ${cp.flushMs} ms, checkpoint " +
+          s"${cp.checkpointMs} ms); uploading in the background")
         val upload = Future {
           val up = snapshots.upload(cp, base)
           // Durable on its own: a load can start from it even if no manifest ever names it.
           store.writeSnapshotDescriptor(SnapshotDescriptor(up.version, cp.snapshotId, up.files))
+          logInfo(s"Snapshot of ${store.root} version ${up.version} uploaded: ${up.filesUploaded} files " +
+            s"(${up.bytesUploaded} bytes) in ${up.uploadMs} ms, ${up.filesReused} reused")
           snapshotUploaded(up.version)
           // Local recovery can start from it too (the commit that promotes it finds them cached).
           up.local.foreach { case (f, e) => cache.adopt(f, e) }
@@ -186,7 +190,7 @@ final class VersionLineage(
           rebase(up.version, up.files)
           stats.copy(snapshotBytesUploaded = up.bytesUploaded)
         case Failure(e) =>
-          logWarning(s"Background snapshot of version ${cp.version} failed; the next one retries", e)
+          logWarning(s"Background snapshot of ${store.root} version ${cp.version} failed; the next one retries", e)
           stats
       } finally snapshots.discard(cp)
     case _ => stats

@@ -12,7 +12,7 @@ import org.json4s.jackson.Serialization
 import io.keyedstate.checkpoint.{LeaseHolder, RescaleJournal, StoreLease}
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
-import io.keyedstate.offline.{CheckpointWriter, OfflineJob, QueryCheckpoint, StoreRef}
+import io.keyedstate.offline.{CheckpointWriter, OfflineJob, Progress, QueryCheckpoint, StoreRef}
 
 /** What a rescale did. */
 final case class RescaleResult(
@@ -359,7 +359,7 @@ object Rescaler {
 
   /** The entry point of the Python package and the CLI: the result as JSON. */
   def rescale(spark: SparkSession, source: String, partitions: Int, output: String, inPlace: Boolean): String = {
-    val result = new Rescaler(spark, msg => System.err.println(s"[keyedstate rescale] $msg"))
+    val result = new Rescaler(spark, Progress.of("rescale"))
       .run(source, partitions, Option(output).filter(_.nonEmpty), inPlace)
     Serialization.write(result)
   }

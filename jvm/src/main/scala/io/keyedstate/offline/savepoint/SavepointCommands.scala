@@ -7,14 +7,14 @@ import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.JsonMethods.parse
 import org.json4s.jackson.Serialization
 
-import io.keyedstate.offline.SavepointMetadata
+import io.keyedstate.offline.{Progress, SavepointMetadata}
 
 /** The entry points of the Python package and the CLI (`keyedstate savepoint ...`): results as JSON. */
 object SavepointCommands {
   private implicit val formats: Formats = DefaultFormats
 
   private def withProgress(spark: SparkSession): Savepoints =
-    new Savepoints(spark, msg => System.err.println(s"[keyedstate savepoint] $msg"))
+    new Savepoints(spark, Progress.of("savepoint"))
 
   def create(spark: SparkSession, checkpoint: String, target: String, format: String): String =
     Serialization.write(withProgress(spark).create(checkpoint, target, format))
@@ -41,7 +41,7 @@ object SavepointCommands {
         case _ => throw new IllegalArgumentException(s"a replaced table is named <operator>\\u0000<state>, not $key")
       }
     }
-    val transform = new SavepointTransform(spark, msg => System.err.println(s"[keyedstate savepoint] $msg"))
+    val transform = new SavepointTransform(spark, Progress.of("savepoint"))
     Serialization.write(transform.run(source, target, renamed, dropped, replaced))
   }
 
