@@ -385,3 +385,18 @@ def test_every_jvm_identifier_has_its_family_class(spark: SparkSession) -> None:
         "/x/keyedstate/c.log: No space left on device"
     )
     assert errors.from_java(jvm.java.lang.IllegalStateException("not ours")) is None
+
+
+def test_identifiers_this_version_does_not_know_map_by_their_family() -> None:
+    """An identifier from a newer jar gets the class of the known ones it shares its leading words
+    with; the tools' combined class of the root is ``CheckpointOperationError`` itself; the classes
+    are keyedstate.errors' (as tracebacks and pickles name them); a signal needs no message."""
+    assert errors.error_class("KEYEDSTATE_KAFKA_SOMETHING_NEW") is errors.KafkaSinkError
+    assert errors.error_class("KEYEDSTATE_CHECKPOINT_SOMETHING_NEW") is errors.CheckpointError
+    assert errors.error_class("KEYED_FUNCTION_SOMETHING_NEW") is errors.KeyedFunctionError
+    assert errors.error_class("SOMETHING_ELSE") is errors.KeyedStateError
+    assert errors._operation_class(errors.KeyedStateError) is errors.CheckpointOperationError
+    assert issubclass(errors._operation_class(errors.RescaleError), errors.CheckpointOperationError)
+    for cls in set(ERROR_CLASSES.values()) | {errors.KeyedStateError}:
+        assert cls.__module__ == "keyedstate.errors", cls
+    assert str(errors.BatchAlreadyCommitted()) == ""

@@ -41,15 +41,37 @@ def package_of(path: Path) -> str:
     return parts[0] if parts else ""
 
 
+def runs_on_import(tree: ast.Module) -> set[int]:
+    """The nodes of a module that run when it is imported: all but those inside functions and
+    ``if TYPE_CHECKING:`` blocks."""
+    running: set[int] = set()
+
+    def visit(node: ast.AST) -> None:
+        running.add(id(node))
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for other in child.orelse:
+                    visit(other)
+                continue
+            visit(child)
+
+    visit(tree)
+    return running
+
+
 def imported_packages(path: Path) -> list[tuple[str, bool, int]]:
-    """(top-level module or subpackage of keyedstate, imported at module level, line) of every
-    keyedstate import of a file, those inside functions and ``TYPE_CHECKING`` blocks included
-    ("" for the root itself)."""
+    """(top-level module or subpackage of keyedstate, imported when the module is imported,
+    line) of every keyedstate import of a file, those inside functions and ``TYPE_CHECKING``
+    blocks included ("" for the root itself)."""
     tree = ast.parse(path.read_text())
-    top_level = {id(node) for node in tree.body}
+    top_level = runs_on_import(tree)
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            found.append(("<relative>", id(node) in top_level, node.lineno))
+        elif isinstance(node, ast.ImportFrom) and node.module:
             names = node.module.split(".")
             if names[0] != "keyedstate":
                 continue
@@ -79,6 +101,9 @@ def test_python_modules_import_only_their_own_or_lower_layers() -> None:
         for imported, top, line in imported_packages(path):
             where = f"{path.relative_to(PACKAGE)}:{line} ({package})"
             if imported == package:
+                continue
+            if imported == "<relative>":
+                problems.append(f"{where} imports relatively: name the keyedstate module")
                 continue
             if imported == "":
                 if package not in PY_FACADE_USERS:

@@ -8,10 +8,10 @@ import scala.jdk.CollectionConverters._
 import org.rocksdb._
 
 import io.keyedstate.checkpoint.LocalFiles
-import io.keyedstate.rocks.{LocalRocksDB, PointReads}
+import io.keyedstate.rocks.PointReads
 
 /**
- * rocksdbjni's `get` (a C++ exception per missing key inside JNI) against [[LocalRocksDB.get]]
+ * rocksdbjni's `get` (a C++ exception per missing key inside JNI) against [[PointReads.get]]
  * (`keyMayExist` first), on one RocksDB configured as the provider's column families: missing and
  * found keys, in memtables and in SST files, small and large values.
  */

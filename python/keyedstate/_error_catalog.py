@@ -10,7 +10,7 @@ class KeyedStateError(Exception):
     """Every error keyedstate raises, in the JVM or in Python: ``error_id`` is its stable identifier
     (docs/errors.md), ``None`` for one raised in Python only (a bad argument, say)."""
 
-    def __init__(self, message: str, error_id: str | None = None) -> None:
+    def __init__(self, message: str = "", error_id: str | None = None) -> None:
         super().__init__(message)
         self.error_id = error_id
 
@@ -89,6 +89,21 @@ KEYED_FUNCTION_PIPELINED_RUNNER = "KEYED_FUNCTION_PIPELINED_RUNNER"
 KAFKA_SINK_FAILED = "KEYEDSTATE_KAFKA_SINK_FAILED"
 KAFKA_INVALID_RECORD = "KEYEDSTATE_KAFKA_INVALID_RECORD"
 KAFKA_BATCH_ALREADY_COMMITTED = "KEYEDSTATE_KAFKA_BATCH_ALREADY_COMMITTED"
+
+# Shown, pickled and caught as keyedstate.errors' classes (that module exports them).
+for _class in (
+    KeyedStateError,
+    CheckpointError,
+    LocalDiskError,
+    InvalidOptionError,
+    RescaleError,
+    QueryCheckpointError,
+    StateStoreError,
+    KeyedFunctionError,
+    KafkaSinkError,
+    BatchAlreadyCommitted,
+):
+    _class.__module__ = "keyedstate.errors"
 
 # Each identifier's class.
 ERROR_CLASSES: dict[str, type[KeyedStateError]] = {

@@ -34,6 +34,7 @@ import functools
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
@@ -91,9 +92,27 @@ class CheckpointOperationError(KeyedStateError, RuntimeError):
 
 
 def error_class(error_id: str) -> type[KeyedStateError]:
-    """The Python class of an identifier (``KeyedStateError`` for one this version does not
-    know, from a newer jar)."""
-    return ERROR_CLASSES.get(error_id, KeyedStateError)
+    """The Python class of an identifier. One this version does not know (from a newer jar)
+    gets the class of the known identifiers it shares the most leading words with, two at least
+    (``KEYEDSTATE_KAFKA_...``: ``KafkaSinkError``), else ``KeyedStateError``."""
+    known = ERROR_CLASSES.get(error_id)
+    if known is not None:
+        return known
+    words = error_id.split("_")
+
+    def shared(other: str) -> int:
+        n = 0
+        for a, b in zip(words, other.split("_"), strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    best = max((shared(other) for other in ERROR_CLASSES), default=0)
+    if best < 2:
+        return KeyedStateError
+    classes = Counter(cls for other, cls in ERROR_CLASSES.items() if shared(other) == best)
+    return classes.most_common(1)[0][0]
 
 
 @functools.cache
@@ -102,6 +121,8 @@ def _operation_class(cls: type[KeyedStateError]) -> type[CheckpointOperationErro
     catching either class works."""
     if issubclass(cls, CheckpointOperationError):
         return cls
+    if cls is KeyedStateError:  # the root is a base of CheckpointOperationError already
+        return CheckpointOperationError
     combined = type(cls.__name__, (cls, CheckpointOperationError), {
         "__module__": __name__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
     })

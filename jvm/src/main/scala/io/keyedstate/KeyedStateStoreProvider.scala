@@ -20,7 +20,7 @@ import io.keyedstate.checkpoint.commit.{CommitStats, SnapshotStrategy, VersionLi
 import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
 import io.keyedstate.checkpoint.retention.RetentionCleaner
 import io.keyedstate.conf.KeyedStateConf
-import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
+import io.keyedstate.errors.{ErrorId, KeyedStateError, KeyedStateErrors}
 import io.keyedstate.metrics.KeyedStateMetrics
 import io.keyedstate.rocks.LocalRocksDB
 import io.keyedstate.ttl.{TtlClock, TtlStats}
@@ -150,8 +150,8 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     synchronized {
       if (version < 0) throw KeyedStateErrors.unexpectedVersion(version)
       if (writable) refuseSavepoint()
-      acquire()
       try {
+        acquire() // a partition held past the wait is Spark's UNRELEASED_THREAD_ERROR (cannotLoad)
         load(version, checkpointId, loadEmpty)
         // The store serves micro-batch `version`: TTL stamps and expires with that batch's time.
         val instance = loaded
@@ -305,7 +305,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       (newVersion, info)
     } catch {
       case NonFatal(e) =>
-        discardLoaded(s"the commit of version $newVersion failed: ${e.getMessage}")
+        discardLoaded(s"the commit of version $newVersion failed: ${KeyedStateError.detailOf(e)}")
         throw KeyedStateErrors.cannotCommit(id, newVersion, e)
     } finally {
       activeStore = null

@@ -9,8 +9,8 @@ package io.keyedstate.errors
  * and docs/errors.md's table from this declaration, and `ErrorCatalogSuite` fails when they
  * drift. An identifier never changes meaning once released.
  *
- * This package imports nothing of keyedstate, so every layer and the standalone Kafka sink may
- * use it.
+ * This package imports no other keyedstate package (its bridge to Spark's own errors lives in
+ * Spark's package), so every layer and the standalone Kafka sink may use it.
  */
 sealed abstract class ErrorId(val name: String, val family: ErrorFamily, val meaning: String) {
   override def toString: String = name

@@ -147,8 +147,9 @@ object KeyedStateErrors {
   private def withContext(fallback: ErrorId, context: String, cause: Throwable): Throwable = {
     val detail = s"$context: ${KeyedStateError.detailOf(cause)}"
     cause match {
-      // A failure that is not a file's keeps its kind (a busy partition is no checkpoint file).
-      case k: KeyedStateError if k.error.family != ErrorFamily.Checkpoint => new KeyedStateStateException(k.error, detail, cause)
+      // keyedstate's error keeps its Java type: a busy partition is no file, a file's stays an IOException.
+      case k: KeyedStateStateException => new KeyedStateStateException(k.error, detail, cause)
+      case k: KeyedStateArgumentException => new KeyedStateArgumentException(k.error, detail, cause)
       case k: KeyedStateError => new CheckpointFileException(k.error, detail, cause)
       case _ => new CheckpointFileException(fallback, detail, cause)
     }
