@@ -8,6 +8,7 @@ import org.scalatest.funsuite.AnyFunSuite
 
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateStateException}
+import io.keyedstate.Eventually.eventually
 
 /**
  * The provider under what meets its instance from other threads and from below: buffered writes
@@ -147,11 +148,4 @@ class ProviderConcurrencySuite extends AnyFunSuite with ProviderFixture {
 
   private def causes(e: Throwable): List[Throwable] = if (e == null) Nil else e :: causes(e.getCause)
 
-  private def eventually(condition: => Boolean): Unit = {
-    val deadline = System.nanoTime() + 30L * 1000 * 1000 * 1000
-    while (!condition) {
-      if (System.nanoTime() > deadline) fail("timed out")
-      Thread.sleep(5)
-    }
-  }
 }

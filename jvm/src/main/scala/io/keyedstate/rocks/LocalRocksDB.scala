@@ -91,9 +91,17 @@ final class LocalRocksDB private (
 
   /** The database once the buffered writes of `only` that family (or of all) are in it; see [[spill]]. */
   private def written(only: Option[String], asFiles: Boolean = false): RocksDB = {
-    awaitFrozenSpill() // first without the lock, which the task's reads and writes need meanwhile
-    lock.synchronized(spill(only.fold(buffer.columnFamilies.toList)(List(_)), asFiles))
+    lockedAfterFrozenSpill(spill(only.fold(buffer.columnFamilies.toList)(List(_)), asFiles))
     db
+  }
+
+  /**
+   * `body` under the buffer's lock once the frozen buffer is in RocksDB: waited for without the
+   * lock first (other threads' reads need it meanwhile), then checked again under it.
+   */
+  private def lockedAfterFrozenSpill[T](body: => T): T = {
+    awaitFrozenSpill()
+    lock.synchronized { awaitFrozenSpill(); body }
   }
 
   def columnFamilies: Set[String] = families.keySet
@@ -159,8 +167,7 @@ final class LocalRocksDB private (
   def dropColumnFamily(name: String): Boolean = usingDb("drop a column family") {
     // Its waiting writes go with it; the frozen ones are in RocksDB first (their background write
     // uses the handle), so a family created again under the name starts with nothing buffered.
-    // Waited for without the lock first, as the reads of other threads need it meanwhile.
-    def dropBuffered(): Unit = { awaitFrozenSpill(); lock.synchronized { awaitFrozenSpill(); buffer.remove(name) } }
+    def dropBuffered(): Unit = lockedAfterFrozenSpill(buffer.remove(name))
     families.get(name) match {
       case None => false
       case Some(_) if name == LocalRocksDB.DefaultColumnFamily =>
@@ -303,13 +310,9 @@ final class LocalRocksDB private (
    * hold every write waits for the background write first. False when nothing was started
    * (RocksDB refused the flush: writes stopped).
    */
-  def flushInBackground(): Boolean = usingDb("flush") {
-    awaitFrozenSpill() // the previous one's: without the lock, which reads need meanwhile
-    lock.synchronized(freeze())
-  }
+  def flushInBackground(): Boolean = usingDb("flush")(lockedAfterFrozenSpill(freeze())) // the previous one's first
 
   private def freeze(): Boolean = {
-    awaitFrozenSpill()
     // The background write holds no handle: a drop and the close wait for it before theirs go.
     val toFlush = families.values.map(_.handle).toList
     if (buffer.isEmpty) flushAll(toFlush, waitForFlush = false)

@@ -8,6 +8,7 @@ import org.scalatest.funsuite.AnyFunSuite
 import io.keyedstate.checkpoint.LocalFiles
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.rocks.LocalRocksDB
+import io.keyedstate.Eventually.eventually
 
 /**
  * Point reads (keyMayExist first, `get` as the fallback) return exactly what `get` would; prefix
@@ -108,13 +109,6 @@ class LocalRocksDBSuite extends AnyFunSuite {
     }
   }
 
-  private def eventually(condition: => Boolean): Unit = {
-    val deadline = System.nanoTime() + 30L * 1000 * 1000 * 1000
-    while (!condition) {
-      assert(System.nanoTime() < deadline, "timed out")
-      Thread.sleep(5)
-    }
-  }
 
   test("prefix scans see every write before them, nest, and end at the prefix, with a reused iterator") {
     val dir = Files.createTempDirectory("keyedstate-rocks").toFile
