@@ -126,3 +126,43 @@ def test_savepoint_commands_report_in_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1, done.stderr[-3000:]
     said = "keyedstate savepoint: [KEYEDSTATE_CHECKPOINT_FILE_MISSING] No savepoint at "
     assert lines[0].startswith(f"{said}file:{missing}: "), lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["savepoint", "create", "--checkpoint", "/c", "--target", "/t", "--format", "binary"],
+         "keyedstate savepoint create: argument --format: invalid choice: 'binary'"),
+        (["rescale", "--checkpoint", "/c"],
+         "keyedstate rescale: the following arguments are required: --partitions"),
+        (["savepoint"], "keyedstate savepoint: the following arguments are required: action"),
+    ],
+)
+def test_a_refused_argument_is_one_line_without_usage(argv: list[str], said: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "keyedstate.tools.cli", *argv],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(said), done.stderr
+
+
+def test_the_tools_run_at_low_cpu_priority_unless_told(tmp_path: Path) -> None:
+    """A savepoint or an inspect beside a running query takes only the CPU the query leaves:
+    the command and the JVM it starts run at the lowest priority, unless --priority normal."""
+    script = (
+        "import os, sys\n"
+        "from keyedstate.tools import cli\n"
+        "code = cli.main(sys.argv[1:])\n"
+        "print(code, os.nice(0))\n"
+    )
+    import os
+
+    for extra, niceness in (([], 19), (["--priority", "normal"], os.nice(0))):
+        done = subprocess.run(
+            [sys.executable, "-c", script, "savepoint", "list", "--dir", str(tmp_path),
+             "--master", "local[1]", *extra],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert done.stdout.split()[-2:] == ["0", str(niceness)], done.stdout + done.stderr[-2000:]

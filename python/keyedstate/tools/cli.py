@@ -11,6 +11,7 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Iterator
+from typing import NoReturn
 
 from keyedstate import _session
 from keyedstate._error_catalog import INVALID_OPTION, QUERY_CHECKPOINT_INVALID, RESCALE_REFUSED
@@ -49,6 +50,18 @@ def _spark_output_to_log(command: str) -> Iterator[_SparkLog]:
                 os.unlink(path)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's refusals in one line (no usage block), exit code 2, as every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+# Niceness of the job's local processes at --priority low: the lowest, so that a savepoint or
+# an inspect beside a running query on the same machine takes only the CPU the query leaves.
+LOW_PRIORITY_NICENESS = 19
+
+
 def _add_spark_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--master",
@@ -66,6 +79,13 @@ def _add_spark_options(parser: argparse.ArgumentParser) -> None:
         "--verbose",
         action="store_true",
         help="show Spark's output (by default it goes to a log file named on failure)",
+    )
+    parser.add_argument(
+        "--priority",
+        choices=["low", "normal"],
+        default="low",
+        help="CPU priority of the job's local processes (the driver, and executors of a local "
+        "master): low (default) yields the cores to running queries on this machine",
     )
 
 
@@ -85,8 +105,6 @@ def _spark(args: argparse.Namespace, app: str):  # noqa: ANN202 - pyspark is imp
 
 
 def _has_master() -> bool:
-    import os
-
     return "--master" in os.environ.get("PYSPARK_SUBMIT_ARGS", "")
 
 
@@ -253,7 +271,7 @@ def _savepoint(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="keyedstate",
         description="keyedstate: Flink-style state for Spark Structured Streaming",
     )
@@ -339,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     if refused is not None:
         print(f"keyedstate {args.command}: {refused}", file=sys.stderr)
         return 2
+    if args.priority == "low":
+        os.nice(LOW_PRIORITY_NICENESS - os.nice(0))  # the JVM Spark starts inherits it
     with contextlib.ExitStack() as stack:
         log = None if args.verbose else stack.enter_context(_spark_output_to_log(args.command))
         where = f" (Spark's log: {log.path})" if log else ""
