@@ -28,7 +28,7 @@ from streaming_harness import (
     refusal,
     start_query,
 )
-from test_savepoints import OUT, PHASES, Line, normalized, tally
+from test_savepoints import OUT, PHASES, Line, checkpoint_format, normalized, tally
 
 PASSED = "k string, v long"
 
@@ -104,15 +104,22 @@ def reference(spark: SparkSession, tmp_path: Path) -> dict[int, list[dict[str, A
     return line.collector.batches
 
 
-@pytest.mark.parametrize("fmt", ["native", "canonical"])
+@pytest.mark.parametrize(
+    ("fmt", "checkpoint_version"), [("native", 1), ("canonical", 1), ("native", 2)]
+)
 def test_a_function_added_before_another_moves_its_state_by_uid(
-    spark: SparkSession, tmp_path: Path, reference: dict[int, list[dict[str, Any]]], fmt: str
+    spark: SparkSession,
+    tmp_path: Path,
+    reference: dict[int, list[dict[str, Any]]],
+    fmt: str,
+    checkpoint_version: int,
 ) -> None:
-    line, savepoint, batch = savepoint_of_phase_one(spark, tmp_path, tally, fmt)
-    restored = tmp_path / "restored"
-    keyedstate.restore_savepoint(spark, str(savepoint), str(restored))
-    # Passing now runs first: Tally moves from operator 1000 to 1001, Passing starts empty.
-    run(spark, line, passing_then_tally(line.source.read_stream(spark)), restored)
+    with checkpoint_format(spark, checkpoint_version):
+        line, savepoint, batch = savepoint_of_phase_one(spark, tmp_path, tally, fmt)
+        restored = tmp_path / "restored"
+        keyedstate.restore_savepoint(spark, str(savepoint), str(restored))
+        # Passing now runs first: Tally moves from operator 1000 to 1001, Passing starts empty.
+        run(spark, line, passing_then_tally(line.source.read_stream(spark)), restored)
     assert normalized(line.collector.batches, batch) == normalized(reference, batch)
     seen = keyedstate.state.read(spark, str(restored), "pass", "seen").drop("partition_id")
     want: dict[str, int] = {}

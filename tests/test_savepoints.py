@@ -6,10 +6,11 @@ savepoint is never taken for one; list and dispose."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,67 @@ def test_a_restored_savepoint_continues_as_the_uninterrupted_query(
     fmt: str,
     provider: str | None,
 ) -> None:
+    restores_and_continues(spark, tmp_path, build, mode, partitions, fmt, provider)
+
+
+FORMAT_VERSION = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+
+
+@contextlib.contextmanager
+def checkpoint_format(spark: SparkSession, version: int) -> Iterator[None]:
+    """Queries started inside run with checkpoint format ``version``."""
+    previous = spark.conf.get(FORMAT_VERSION)
+    spark.conf.set(FORMAT_VERSION, str(version))
+    try:
+        yield
+    finally:
+        spark.conf.set(FORMAT_VERSION, previous)
+
+
+def commit_ids(checkpoint: Path, batch: int) -> Any:  # noqa: ANN401 - JSON
+    return json.loads((checkpoint / "commits" / str(batch)).read_text().splitlines()[1]).get(
+        "stateUniqueIds"
+    )
+
+
+@pytest.mark.parametrize(
+    ("build", "mode", "partitions", "fmt"),
+    [
+        (tally, "append", None, "native"),
+        (tally, "append", 3, "native"),
+        (counts, "update", 3, "canonical"),
+        (tally, "append", 1, "canonical"),
+    ],
+    ids=["keyed-function", "keyed-function-to-3", "canonical-aggregation-to-3",
+         "canonical-keyed-function-to-1"],
+)
+def test_a_format_v2_query_restores_at_any_count_in_either_format(
+    spark: SparkSession, tmp_path: Path, build: Build, mode: str, partitions: int | None, fmt: str
+) -> None:
+    """Under checkpoint format v2 (a commit records an id per store version) a savepoint keeps
+    its versions by version alone and its commits without ids: it restores at any count, and the
+    restored query, still on format v2, records ids again from its next commit."""
+    with checkpoint_format(spark, 2):
+        batch, restored = restores_and_continues(
+            spark, tmp_path, build, mode, partitions, fmt, None
+        )
+    assert commit_ids(tmp_path / "reference" / "checkpoint", batch), "the query ran on format v1"
+    assert commit_ids(restored, batch) is None
+    assert commit_ids(restored, committed_batches(restored)[-1])
+
+
+def restores_and_continues(
+    spark: SparkSession,
+    tmp_path: Path,
+    build: Build,
+    mode: str,
+    partitions: int | None,
+    fmt: str,
+    provider: str | None,
+) -> tuple[int, Path]:
+    """Saves a line after its first phase, restores it (at ``partitions``, into ``provider``)
+    and runs the second phase on the restored checkpoint: its output after the saved batch
+    equals an uninterrupted run's. (the saved batch, the restored checkpoint)"""
     reference = Line(spark, tmp_path / "reference", build, mode)
     for phase in PHASES:
         reference.run(tmp_path / "reference" / "checkpoint", phase)
@@ -250,6 +312,7 @@ def test_a_restored_savepoint_continues_as_the_uninterrupted_query(
         normalized(reference.collector.batches, batch),
     )
     assert got == want
+    return batch, restored
 
 
 def test_a_canonical_savepoint_moves_spark_rocksdb_state_into_keyedstate(

@@ -50,7 +50,7 @@ class SavepointInfo:
     state_version: int
     partitions: int
     provider: str
-    checkpoint_ids: bool
+    source_checkpoint_ids: bool
     operators: list[SavepointOperator]
     files: int
     bytes: int

@@ -9,6 +9,8 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileSystem, Path}
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.types.StructType
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.{JsonMethods, Serialization}
@@ -199,7 +201,9 @@ object RestoreMapping {
       numPartitions: Int, batch: Long, spec: ProcessSpec, input: StructType): Unit = {
     val layout = new StateLayout(spec, input)
     val declaration = OperatorDeclaration.of(spec, input)
-    val storeConf = new StateStoreConf(session.sessionState.conf, StoreOptions.ttlOptions(spec.states, id))
+    // Named by version alone (format v1), as the restored batch's commit records no ids.
+    val v1 = KeyedProcessSqlBridge.sqlConfWith(session, Map(SQLConf.STATE_STORE_CHECKPOINT_FORMAT_VERSION.key -> "1"))
+    val storeConf = new StateStoreConf(v1, StoreOptions.ttlOptions(spec.states, id))
     (0 until numPartitions).foreach { p =>
       val providerId = StateStoreProviderId(StateStoreId(stateRoot, id, p), UUID.randomUUID())
       val provider = StateStoreProvider.createAndInit(providerId, layout.keySchema, layout.defaultValueSchema,

@@ -14,6 +14,7 @@ import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, UnsafeProj
 import org.apache.spark.sql.catalyst.expressions.SpecializedGetters
 import org.apache.spark.sql.catalyst.util.{ArrayData, MapData}
 import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.types._
 import org.apache.spark.util.SerializableConfiguration
@@ -59,8 +60,10 @@ final class CheckpointWriter(spark: SparkSession, val target: QueryCheckpoint, v
     require(tables.nonEmpty && tables.forall(t => t._1.operatorId == op && t._1.storeName == storeName))
     val pinned = if (batch < 0) Map.empty[String, String] else target.pinnedConf(batch)
     // Each written version is a full snapshot, committed with it: the restored query loads
-    // files, replays nothing, and bootstrapped state can be published as version 0.
-    val snapshots = Map(KeyedStateConf.Prefix + "changelogCheckpointing" -> "false")
+    // files, replays nothing, and bootstrapped state can be published as version 0. It is named
+    // by version alone (format v1), as the commits a savepoint holds record no ids.
+    val snapshots = Map(KeyedStateConf.Prefix + "changelogCheckpointing" -> "false",
+      SQLConf.STATE_STORE_CHECKPOINT_FORMAT_VERSION.key -> "1")
     val conf = KeyedProcessSqlBridge.sqlConfWith(spark, pinned ++ settings ++ snapshots)
     val storeConf = new StateStoreConf(conf, tables.flatMap(_._1.ttlOptions).toMap)
     val hadoopConf = new SerializableConfiguration(target.hadoopConf)

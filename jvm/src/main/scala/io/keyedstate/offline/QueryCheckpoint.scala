@@ -88,6 +88,18 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
     lines.updated(1, compact(render(updated))).mkString("\n")
   }
 
+  /**
+   * The commit log entry of `batch` without its state checkpoint ids: what a savepoint keeps, so
+   * that the store versions it holds load by version alone (`<version>.manifest`) whatever
+   * format the restored query runs with (under format v2 Spark loads a version its last commit
+   * records no id for by version, and records ids again from its next commit).
+   */
+  def commitWithoutCheckpointIds(batch: Long): String = {
+    val lines = readLines(commitPath(batch))
+    if (lines.size < 2) lines.mkString("\n")
+    else lines.updated(1, compact(render(parse(lines(1)).removeField(_._1 == "stateUniqueIds")))).mkString("\n")
+  }
+
   /** The commit log entry of `batch`'s `stateUniqueIds` (checkpoint format v2), or JNothing. */
   private def stateUniqueIds(batch: Long): JValue = {
     val lines = readLines(commitPath(batch))

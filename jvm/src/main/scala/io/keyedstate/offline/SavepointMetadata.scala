@@ -43,6 +43,8 @@ final case class SavepointOperator(
  * by anything that reads Parquet and restorable at any partition count, into any provider that
  * can hold the operator's state). Paths are relative, so the folder can move. The query's logs
  * up to `batchId` travel with it, so a query restored from it resumes at the next batch.
+ * `sourceCheckpointIds`: the query ran with checkpoint format v2; the savepoint itself holds its
+ * versions by version alone, so a restored query may run with either format.
  */
 final case class SavepointMetadata(
     format: String,
@@ -55,7 +57,7 @@ final case class SavepointMetadata(
     stateVersion: Long,
     partitions: Int,
     provider: String,
-    checkpointIds: Boolean,
+    sourceCheckpointIds: Boolean,
     operators: Seq[SavepointOperator],
     files: Seq[SavepointFile]) {
   def totalBytes: Long = files.iterator.map(_.size).sum

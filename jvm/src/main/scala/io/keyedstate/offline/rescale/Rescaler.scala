@@ -92,7 +92,8 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
     if (src.usesCheckpointIds(batch)) {
       throw KeyedStateErrors.unsupported(ErrorId.RescaleRefused,
         s"${src.commitPath(batch)} carries state checkpoint ids (spark.sql.streaming.stateStore." +
-          "checkpointFormatVersion=2): rescale supports checkpoint format version 1 only")
+          "checkpointFormatVersion=2): rescale rewrites checkpoint format version 1 only; take a savepoint and " +
+          "restore it at the new count (a savepoint holds its versions without ids)")
     }
     val from = pinned.get(PartitionsKey).flatMap(_.toIntOption).getOrElse(throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
       s"${src.offsetPath(batch)} does not pin $PartitionsKey"))

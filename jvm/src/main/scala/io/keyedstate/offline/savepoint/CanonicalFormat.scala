@@ -29,11 +29,7 @@ final class CanonicalFormat(spark: SparkSession, hadoopConf: Configuration, prog
   def name: String = SavepointMetadata.Canonical
 
   def check(src: QueryCheckpoint, batch: Long, usesCheckpointIds: Boolean): Unit =
-    if (usesCheckpointIds) {
-      throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid, s"${src.commitPath(batch)} carries state " +
-        "checkpoint ids (spark.sql.streaming.stateStore.checkpointFormatVersion=2): a canonical savepoint is taken " +
-        "of checkpoint format version 1 only; take a native one")
-    }
+    NativeFormat.refuseSeveralStoresWithIds(src, usesCheckpointIds)
 
   def write(src: QueryCheckpoint, dst: QueryCheckpoint, batch: Long, partitions: Int,
       usesCheckpointIds: Boolean): (Seq[SavepointOperator], Seq[SavepointFile]) = {

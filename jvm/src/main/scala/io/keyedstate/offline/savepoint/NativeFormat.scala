@@ -33,11 +33,7 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
 
   def check(src: QueryCheckpoint, batch: Long, usesCheckpointIds: Boolean): Unit = {
     src.requireKeyedStateProvider(batch, "native savepoint")
-    if (usesCheckpointIds && src.operators.exists(op => src.storeNames(op, 0).exists(_ != StateStoreId.DEFAULT_STORE_NAME))) {
-      throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid, s"${src.root} keeps several state stores " +
-        "per operator (a stream-stream join) and its commits record state checkpoint ids (checkpoint format v2): " +
-        "a savepoint reads such a query with format v1 only")
-    }
+    refuseSeveralStoresWithIds(src, usesCheckpointIds)
   }
 
   def write(src: QueryCheckpoint, dst: QueryCheckpoint, batch: Long, partitions: Int,
@@ -64,7 +60,7 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
         .bytesWritten
     } else {
       val stores = for (op <- metadata.operators; store <- op.stores) yield op.operatorId -> store
-      val copied = copy(sp, dst, stores, metadata.batchId, metadata.partitions, metadata.checkpointIds, "restore",
+      val copied = copy(sp, dst, stores, metadata.batchId, metadata.partitions, usesIds = false, "restore",
         verify = true)
       val stateFiles = copied.flatMap(_.files).map(_.path).toSet
       val logs = metadata.files.filterNot(f => stateFiles(f.path)).map(f => Savepoints.copyFile(sp, dst, f.path))
@@ -78,7 +74,9 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
 
   /**
    * Links or copies every store partition's version `batch + 1` from `from` to `to`; under format v2 by
-   * the checkpoint ids the commit of `batch` records (read once per operator).
+   * the checkpoint ids the commit of `batch` records (read once per operator). The copy is saved
+   * under the version's name alone (`<version>.manifest`), as the savepoint's commits keep no ids:
+   * a savepoint, and every checkpoint restored from it, is independent of the source's format.
    */
   private def copy(from: QueryCheckpoint, to: QueryCheckpoint, stores: Seq[(Int, String)], batch: Long,
       partitions: Int, usesIds: Boolean, operation: String, verify: Boolean): Seq[CopiedStore] = {
@@ -96,6 +94,17 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
 }
 
 object NativeFormat {
+  /**
+   * Under format v2 a commit records one id per store of an operator, in an order Spark does not
+   * publish for a stream-stream join's four stores: such a query is refused, not guessed at.
+   */
+  def refuseSeveralStoresWithIds(src: QueryCheckpoint, usesCheckpointIds: Boolean): Unit =
+    if (usesCheckpointIds && src.operators.exists(op => src.storeNames(op, 0).exists(_ != StateStoreId.DEFAULT_STORE_NAME))) {
+      throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid, s"${src.root} keeps several state stores " +
+        "per operator (a stream-stream join) and its commits record state checkpoint ids (checkpoint format v2): " +
+        "a savepoint reads such a query with format v1 only")
+    }
+
   /** Executor side: copies one store partition's version and its manifest, each file checked. */
   def copyStore(task: StoreCopy, hadoopSettings: Map[String, String]): CopiedStore = {
     val hadoopConf: Configuration = OfflineJob.hadoopConf(hadoopSettings)
@@ -106,8 +115,8 @@ object NativeFormat {
     // A savepoint links the checkpoint's files (checked by size), a restore links or copies
     // the savepoint's (checked by CRC32C): a damaged file is found before a query loads it.
     manifest.allFiles.foreach(f => source.linkOrCopyTo(f, task.version, target, verify = task.verify))
-    target.writeManifest(manifest, checkpointIdsEnabled = task.checkpointId.isDefined)
-    val manifestPath = target.manifestPath(task.version, task.checkpointId)
+    target.writeManifest(manifest, checkpointIdsEnabled = false)
+    val manifestPath = target.manifestPath(task.version, None)
     val dir = task.store.describe // state/<op>/<partition>[/<store>], relative to the root
     val (size, crc) = Savepoints.checksum(manifestPath.getFileSystem(hadoopConf), manifestPath, s"manifest $manifestPath")
     val files = manifest.allFiles.map(f => SavepointFile(s"$dir/${f.path}", f.size, f.crc32c)) :+

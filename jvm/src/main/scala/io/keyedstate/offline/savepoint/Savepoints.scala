@@ -245,7 +245,16 @@ object Savepoints {
    * the batch before `batch` while the savepoint ran (a file source's log, compacted since).
    */
   private def copyLog(from: QueryCheckpoint, to: QueryCheckpoint, relative: String, batch: Long): Option[SavepointFile] =
-    try Some(copyFile(from, to, relative))
+    try Some(
+      if (relative.startsWith("commits/") && batchOf(relative).exists(from.usesCheckpointIds)) {
+        // The savepoint's versions are saved under version names alone (NativeFormat.copy).
+        val text = from.commitWithoutCheckpointIds(batchOf(relative).get)
+        to.writeFile(new Path(to.root, relative), text)
+        val bytes = text.getBytes(java.nio.charset.StandardCharsets.UTF_8)
+        val crc = new CRC32C()
+        crc.update(bytes)
+        SavepointFile(relative, bytes.length.toLong, crc.getValue)
+      } else copyFile(from, to, relative))
     catch {
       case _: CheckpointFileException
           if batchOf(relative).exists(_ < batch - 1) && !from.fs.exists(new Path(from.root, relative)) => None
