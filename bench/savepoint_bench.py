@@ -17,7 +17,9 @@ One process, one local[2] session on keyedstate's provider:
    each) and reports its median batch time before any savepoint, while native savepoints of it
    are taken one after the other for 20 s, and for the batches that overlap one of 10 single
    native savepoints, or one of 3 canonical ones, taken 2.5 s apart (the same two cores serve
-   the query and the savepoints).
+   the query and the savepoints), and for the batches that overlap one of 3 savepoints of each
+   format taken by the CLI in another process (``keyedstate savepoint create``, at its default
+   low CPU priority), from its start to its exit.
 
 Prints a table and the load average (the machine is shared). Usage:
 
@@ -31,6 +33,7 @@ import datetime as dt
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -133,15 +136,17 @@ def batch_times_while(
         ]
         during = []
         for action in actions:
-            mark = len(query.recentProgress)
+            began = time.time()
             action()
+            # By time, not by index: the query keeps only its last 100 progress reports.
             during.append(
                 [
                     (start, start + ms / 1000, ms)
-                    for p in query.recentProgress[mark:]
+                    for p in query.recentProgress
                     if p["numInputRows"] > 0
                     for ms in [p["durationMs"]["triggerExecution"]]
                     for start in [dt.datetime.fromisoformat(p["timestamp"]).timestamp()]
+                    if start >= began
                 ]
             )
     finally:
@@ -203,7 +208,8 @@ def main() -> int:
                 total = state["numRowsTotal"]
                 check = "ok" if total == expected else f"WRONG {total}"
                 rows.append((name, took, dir_bytes(target), f"restarted: {total} keys, {check}"))
-                shutil.rmtree(target)
+                # The stopped query's stores release their leases in the background.
+                shutil.rmtree(target, ignore_errors=True)
         keyedstate.dispose_savepoint(spark, str(work / "savepoint"))
         keyedstate.dispose_savepoint(spark, str(work / "canonical"))
 
@@ -240,7 +246,24 @@ def main() -> int:
                 shutil.rmtree(target)
                 time.sleep(pause)
 
-        before_ms, (during, singles, canonicals) = batch_times_while(
+        def cli_savepoints(count: int, pause: float, fmt: str) -> None:
+            """Savepoints of the running query by the CLI, another process (another Spark
+            application), one at a time: its whole run, start to exit, is the window."""
+            for i in range(count):
+                target = work / f"cli-{fmt}-{i}"
+                began = time.time()
+                subprocess.run(
+                    [sys.executable, "-m", "keyedstate.tools.cli", "savepoint", "create",
+                     "--checkpoint", str(checkpoint), "--target", str(target), "--format", fmt,
+                     "--master", "local[2]"],
+                    check=True, capture_output=True, timeout=600,
+                )
+                spaced[f"cli {fmt}"].append((began, time.time()))
+                shutil.rmtree(target)
+                time.sleep(pause)
+
+        spaced["cli native"], spaced["cli canonical"] = [], []
+        before_ms, (during, singles, canonicals, cli_natives, cli_canonicals) = batch_times_while(
             spark,
             inputs,
             checkpoint,
@@ -249,6 +272,8 @@ def main() -> int:
                 lambda: savepoints_for(20),
                 lambda: one_savepoint_at_a_time(10, 2.5, "native"),
                 lambda: one_savepoint_at_a_time(3, 2.5, "canonical"),
+                lambda: cli_savepoints(3, 2.5, "native"),
+                lambda: cli_savepoints(3, 2.5, "canonical"),
             ],
         )
         before = statistics.median(before_ms)
@@ -284,7 +309,12 @@ def main() -> int:
             f"other ({back_to_back / before:.2f}x; {len(taken)} savepoints, "
             f"median {statistics.median(taken):.2f} s)"
         )
-        for fmt, batches in (("native", singles), ("canonical", canonicals)):
+        for fmt, batches in (
+            ("native", singles),
+            ("canonical", canonicals),
+            ("cli native", cli_natives),
+            ("cli canonical", cli_canonicals),
+        ):
             hit = overlapping(batches, fmt)
             if hit:
                 single = statistics.median(hit)
