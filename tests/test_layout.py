@@ -1,15 +1,18 @@
 """The code is laid out by layer, lowest first: a module imports its own package and lower
 layers, never another package of its layer or a higher one (Python and the JVM alike); the
-package root (``keyedstate/__init__.py``) is the facade that re-exports every layer, and only
-the tools use it from inside."""
+package root (``keyedstate/__init__.py``) is the lazy facade that re-exports every layer, imports
+none of them until a name is used, and only the tools use it from inside."""
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "python" / "keyedstate"
 
@@ -90,13 +93,30 @@ def imported_packages(path: Path) -> list[tuple[str, bool, int]]:
     return found
 
 
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a fresh interpreter importing this checkout's keyedstate."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(PACKAGE.parent), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env
+    )
+
+
 def test_python_modules_import_only_their_own_or_lower_layers() -> None:
     rank = {name: i for i, layer in enumerate(PY_LAYERS) for name in layer}
     problems = []
     for path in sorted(PACKAGE.rglob("*.py")):
         package = package_of(path)
         if package == "":
-            continue  # the facade
+            # The facade: every import lazy (in a function or for type checkers only).
+            problems += [
+                f"{path.relative_to(PACKAGE)}:{line} imports keyedstate.{imported} on import"
+                for imported, top, line in imported_packages(path)
+                if top
+            ]
+            continue
         assert package in rank, f"{path.relative_to(PACKAGE)}: {package!r} has no layer"
         for imported, top, line in imported_packages(path):
             where = f"{path.relative_to(PACKAGE)}:{line} ({package})"
@@ -133,7 +153,53 @@ def test_importing_the_package_loads_no_engine_and_every_module_imports_alone() 
         "    importlib.import_module(name)\n"
         "print('ok')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    done = run_python(code)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+# What the state API and the errors must load without: the layers that run queries or jobs.
+PY_RUNTIME_LAYERS = ("offline", "runtime", "sinks", "engine")
+
+
+@pytest.mark.parametrize("module", ["keyedstate", "keyedstate.errors", "keyedstate.state"])
+def test_the_facade_errors_and_state_api_import_no_runtime_layer(module: str) -> None:
+    done = run_python(
+        f"import {module}, sys; "
+        "print(sorted(m for m in sys.modules if m.startswith('keyedstate')))"
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert module in loaded
+    runtime = [m for m in loaded if m.split(".")[1:2] and m.split(".")[1] in PY_RUNTIME_LAYERS]
+    assert not runtime, f"import {module} loaded {runtime}"
+
+
+def test_every_name_of_the_facade_resolves_to_the_object_it_names() -> None:
+    """Each name in ``keyedstate.__all__`` (and ``dir(keyedstate)``) resolves in a fresh
+    interpreter, to the object of the module its ``TYPE_CHECKING`` import names: the type
+    checkers' view and the runtime's are the same names."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    declared = {
+        alias.name: node.module
+        for block in tree.body
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    code = (
+        "import importlib, keyedstate\n"
+        f"declared = {declared!r}\n"
+        "assert sorted(keyedstate.__all__) == sorted(declared), "
+        "set(keyedstate.__all__) ^ set(declared)\n"
+        "for name in keyedstate.__all__:\n"
+        "    value = getattr(keyedstate, name)\n"
+        "    assert value is getattr(importlib.import_module(declared[name]), name), name\n"
+        "for name in dir(keyedstate):\n"
+        "    getattr(keyedstate, name)\n"
+        "print('ok', len(keyedstate.__all__))\n"
+    )
+    done = run_python(code)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 
 
