@@ -5,7 +5,7 @@ API (``key_by``, the functions, descriptors and state types); see docs/python-ap
 
 A lazy facade (PEP 562): each name is imported from its module when first used, so that
 ``import keyedstate.errors`` or ``import keyedstate.state`` loads neither the offline
-operations, the runtime, the sinks nor the engine (tests/test_layout.py checks it).
+operations, the runtime, the sinks nor the engine (tests/project/test_layout.py checks it).
 """
 
 from __future__ import annotations
