@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.paths import PYTHON_SOURCES
+from tests.support.paths import PYTHON_SOURCES, REPO
 
 PACKAGE = PYTHON_SOURCES / "keyedstate"
 
@@ -157,6 +157,35 @@ def test_importing_the_package_loads_no_engine_and_every_module_imports_alone() 
     )
     done = run_python(code)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+TESTS = REPO / "tests"
+# Folders of Python files that are not modules: scripts tests run as their own processes.
+TEST_SCRIPT_FOLDERS = {TESTS / "support" / "drivers"}
+
+
+def test_tests_are_laid_out_by_layer() -> None:
+    """The tests are laid out like the code (docs/testing.md): each test module in a layer's
+    folder, none at the top of tests/; every folder of modules a package (imported by full name,
+    so two folders may hold modules of one name); tests/support imports no test module."""
+    problems = [f"tests/{p.name} is not in a layer's folder" for p in TESTS.glob("test_*.py")]
+    for folder in sorted({p.parent for p in TESTS.rglob("*.py")} - TEST_SCRIPT_FOLDERS):
+        if not (folder / "__init__.py").exists():
+            problems.append(f"{folder.relative_to(REPO)} has no __init__.py")
+    for path in sorted((TESTS / "support").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            problems += [
+                f"{path.relative_to(REPO)}:{node.lineno} imports {name}"
+                for name in names
+                if name.split(".")[0] == "tests" and name.split(".")[1:2] != ["support"]
+            ]
+    assert not problems, "\n".join(problems)
 
 
 # What the state API and the errors must load without: the layers that run queries or jobs.
