@@ -1,12 +1,12 @@
 """SIGKILL the whole driver (Python + JVM) at random points; restarts must be exactly-once.
 
-The driver (drivers/agg_driver.py) runs a count/sum per key over NUM_FILES input files, one file
-per micro-batch, and writes each batch's output idempotently: with Spark's streaming aggregation
-(update mode), and with a keyedstate Python API function (a ValueState per key). This test kills its
-process group at seeded random points in different phases (JVM startup, mid-batch, right after a
-commit, after a random delay) and restarts it on the same checkpoint until it finishes. Alongside,
-the same driver runs uninterrupted on a fresh checkpoint. Per-batch and final results of the two
-must be identical, and equal to the values computed here in plain Python.
+The driver (tests/support/drivers/agg_driver.py) runs a count/sum per key over NUM_FILES input
+files, one file per micro-batch, and writes each batch's output idempotently: with Spark's streaming
+aggregation (update mode), and with a keyedstate Python API function (a ValueState per key). This
+test kills its process group at seeded random points in different phases (JVM startup, mid-batch,
+right after a commit, after a random delay) and restarts it on the same checkpoint until it
+finishes. Alongside, the same driver runs uninterrupted on a fresh checkpoint. Per-batch and final
+results of the two must be identical, and equal to the values computed here in plain Python.
 
 KILL_TEST_SEED picks the kill points; the seed and the kill log are printed. KILL_TEST_KILLS sets
 how many kills (4 by default; `make soak` runs 100, with as many input files as they need) and

@@ -1,17 +1,17 @@
 """End to end exactly once: Kafka in, keyed state, PostgreSQL and Kafka out, with the driver
 SIGKILLed at random points and the database and the broker killed mid-run.
 
-The driver (drivers/pipeline_driver.py) reads a Kafka topic a few records per micro-batch, keeps
-a running count and sum per key in keyedstate state, and writes one row per event to a
-PostgreSQL table and, transactionally, to a Kafka topic, under a fixed-delay restart strategy.
+The driver (tests/support/drivers/pipeline_driver.py) reads a Kafka topic a few records per
+micro-batch, keeps a running count and sum per key in keyedstate state, and writes one row per event
+to a PostgreSQL table and, transactionally, to a Kafka topic, under a fixed-delay restart strategy.
 An uninterrupted run on its own checkpoint, table and topic gives the reference. Then the same
-driver runs on a second checkpoint and is SIGKILLed ``PIPELINE_KILLS`` times (6 in CI; ``make
-soak`` runs the issue's 20, about 12 minutes) at seeded random points: while it starts, with a
-batch in flight, inside the sinks (PostgreSQL written, Kafka not yet), right after a batch's
-sinks, after a commit. Once each, while it runs, the PostgreSQL server and the Kafka broker are
-killed and restarted (the restart strategy brings the query back). Each time the driver restarts
-on the same checkpoint. At the end the table and the ``read_committed`` topic must equal the
-uninterrupted run's and the values computed here: nothing lost, nothing duplicated.
+driver runs on a second checkpoint and is SIGKILLed ``PIPELINE_KILLS`` times (6 in CI; ``make soak``
+runs the issue's 20, about 12 minutes) at seeded random points: while it starts, with a batch in
+flight, inside the sinks (PostgreSQL written, Kafka not yet), right after a batch's sinks, after a
+commit. Once each, while it runs, the PostgreSQL server and the Kafka broker are killed and
+restarted (the restart strategy brings the query back). Each time the driver restarts on the same
+checkpoint. At the end the table and the ``read_committed`` topic must equal the uninterrupted run's
+and the values computed here: nothing lost, nothing duplicated.
 
 PIPELINE_SEED picks the kill points; the seed and the kill log are printed.
 """
