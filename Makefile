@@ -20,7 +20,7 @@ $(PY): pyproject.toml
 setup: $(PY) jar connectors storage
 
 # Jars the Kafka tests need, from Maven Central (dev/connectors/*/pom.xml): the Kafka broker
-# (tests/servers/kafka_broker.py) and Spark's Kafka connector (docs/exactly-once.md).
+# (tests/support/servers/kafka_broker.py) and Spark's Kafka connector (docs/exactly-once.md).
 CONNECTORS := build/connectors
 connectors: $(CONNECTORS)/kafka-broker/.done $(CONNECTORS)/spark-kafka/.done
 
@@ -38,7 +38,7 @@ check-connectors: connectors
 	  $(CONNECTORS)/spark-kafka/kafka-clients-*.jar $(CONNECTORS)/spark-kafka/commons-pool2-*.jar
 
 # Jars the storage tests need, from Maven Central (dev/storage/*/pom.xml): Hadoop's HDFS
-# minicluster (tests/servers/hdfs_cluster.py) and its s3a connector (tests/servers/s3_endpoint.py).
+# minicluster (tests/support/servers/hdfs_cluster.py) and its s3a connector (tests/support/servers/s3_endpoint.py).
 STORAGE := build/storage
 storage: $(STORAGE)/hdfs-minicluster/.done $(STORAGE)/s3a/.done
 
@@ -69,8 +69,8 @@ test: setup test-scala test-python
 # bounded at 50), and the end-to-end pipeline (Kafka in, PostgreSQL and Kafka out) killed 20
 # times (about 12 minutes; CI kills it 6 times).
 soak: setup
-	KILL_TEST_KILLS=100 KILL_TEST_BUDGET_S=4500 $(PY) -m pytest -v tests/test_kill_restart.py
-	PIPELINE_KILLS=20 $(PY) -m pytest -v -s tests/test_exactly_once_pipeline.py
+	KILL_TEST_KILLS=100 KILL_TEST_BUDGET_S=4500 $(PY) -m pytest -v tests/provider/test_kill_restart.py
+	PIPELINE_KILLS=20 $(PY) -m pytest -v -s tests/sinks/test_exactly_once_pipeline.py
 
 wheel: setup
 	$(PY) -m pip wheel --no-deps -w dist .

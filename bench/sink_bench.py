@@ -1,7 +1,7 @@
 """Throughput of keyedstate's exactly-once sinks against plain, non-transactional
 ``foreachBatch`` writes of the same batches, and the recovery time of a killed pipeline.
 
-One run, one PostgreSQL server and one Kafka broker started here (tests/servers/). Each
+One run, one PostgreSQL server and one Kafka broker started here (tests/support/servers/). Each
 competitor is called as ``foreachBatch`` calls it, ``write(df, batch_id)``, on the same batch
 DataFrames (``--rows`` rows of (id bigint, word text, n bigint) each, computed by every call);
 rounds are interleaved so that load on the machine hits all alike. Reported: rows per second of
@@ -15,8 +15,8 @@ the write calls (median over rounds) and each sink's ratio to its plain counterp
   Spark's own Kafka writer (``df.write.format("kafka")``, at-least-once).
 
 Recovery (``--skip-recovery`` leaves it out): the end-to-end pipeline of
-tests/drivers/pipeline_driver.py (Kafka in, keyed state, both sinks) is SIGKILLed after a few
-committed batches and restarted; reported are the seconds from the restart to its first newly
+tests/support/drivers/pipeline_driver.py (Kafka in, keyed state, both sinks) is SIGKILLed after a
+few committed batches and restarted; reported are the seconds from the restart to its first newly
 committed batch, against the seconds from the first start to its first batch.
 
     python bench/sink_bench.py                                  # 5 batches x 200k rows, 3 rounds
@@ -38,14 +38,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-TESTS = Path(__file__).resolve().parent.parent / "tests"
-sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.support
 import keyedstate.sinks  # noqa: E402
 from pyspark.sql import DataFrame, Row  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
-from servers.kafka_broker import KafkaBroker  # noqa: E402
-from servers.postgres_server import PostgresServer  # noqa: E402
-from streaming_harness import (  # noqa: E402
+
+from tests.support.paths import DRIVERS  # noqa: E402
+from tests.support.servers.kafka_broker import KafkaBroker  # noqa: E402
+from tests.support.servers.postgres_server import PostgresServer  # noqa: E402
+from tests.support.streaming_harness import (  # noqa: E402
     committed_batches,
     kill_process_group,
     session_builder,
@@ -251,7 +252,7 @@ def recovery(args: argparse.Namespace, pg: PostgresServer, kafka: KafkaBroker) -
             }
         )
     )
-    driver_script = TESTS / "drivers" / "pipeline_driver.py"
+    driver_script = DRIVERS / "pipeline_driver.py"
 
     def start() -> subprocess.Popen[bytes]:
         log = (work / f"driver-{time.time_ns()}.log").open("w")

@@ -1,12 +1,12 @@
 """Checkpoint storage benchmark: keyedstate against Spark's RocksDB provider with the checkpoint
 on the local file system, on HDFS and on S3, side by side in one process.
 
-One run starts the test servers (tests/servers/: Hadoop's MiniDFSCluster with 3 datanodes, and
-moto's S3 server reached through s3a), then for each storage and provider runs the same
-streaming aggregation (count and sum per key, update mode, ``local[2]``, 4 state partitions,
-parquet input read one file per micro-batch from the local disk; only the checkpoint is on the
-storage): a first batch puts every key in state, then ``--batches`` batches update
-``--updates`` random keys each. Reported per storage and provider, over the update batches:
+One run starts the test servers (tests/support/servers/: Hadoop's MiniDFSCluster with 3 datanodes,
+and moto's S3 server reached through s3a), then for each storage and provider runs the same
+streaming aggregation (count and sum per key, update mode, ``local[2]``, 4 state partitions, parquet
+input read one file per micro-batch from the local disk; only the checkpoint is on the storage): a
+first batch puts every key in state, then ``--batches`` batches update ``--updates`` random keys
+each. Reported per storage and provider, over the update batches:
 
 * batch duration p50/p90 (``durationMs.triggerExecution``) and commit duration p50/p90 (the
   aggregation's ``commitTimeMs``, summed over its partitions), with the providers' own commit
@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-TESTS = Path(__file__).resolve().parent.parent / "tests"
-sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.support
 from bench_support import load_average, median, session  # noqa: E402
 from checkpoint_bench import PROVIDERS, file_kind, use_provider  # noqa: E402
 from pyspark.sql import Column, DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
-from servers.hdfs_cluster import HdfsCluster  # noqa: E402
-from servers.s3_endpoint import S3Endpoint, s3a_jars  # noqa: E402
+
+from tests.support.servers.hdfs_cluster import HdfsCluster  # noqa: E402
+from tests.support.servers.s3_endpoint import S3Endpoint, s3a_jars  # noqa: E402
 
 STORAGES = ("local", "hdfs", "s3")
 REFERENCE = "keyedstate"

@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 if importlib.util.find_spec("keyedstate") is None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
 
-from streaming_harness import (  # noqa: E402
+from tests.support.streaming_harness import (  # noqa: E402
     PROVIDER_UNDER_TEST,
     REFERENCE_PROVIDER,
     session_builder,
@@ -56,9 +56,9 @@ def reference_provider() -> str:
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[object]:
-    """A PostgreSQL server on 127.0.0.1 (tests/servers/postgres_server.py), started on first use
-    and removed after the session."""
-    from servers.postgres_server import PostgresServer
+    """A PostgreSQL server on 127.0.0.1 (tests/support/servers/postgres_server.py), started on
+    first use and removed after the session."""
+    from tests.support.servers.postgres_server import PostgresServer
 
     server = PostgresServer()
     server.start()
@@ -68,9 +68,9 @@ def postgres_server() -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[object]:
-    """A single-node KRaft Kafka broker on 127.0.0.1 (tests/servers/kafka_broker.py; jars from
-    `make connectors`), started on first use and removed after the session."""
-    from servers.kafka_broker import KafkaBroker
+    """A single-node KRaft Kafka broker on 127.0.0.1 (tests/support/servers/kafka_broker.py;
+    jars from `make connectors`), started on first use and removed after the session."""
+    from tests.support.servers.kafka_broker import KafkaBroker
 
     broker = KafkaBroker()
     broker.start()
@@ -80,9 +80,10 @@ def kafka_broker() -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def hdfs_cluster() -> Iterator[object]:
-    """An HDFS MiniDFSCluster with 3 datanodes on 127.0.0.1 (tests/servers/hdfs_cluster.py; jars
-    from `make storage`), started on first use and removed after the session."""
-    from servers.hdfs_cluster import HdfsCluster
+    """An HDFS MiniDFSCluster with 3 datanodes on 127.0.0.1
+    (tests/support/servers/hdfs_cluster.py; jars from `make storage`), started on first use and
+    removed after the session."""
+    from tests.support.servers.hdfs_cluster import HdfsCluster
 
     cluster = HdfsCluster(datanodes=3)
     cluster.start()
@@ -92,9 +93,9 @@ def hdfs_cluster() -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[object]:
-    """moto's S3 server on 127.0.0.1 with one bucket (tests/servers/s3_endpoint.py; s3a jars from
-    `make storage`), started on first use and stopped after the session."""
-    from servers.s3_endpoint import S3Endpoint
+    """moto's S3 server on 127.0.0.1 with one bucket (tests/support/servers/s3_endpoint.py; s3a
+    jars from `make storage`), started on first use and stopped after the session."""
+    from tests.support.servers.s3_endpoint import S3Endpoint
 
     endpoint = S3Endpoint()
     endpoint.start()
@@ -105,8 +106,9 @@ def s3_endpoint() -> Iterator[object]:
 @pytest.fixture(scope="session")
 def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A Spark standalone master and two one-core workers, on 127.0.0.1 and 127.0.0.2
-    (tests/servers/spark_standalone.py), started on first use and stopped after the session."""
-    from servers.spark_standalone import StandaloneCluster
+    (tests/support/servers/spark_standalone.py), started on first use and stopped after the
+    session."""
+    from tests.support.servers.spark_standalone import StandaloneCluster
 
     cluster = StandaloneCluster(tmp_path_factory.mktemp("standalone-cluster")).start()
     yield cluster
@@ -115,7 +117,7 @@ def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[obj
 
 @pytest.fixture
 def drivers() -> Iterator[list[Any]]:
-    """Driver processes a test starts (tests/test_kill_restart.py's ``Driver``); any still
+    """Driver processes a test starts (tests/provider/test_kill_restart.py's ``Driver``); any still
     alive at the end has its process group killed."""
     started: list[Any] = []
     yield started

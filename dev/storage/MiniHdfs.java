@@ -23,7 +23,7 @@ import org.apache.hadoop.hdfs.server.namenode.FSNamesystem;
 
 /**
  * Hadoop's MiniDFSCluster as its own process, for the storage tests
- * (tests/servers/hdfs_cluster.py starts it with `java -cp build/storage/hdfs-minicluster/*
+ * (tests/support/servers/hdfs_cluster.py starts it with `java -cp build/storage/hdfs-minicluster/*
  * dev/storage/MiniHdfs.java BASE_DIR DATANODES`, Java's single-file source launcher).
  *
  * Everything binds 127.0.0.1 on free ports. Once up it prints one line

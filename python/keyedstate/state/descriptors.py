@@ -186,8 +186,8 @@ class AggregatingStateDescriptor(StateDescriptor):
 
 
 # The kinds keyed state is declared with, each with its descriptor; the JVM parses the same names
-# (``io.keyedstate.engine.StateKind``, tests/test_state_declaration.py checks they agree), and
-# OPERATOR_LIST for operator state.
+# (``io.keyedstate.engine.StateKind``, tests/engine/test_state_declaration.py checks they
+# agree), and OPERATOR_LIST for operator state.
 KEYED_STATE_DESCRIPTORS: dict[str, type[StateDescriptor]] = {
     d.kind: d
     for d in (

@@ -18,7 +18,7 @@ import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.LocalDiskException
 
 /**
- * The executor's local disk failing under the provider (tests/test_storage_outages.py fills a
+ * The executor's local disk failing under the provider (tests/storage/test_storage_outages.py fills a
  * real one): every write there that fails names the file, the local directory and the reason,
  * and a failed commit leaves no local file behind. A full disk is played by `/dev/full` (every
  * write fails with ENOSPC), reached through a symbolic link in the place of the file.

@@ -1,0 +1,1 @@
+"""The Python state API (``keyedstate.state``, ``functions``, ``keyed_stream``) on real queries."""

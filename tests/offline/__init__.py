@@ -1,0 +1,2 @@
+"""Offline work on a checkpoint (``keyedstate.offline``): read, savepoints, transform,
+bootstrap, rescale."""

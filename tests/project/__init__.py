@@ -1,0 +1,1 @@
+"""The project as a whole: the code's layout, the errors' classes, the CLI's error lines."""

@@ -1,0 +1,1 @@
+"""The supervisor (``keyedstate.runtime``): restart strategies and checkpoint settings."""

@@ -1,0 +1,1 @@
+"""The exactly-once sinks (``keyedstate.sinks``) and the end-to-end pipeline."""

@@ -1,0 +1,1 @@
+"""Checkpoints on remote storage (HDFS, S3) and storage outages."""
