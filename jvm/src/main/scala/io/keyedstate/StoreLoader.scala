@@ -97,7 +97,7 @@ private[keyedstate] final class StoreLoader(
       history: VersionLineage): LoadedVersion = {
     val changelogs =
       if (conf.changelogCheckpointing) {
-        val codec = Changelog.Codec.named(conf.changelogCompression)
+        val codec = Changelog.Compression.named(conf.changelogCompression)
         Some(() => new Changelog.Writer(new File(workDir, s"changelog-${UUID.randomUUID()}.log"), codec))
       } else None
     val inst = new StoreInstance(db, id.storeName, conf, schema.useColumnFamilies, columnFamilies, changelogs,

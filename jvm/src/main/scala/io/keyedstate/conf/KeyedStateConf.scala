@@ -49,7 +49,7 @@ object KeyedStateConf {
       .getOrElse(file.getAbsoluteFile.getParentFile)
 
   val Compressions: Seq[String] = Seq("none", "snappy", "lz4", "zstd")
-  /** The codecs of changelog files (`checkpoint.commit.Changelog.Codec`). */
+  /** The codecs of changelog files (`checkpoint.commit.Changelog.Compression`). */
   val ChangelogCompressions: Seq[String] = Seq("none", "lz4", "zstd")
 
   /**

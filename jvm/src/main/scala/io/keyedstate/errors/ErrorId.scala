@@ -43,7 +43,7 @@ object ErrorFamily {
   case object KeyedFunction extends ErrorFamily("keyed function", "KeyedFunctionError", Nil,
     "A keyed function cannot run on this checkpoint or query (``KEYED_FUNCTION_*``: a changed key or state " +
       "type, the complete output mode, a provider it cannot use).")
-  case object KafkaSink extends ErrorFamily("kafka sink", "KafkaSinkError", Seq("RuntimeError"),
+  case object Kafka extends ErrorFamily("kafka sink", "KafkaSinkError", Seq("RuntimeError"),
     "A Kafka sink cannot write: bad configuration, unreachable brokers, a missing topic, a DataFrame that is " +
       "not a Kafka record, or a transaction the broker refused.")
   case object BatchCommitted extends ErrorFamily("batch already committed", "BatchAlreadyCommitted", Nil,
@@ -52,7 +52,7 @@ object ErrorFamily {
       "see). The two-phase commit template aborts the transaction and skips the batch.")
 
   val all: Seq[ErrorFamily] =
-    Seq(Checkpoint, LocalDisk, Configuration, Rescale, QueryCheckpoint, Store, KeyedFunction, KafkaSink, BatchCommitted)
+    Seq(Checkpoint, LocalDisk, Configuration, Rescale, QueryCheckpoint, Store, KeyedFunction, Kafka, BatchCommitted)
 }
 
 object ErrorId {
@@ -131,9 +131,9 @@ object ErrorId {
     "a keyed function with a state whose reads write (incremental TTL cleanup on every record) in a session " +
       "started with `spark.python.udf.pipelined.enabled=true` (the first micro-batch fails); names the states")
 
-  case object KafkaSinkFailed extends ErrorId("KEYEDSTATE_KAFKA_SINK_FAILED", KafkaSink,
+  case object KafkaSinkFailed extends ErrorId("KEYEDSTATE_KAFKA_SINK_FAILED", Kafka,
     "the Kafka sink could not write: configuration, brokers, topic, a transaction the broker refused")
-  case object KafkaInvalidRecord extends ErrorId("KEYEDSTATE_KAFKA_INVALID_RECORD", KafkaSink,
+  case object KafkaInvalidRecord extends ErrorId("KEYEDSTATE_KAFKA_INVALID_RECORD", Kafka,
     "a row of the batch is not a Kafka record (a header with a null key, ...)")
   case object KafkaBatchAlreadyCommitted extends ErrorId("KEYEDSTATE_KAFKA_BATCH_ALREADY_COMMITTED", BatchCommitted,
     "a signal, not a failure: another attempt committed the batch meanwhile (the sink skips the batch)")

@@ -41,11 +41,11 @@ object KeyedStateErrors {
   def cannotLoad(id: StateStoreId, version: Long, cause: Throwable): Throwable = {
     val ours = withContext(ErrorId.StateLoadFailed, s"Cannot load version $version of state store $id", cause)
     val precise = Iterator.iterate(cause)(_.getCause).takeWhile(_ != null).take(64).collectFirst {
-      case f: CheckpointFileException if f.missing.isDefined =>
-        StateStoreErrorsBridge.stateFileMissing(f.missing.get, ours)
-      case f: CheckpointFileException if f.sizeMismatch.isDefined =>
-        val m = f.sizeMismatch.get
-        StateStoreErrorsBridge.unexpectedFileSize(m.source, m.local, m.expected, m.found, ours)
+      case f: CheckpointFileException if f.sparkCondition.isDefined => f.sparkCondition.get match {
+        case CheckpointFileException.FileMissing(file) => StateStoreErrorsBridge.stateFileMissing(file, ours)
+        case CheckpointFileException.SizeMismatch(source, local, expected, found) =>
+          StateStoreErrorsBridge.unexpectedFileSize(source, local, expected, found, ours)
+      }
       case b: StoreBusyException =>
         StateStoreErrorsBridge.unreleasedThread(id.toString, Thread.currentThread().getName, "load",
           b.holderThread, b.waitedMs, ours)
@@ -61,12 +61,13 @@ object KeyedStateErrors {
 
   /** A missing file; `file`, when given, is what Spark's load error names as `fileToRead`. */
   def fileMissing(detail: String, cause: Throwable = null, file: Path = null): CheckpointFileException =
-    new CheckpointFileException(ErrorId.CheckpointFileMissing, detail, cause, missing = Option(file))
+    new CheckpointFileException(ErrorId.CheckpointFileMissing, detail, cause,
+      Option(file).map(CheckpointFileException.FileMissing))
 
   /** A state file that arrived with another size than its manifest says. */
   def fileSizeMismatch(detail: String, source: Path, local: File, expected: Long, found: Long): CheckpointFileException =
     new CheckpointFileException(ErrorId.CheckpointFileCorrupt, detail,
-      sizeMismatch = Some(CheckpointFileException.SizeMismatch(source, local, expected, found)))
+      sparkCondition = Some(CheckpointFileException.SizeMismatch(source, local, expected, found)))
 
   /** A task waited too long for the partition another task holds. */
   def storeBusy(detail: String, holderThread: String, waitedMs: Long): StoreBusyException =
@@ -161,19 +162,23 @@ class LocalDiskException(detail: String, cause: Throwable)
     extends KeyedStateIOException(ErrorId.LocalDiskWriteFailed, detail, cause)
 
 /**
- * A store-level failure that names the file and version involved; `missing` and `sizeMismatch`
- * are what Spark's own load conditions name (see [[KeyedStateErrors.cannotLoad]]).
+ * A store-level failure that names the file and version involved; `sparkCondition` is the
+ * precise condition Spark's own load error raises for it, with what that names (see
+ * [[KeyedStateErrors.cannotLoad]]).
  */
 class CheckpointFileException(
     id: ErrorId,
     detail: String,
     cause: Throwable = null,
-    val missing: Option[Path] = None,
-    val sizeMismatch: Option[CheckpointFileException.SizeMismatch] = None)
+    val sparkCondition: Option[CheckpointFileException.SparkCondition] = None)
     extends KeyedStateIOException(id, detail, cause)
 
 object CheckpointFileException {
-  final case class SizeMismatch(source: Path, local: File, expected: Long, found: Long)
+  sealed trait SparkCondition
+  /** `CANNOT_LOAD_STATE_STORE.CANNOT_READ_STREAMING_STATE_FILE`, `fileToRead` the file. */
+  final case class FileMissing(file: Path) extends SparkCondition
+  /** `CANNOT_LOAD_STATE_STORE.UNEXPECTED_FILE_SIZE`. */
+  final case class SizeMismatch(source: Path, local: File, expected: Long, found: Long) extends SparkCondition
 }
 
 /** A task that waited too long for a partition another task of the executor holds. */

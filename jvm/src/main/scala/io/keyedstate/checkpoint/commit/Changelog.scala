@@ -38,28 +38,28 @@ object Changelog {
   private val End: Byte = 127
 
   /** A compression codec of the record stream; `id` is what the header records. */
-  sealed abstract class Codec(val id: Byte, val name: String) {
+  sealed abstract class Compression(val id: Byte, val name: String) {
     def compress(out: OutputStream): OutputStream
     def decompress(in: InputStream): InputStream
   }
-  object Codec {
-    case object NoCompression extends Codec(0, "none") {
+  object Compression {
+    case object NoCompression extends Compression(0, "none") {
       def compress(out: OutputStream): OutputStream = out
       def decompress(in: InputStream): InputStream = in
     }
-    case object Lz4 extends Codec(1, "lz4") {
+    case object Lz4 extends Compression(1, "lz4") {
       def compress(out: OutputStream): OutputStream = new LZ4BlockOutputStream(out, BlockSize)
       def decompress(in: InputStream): InputStream = LZ4BlockInputStream.newBuilder().build(in)
     }
     /** Level 3, zstd's default: the changelog is written once per version and read only on a load. */
-    case object Zstd extends Codec(2, "zstd") {
+    case object Zstd extends Compression(2, "zstd") {
       def compress(out: OutputStream): OutputStream =
         new ZstdOutputStreamNoFinalizer(out, RecyclingBufferPool.INSTANCE).setLevel(3).setChecksum(true)
       def decompress(in: InputStream): InputStream =
         new ZstdInputStreamNoFinalizer(in, RecyclingBufferPool.INSTANCE).setContinuous(false)
     }
-    val all: Seq[Codec] = Seq(NoCompression, Lz4, Zstd)
-    def named(name: String): Codec =
+    val all: Seq[Compression] = Seq(NoCompression, Lz4, Zstd)
+    def named(name: String): Compression =
       all.find(_.name == name).getOrElse(throw KeyedStateErrors.invalidOption(s"Unknown changelog codec '$name'"))
   }
 
@@ -69,7 +69,7 @@ object Changelog {
    * Records one version's writes to a local file, compressed with `codec`. A failed write of the
    * file (a full local disk) is a `LocalDiskException` naming it, thrown by the write that met it.
    */
-  final class Writer(val file: File, codec: Codec = Codec.Zstd) extends AutoCloseable {
+  final class Writer(val file: File, codec: Compression = Compression.Zstd) extends AutoCloseable {
     private val out = {
       val raw = new BufferedOutputStream(new LocalFileOutput(file, "the state changelog"), BlockSize)
       val header = new DataOutputStream(raw)
@@ -164,8 +164,8 @@ object Changelog {
       val format = header.readByte()
       if (format != FormatVersion) damaged(s"format version $format, this build reads $FormatVersion")
       val codecId = header.readByte()
-      val codec = Codec.all.find(_.id == codecId).getOrElse(
-        damaged(s"unknown compression codec id $codecId (known: ${Codec.all.map(c => s"${c.id} ${c.name}").mkString(", ")})"))
+      val codec = Compression.all.find(_.id == codecId).getOrElse(
+        damaged(s"unknown compression codec id $codecId (known: ${Compression.all.map(c => s"${c.id} ${c.name}").mkString(", ")})"))
       in = new DataInputStream(new BufferedInputStream(codec.decompress(raw), BlockSize))
       val records = new RecordReader(in, damaged(_, _)).applyTo(db)
       // Reading past the end makes the codec check its trailer (ZSTD's frame checksum, LZ4's end

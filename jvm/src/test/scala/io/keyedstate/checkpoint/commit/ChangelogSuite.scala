@@ -6,7 +6,7 @@ import java.nio.charset.StandardCharsets.UTF_8
 import org.scalatest.funsuite.AnyFunSuite
 
 import io.keyedstate.checkpoint.commit.Changelog
-import io.keyedstate.checkpoint.commit.Changelog.Codec
+import io.keyedstate.checkpoint.commit.Changelog.Compression
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.rocks.LocalRocksDB
 import io.keyedstate.errors.CheckpointFileException
@@ -19,7 +19,7 @@ class ChangelogSuite extends AnyFunSuite with ProviderFixture {
   private val big = Array.tabulate[Byte](200 * 1024)(i => (i * 31 % 251).toByte) // larger than a block
 
   /** Writes the same operations to a changelog and to a reference database. */
-  private def write(codec: Codec, file: File, reference: LocalRocksDB): Long = {
+  private def write(codec: Compression, file: File, reference: LocalRocksDB): Long = {
     val w = new Changelog.Writer(file, codec)
     def both(log: Changelog.Writer => Unit, db: LocalRocksDB => Unit): Unit = { log(w); db(reference) }
     both(_.createColumnFamily("cf"), _.createColumnFamily("cf"))
@@ -57,7 +57,7 @@ class ChangelogSuite extends AnyFunSuite with ProviderFixture {
     } finally db.close()
   }
 
-  for (codec <- Codec.all) {
+  for (codec <- Compression.all) {
     test(s"a changelog compressed with ${codec.name} records its codec and replays every operation exactly") {
       val dir = tempDir()
       val reference = LocalRocksDB.open(new File(dir, "reference"), conf)
@@ -74,7 +74,7 @@ class ChangelogSuite extends AnyFunSuite with ProviderFixture {
     }
   }
 
-  for (codec <- Codec.all.filter(_ != Codec.NoCompression)) {
+  for (codec <- Compression.all.filter(_ != Compression.NoCompression)) {
     test(s"a damaged ${codec.name} changelog fails its replay naming the file and the version, wherever the damage is") {
       val dir = tempDir()
       val reference = LocalRocksDB.open(new File(dir, "reference"), conf)
@@ -98,7 +98,7 @@ class ChangelogSuite extends AnyFunSuite with ProviderFixture {
     val dir = tempDir()
     val reference = LocalRocksDB.open(new File(dir, "reference"), conf)
     val file = new File(dir, "1.changelog")
-    try write(Codec.Lz4, file, reference) finally reference.close()
+    try write(Compression.Lz4, file, reference) finally reference.close()
     val raf = new RandomAccessFile(file, "rw")
     try { raf.seek(5); raf.write(9) } finally raf.close()
     replayFails(file, "unknown compression codec id 9")
@@ -113,7 +113,7 @@ class ChangelogSuite extends AnyFunSuite with ProviderFixture {
     val replayed = LocalRocksDB.open(new File(dir, "replayed"), conf)
     try {
       val file = new File(dir, "1.changelog")
-      val w = new Changelog.Writer(file, Codec.Zstd)
+      val w = new Changelog.Writer(file, Compression.Zstd)
       def both(log: Changelog.Writer => Unit, db: LocalRocksDB => Unit): Unit = { log(w); db(reference) }
       both(_.createColumnFamily("cf"), _.createColumnFamily("cf"))
       (0 until 50).foreach(i => both(_.put("cf", b(s"first-$i"), b("1")), _.put("cf", b(s"first-$i"), b("1"))))
