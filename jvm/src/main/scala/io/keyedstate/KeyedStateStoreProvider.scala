@@ -191,13 +191,14 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 
   /** Waits for the store in use to finish; the same thread re-entering takes the instance over. */
   private def acquire(): Unit = {
-    val deadline = System.nanoTime() + TimeUnit.MINUTES.toNanos(2)
+    val timeoutMs = conf.acquireTimeoutMs
+    val deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(timeoutMs)
     while (activeStore != null && activeThread != Thread.currentThread()) {
       val waitMs = TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime())
       if (waitMs <= 0) {
         throw KeyedStateErrors.storeBusy(
-          s"Timed out after 2 minutes waiting for state store $id: ${activeStore} is still in use by " +
-            s"thread ${activeThread.getName}", activeThread.getName, TimeUnit.MINUTES.toMillis(2))
+          s"Timed out after $timeoutMs ms (${KeyedStateConf.Prefix}acquireTimeoutMs) waiting for state store " +
+            s"$id: ${activeStore} is still in use by thread ${activeThread.getName}", activeThread.getName, timeoutMs)
       }
       wait(waitMs)
     }

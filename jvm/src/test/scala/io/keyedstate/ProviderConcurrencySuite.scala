@@ -146,6 +146,32 @@ class ProviderConcurrencySuite extends AnyFunSuite with ProviderFixture {
     }
   }
 
+  test("a partition another thread holds past acquireTimeoutMs: that load is Spark's UNRELEASED_THREAD_ERROR, the holder commits") {
+    val root = tempDir()
+    val p = newProvider(root, storeConf(KeyedStateConf.Prefix + "acquireTimeoutMs" -> "300"))
+    val s0 = p.getStore(0)
+    s0.put(key("a"), value(1))
+    assert(s0.commit() == 1)
+    val held = p.getStore(1) // the first attempt, still running
+    @volatile var failure: Throwable = null
+    val started = System.nanoTime()
+    val second = new Thread(() => try p.getStore(1).abort() catch { case e: Throwable => failure = e }, "second-attempt")
+    second.start()
+    second.join(60000)
+    val waitedMs = (System.nanoTime() - started) / 1000000
+    assert(failure != null, "the second attempt got the partition the first one holds")
+    assert(failure.asInstanceOf[org.apache.spark.SparkThrowable].getCondition ==
+      "CANNOT_LOAD_STATE_STORE.UNRELEASED_THREAD_ERROR", failure)
+    val busy = causes(failure).collectFirst { case e: KeyedStateStateException if e.error == ErrorId.StoreBusy => e }
+    assert(busy.exists(_.getMessage.contains("Timed out after 300 ms")), causes(failure).map(_.getMessage))
+    assert(waitedMs >= 300 && waitedMs < 30000, s"waited $waitedMs ms")
+    held.put(key("b"), value(2))
+    assert(held.commit() == 2)
+    val r = newProvider(root, storeConf()).getReadStore(2)
+    assert(contents(r) == Map(("a", 0) -> 1L, ("b", 0) -> 2L))
+    r.release(); p.close()
+  }
+
   private def causes(e: Throwable): List[Throwable] = if (e == null) Nil else e :: causes(e.getCause)
 
 }

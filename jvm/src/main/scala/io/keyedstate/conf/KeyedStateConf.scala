@@ -28,6 +28,7 @@ final case class KeyedStateConf(
     maxOpenFiles: Int,
     changelogCheckpointing: Boolean,
     changelogCompression: String,
+    acquireTimeoutMs: Long,
     // The `ttl.*` options (docs/ttl.md), resolved per operator and column family.
     ttl: TtlSettings,
     // From Spark's own StateStoreConf:
@@ -135,10 +136,15 @@ object KeyedStateConf {
   private val ChangelogCompression = new ChoiceOpt("changelogCompression", "zstd", ChangelogCompressions,
     "How changelog files are compressed (zstd level 3, or LZ4 blocks). Each file records its codec, so a store " +
       "written with one codec loads with any setting; the setting applies to the changelogs written from then on.")
+  private val AcquireTimeoutMs = new LongOpt("acquireTimeoutMs", 120000, 1, Long.MaxValue,
+    "How long a task waits for a state partition that another task on the executor still holds (an attempt " +
+      "retried while the previous one ends) before it fails with Spark's " +
+      "`CANNOT_LOAD_STATE_STORE.UNRELEASED_THREAD_ERROR` (Spark's RocksDB provider: `lockAcquireTimeoutMs`).")
 
   /** Every option, in the order of the docs. */
   val options: Seq[Opt[_]] = Seq(ChangelogCheckpointing, ChangelogCompression, LocalDir, BlockCacheSizeMB, WriteBufferSizeMB,
-    HeapWriteBufferMB, Compression, TrackNumKeys, TransferThreads, VerifyChecksumsOnLoad, OrphanFileGracePeriodMs, MaxOpenFiles)
+    HeapWriteBufferMB, Compression, TrackNumKeys, TransferThreads, VerifyChecksumsOnLoad, OrphanFileGracePeriodMs, MaxOpenFiles,
+    AcquireTimeoutMs)
 
   /** The documented option names, for error messages and docs tests. */
   val optionNames: Seq[String] = options.map(_.name)
@@ -190,6 +196,7 @@ object KeyedStateConf {
       maxOpenFiles = get(MaxOpenFiles).toInt,
       changelogCheckpointing = get(ChangelogCheckpointing),
       changelogCompression = get(ChangelogCompression),
+      acquireTimeoutMs = get(AcquireTimeoutMs),
       ttl = TtlSettings.parse(ttlKeys.map { case (k, v) => k.stripPrefix(Prefix) -> v }, Prefix),
       minVersionsToRetain = minVersionsToRetain,
       checkpointIdsEnabled = checkpointIdsEnabled)

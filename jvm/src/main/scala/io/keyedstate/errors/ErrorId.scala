@@ -87,7 +87,7 @@ object ErrorId {
     "a tool was given no checkpoint, one without a committed batch or state, a truncated offset log, another " +
       "provider's checkpoint, or an operator or state it does not hold")
   case object StoreBusy extends ErrorId("KEYEDSTATE_STORE_BUSY", Store,
-    "a task waited two minutes for a state store partition another task of the executor holds, or its " +
+    "a task waited `acquireTimeoutMs` (two minutes) for a state store partition another task of the executor holds, or its " +
       "instance was taken over")
   case object StoreClosed extends ErrorId("KEYEDSTATE_STORE_CLOSED", Store,
     "a state store operation met the partition's RocksDB instance closed by another thread (an abort, an " +
