@@ -13,8 +13,8 @@ import org.rocksdb.{ReadOptions, RocksDB, RocksIterator, Slice}
  *
  * Prefix scans reuse one iterator per column family: a native iterator, its ReadOptions and
  * its bound per scan cost as much as a short scan itself. An iterator sees the database as of
- * its creation, so a scan after any write (RocksDB's sequence number moved) refreshes it first;
- * ingesting files or dropping the family releases it. A scan that starts while the family's
+ * its creation, so a scan after any write (RocksDB's sequence number moved) or file ingest
+ * refreshes it first; dropping the family closes it. A scan that starts while the family's
  * iterator is still in use opens its own. A kept iterator pins its memtables and SST files
  * until [[releaseAll]] (commit and release of a store).
  */
