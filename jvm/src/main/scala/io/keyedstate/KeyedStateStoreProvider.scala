@@ -315,20 +315,20 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     }
   }
 
-  /** Blocks until a background snapshot upload of the loaded instance finished. */
+  /** Tests only: blocks until a background snapshot upload of the loaded instance finished. */
   private[keyedstate] def awaitSnapshotUpload(): Unit = synchronized {
     if (lineage != null) lineage.awaitPendingSnapshot()
   }
 
-  /** Entries physically in the working RocksDB (tests: expired ones included). */
+  /** Tests only: entries physically in the working RocksDB, expired ones included. */
   private[keyedstate] def rawEntryCount(cf: String = StateStore.DEFAULT_COL_FAMILY_NAME): Long = synchronized {
     val it = loaded.db.scan(cf, None, None)
     try it.size.toLong finally it.close()
   }
 
   /**
-   * Flushes and fully compacts the loaded instance's working RocksDB (bench/jvm: the same file
-   * layout as a raw RocksDB compacted alike). Between batches only: no store may be open.
+   * Benchmarks only (bench/jvm): flushes and fully compacts the loaded instance's working RocksDB,
+   * the same file layout as a raw RocksDB compacted alike. Between batches only: no store may be open.
    */
   private[keyedstate] def compactWorkingDb(): Unit = synchronized {
     if (activeStore != null && activeStore.isOpen) throw new IllegalStateException(s"$activeStore is open")
@@ -336,10 +336,10 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
     loaded.db.compactRange()
   }
 
-  /** The loaded instance's working RocksDB (tests inject faults into it), or null. */
+  /** Tests only: the loaded instance's working RocksDB (to inject faults into), or null. */
   private[keyedstate] def loadedDbForTest: LocalRocksDB = synchronized(if (loaded == null) null else loaded.db)
 
-  /** The working RocksDB's directory (tests look at its SST files). */
+  /** Tests only: the working RocksDB's directory (to look at its SST files). */
   private[keyedstate] def workingDbDir: File = dbDir
 
   // ---- metrics ----

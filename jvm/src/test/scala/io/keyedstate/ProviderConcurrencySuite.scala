@@ -39,7 +39,7 @@ class ProviderConcurrencySuite extends AnyFunSuite with ProviderFixture {
       s1.put(key("k5"), value(5))
       s1.remove(key("k0"))
       val failed = p.loadedDbForTest
-      failed.spillFault = injected
+      failed.testHooks.spillFault = injected
       val committed =
         try { s1.commit(); true }
         catch {

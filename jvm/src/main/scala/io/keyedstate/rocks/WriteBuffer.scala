@@ -7,7 +7,7 @@ import scala.collection.mutable
 /**
  * One generation of a [[LocalRocksDB]]'s writes held in the heap: a [[WriteTable]] per column
  * family, and its share of the executor-wide bound ([[WriteBuffer.overBound]]). Writes are not
- * thread-safe: LocalRocksDB guards the generation it writes; a frozen one is only read.
+ * thread-safe: [[BufferedWrites]] guards the generation it writes; a frozen one is only read.
  */
 private[rocks] final class WriteBuffer {
   private val tables = mutable.HashMap[String, WriteTable]()
@@ -91,7 +91,7 @@ private[rocks] object WriteBuffer {
 
   private val total = new AtomicLong()
 
-  /** Bytes the buffers of every store in this JVM hold (tests and metrics). */
+  /** Bytes the buffers of every store in this JVM hold (tests and bench, through `LocalRocksDB.bufferedBytesInJvm`). */
   def executorTotal: Long = total.get()
 
   /**

@@ -11,7 +11,7 @@ import java.util.Arrays
  *
  * The slots are [[ByteKeySlots]]; the payload is a kind, a value and its length per slot. Keys
  * and values are copied in (callers reuse their arrays) and out. No removal: a table is dropped
- * whole once RocksDB holds its writes. Not thread-safe: [[LocalRocksDB]] guards it.
+ * whole once RocksDB holds its writes. Not thread-safe: [[BufferedWrites]] guards it.
  */
 private[rocks] final class WriteTable extends ByteKeySlots(WriteTable.InitialCapacity) {
   import WriteTable._

@@ -31,7 +31,7 @@ object KafkaProducers {
   /** Spark's Kafka producer cache closes producers idle for 10 minutes; so does this. */
   val IdleTimeoutMs: Long = TimeUnit.MINUTES.toMillis(10)
 
-  /** The clock idle times are measured with (tests set their own). */
+  /** The clock idle times are measured with; a test seam: only tests replace it. */
   @volatile private[sinks] var nanoTime: () => Long = () => System.nanoTime()
 
   private def key(settings: KafkaSinkSettings, transactionalId: String) =
@@ -58,7 +58,7 @@ object KafkaProducers {
     }
   }
 
-  /** Producers kept now (for tests and metrics). */
+  /** Tests only: producers kept now. */
   def size: Int = idle.size
 
   private def closeExpired(): Unit = {

@@ -2,6 +2,7 @@ package io.keyedstate.ttl
 
 import java.nio.charset.StandardCharsets.UTF_8
 import java.util.concurrent.ConcurrentHashMap
+import java.util.concurrent.atomic.AtomicBoolean
 
 import scala.util.control.NonFatal
 
@@ -36,11 +37,12 @@ final case class BatchTime(processingMs: Long, watermarkMs: Long, fromOffsetLog:
 object TtlClock extends Logging {
   private val cache = new ConcurrentHashMap[(String, Long), BatchTime]()
   private val MaxCached = 4096
+  private val fallbackLogged = new AtomicBoolean(false)
 
   /** `stateRoot` is `StateStoreId.checkpointRootLocation`. */
   def at(stateRoot: String, batchId: Long, hadoopConf: Configuration): BatchTime = {
     val root = new Path(stateRoot).getParent
-    if (root == null) return fallback
+    if (root == null) return fallback(s"the state root $stateRoot has no parent, the checkpoint root holding offsets/")
     val cacheKey = (root.toString, batchId)
     val cached = cache.get(cacheKey)
     if (cached != null) return cached
@@ -54,8 +56,10 @@ object TtlClock extends Logging {
         // No entry for this batch: a reader of the state after the last batch (Spark's state
         // data source reads version = last batch + 1) sees it as that batch left it. Not cached:
         // the entry may appear when the query plans the batch.
-        if (batchId > 0) read(entry(batchId - 1), hadoopConf).getOrElse(fallback)
-        else fallback
+        def missing = fallback(s"no offset log entry for batch $batchId" +
+          (if (batchId > 0) s" or ${batchId - 1}" else "") + s" in $root/offsets")
+        if (batchId > 0) read(entry(batchId - 1), hadoopConf).getOrElse(missing)
+        else missing
     }
   }
 
@@ -64,7 +68,14 @@ object TtlClock extends Logging {
    * Processing time is the wall clock (not deterministic); the watermark is Spark's initial 0,
    * so event-time TTL expires nothing written at a later watermark.
    */
-  private def fallback: BatchTime = BatchTime(System.currentTimeMillis(), 0L, fromOffsetLog = false)
+  private def fallback(why: => String): BatchTime = {
+    // Once per JVM: a provider driven directly falls back for every batch of every partition.
+    if (fallbackLogged.compareAndSet(false, true)) {
+      logWarning(s"TTL falls back to the wall clock ($why): processing-time TTL is not deterministic " +
+        "across a batch's attempts, event-time TTL sees watermark 0. Logged once per JVM.")
+    }
+    BatchTime(System.currentTimeMillis(), 0L, fromOffsetLog = false)
+  }
 
   /** Spark's offset log entry: a version line (`v1`), then the metadata JSON, then one line per source. */
   private[ttl] def parse(text: String, path: String): BatchTime = {

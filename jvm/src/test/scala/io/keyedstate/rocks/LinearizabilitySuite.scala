@@ -115,7 +115,7 @@ class StoreOperations {
   db.createColumnFamily("a")
   db.createColumnFamily("b")
   // Reads meet a frozen buffer not yet in RocksDB more often.
-  db.beforeBackgroundWriteForTest = () => Thread.sleep(2)
+  db.testHooks.beforeBackgroundWrite = () => Thread.sleep(2)
   replaceLast(this)
 
   // A read that overlaps a drop of its family may end as though it came after the drop (a scan's

@@ -38,7 +38,7 @@ class LocalRocksDBConcurrencySuite extends AnyFunSuite with ProviderFixture {
     private val go = new CountDownLatch(1)
     @volatile private var abandoned = false
     @volatile var result: Either[Throwable, String] = _
-    db.beforeNativeReadForTest = () => {
+    db.testHooks.beforeNativeRead = () => {
       parked.countDown()
       go.await()
       if (abandoned) throw new IllegalStateException("abandoned: its handle was closed under it")
@@ -49,7 +49,7 @@ class LocalRocksDBConcurrencySuite extends AnyFunSuite with ProviderFixture {
     assert(parked.await(10, TimeUnit.SECONDS), "the read did not reach RocksDB")
 
     def release(abandon: Boolean): Unit = {
-      db.beforeNativeReadForTest = null
+      db.testHooks.beforeNativeRead = null
       abandoned = abandon
       go.countDown()
       thread.join(10000)

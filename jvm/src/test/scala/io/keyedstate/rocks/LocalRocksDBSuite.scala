@@ -89,7 +89,7 @@ class LocalRocksDBSuite extends AnyFunSuite {
       try {
         db.put(cf, b("k"), b("old")); db.flush()
         db.put(cf, b("k"), b("new")); db.merge(cf, b("m"), b("+"))
-        db.spillFault = injected
+        db.testHooks.spillFault = injected
         setUp(db)
         assert(!db.healthy)
         val later: Seq[() => Any] = Seq(() => db.get(cf, b("k")), () => db.get(cf, b("other")),

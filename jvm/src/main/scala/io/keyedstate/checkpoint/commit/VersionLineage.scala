@@ -202,7 +202,7 @@ final class VersionLineage(
     changelogs = changelogs.filter(_.version > version)
   }
 
-  /** Waits for a background snapshot upload, if one runs (tests and orderly shutdown). */
+  /** Tests only: waits for a background snapshot upload, if one runs. */
   def awaitPendingSnapshot(): Unit =
     pending.foreach(p => scala.concurrent.Await.ready(p.upload, scala.concurrent.duration.Duration.Inf))
 
