@@ -92,8 +92,10 @@ object RescaleTasks {
             val keys = w.finish()
             if (keys == 0) None
             else {
+              // A name of this attempt's own: a killed attempt of a failed run may still write
+              // its file while the next run stages the same partition.
               val relative = s"${task.store.operatorId}/${encode(task.store.storeName)}/$target/" +
-                s"${encode(cf.name)}/${task.store.partition}.sst"
+                s"${encode(cf.name)}/${task.store.partition}-${java.util.UUID.randomUUID()}.sst"
               val entry = staging.upload(w.file, w.file.getName, relative)
               w.file.delete()
               Some(StagedFile(cf.name, task.store.partition, target, entry, keys))
