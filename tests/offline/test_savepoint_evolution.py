@@ -21,7 +21,15 @@ from keyedstate import (
 )
 from pyspark.sql import DataFrame, SparkSession
 
-from tests.offline.test_savepoints import OUT, PHASES, Line, checkpoint_format, normalized, tally
+from tests.offline.test_savepoints import (
+    OUT,
+    PHASES,
+    SCHEMA,
+    Line,
+    checkpoint_format,
+    normalized,
+    tally,
+)
 from tests.support.state_api_support import ship_by_value
 from tests.support.streaming_harness import (
     PROVIDER_UNDER_TEST,
@@ -183,3 +191,40 @@ def test_a_removed_state_needs_allow_and_a_changed_type_is_refusal(
         for row in rows:
             counted[row["k"]] = counted.get(row["k"], 0) + 1
     assert dict(tuple(r) for r in after.collect()) == counted
+
+
+def passing(frame: DataFrame) -> DataFrame:
+    return key_by(frame, "k").process(Passing(), PASSED, uid="pass")
+
+
+def test_a_keyed_function_added_by_a_transform_starts_with_its_bootstrapped_state(
+    spark: SparkSession, tmp_path: Path, reference: dict[int, list[dict[str, Any]]]
+) -> None:
+    """Flink's ``SavepointWriter.withOperator``: a function bootstrapped from history is added to
+    a running query's savepoint; the query restored from it, now with that function before the
+    saved one, finds both states by uid (they swap operator ids)."""
+    line, source, batch = savepoint_of_phase_one(spark, tmp_path, tally, "native")
+    history = spark.createDataFrame([r for rows in PHASES[0] for r in rows], SCHEMA).coalesce(1)
+    bootstrapped = tmp_path / "pass-bootstrapped"
+    keyedstate.state.bootstrap(spark, history, passing, str(bootstrapped))
+    target = tmp_path / "with-pass"
+    transform = keyedstate.state.transform
+    info = transform(spark, str(source), str(target), add={"pass": str(bootstrapped)})
+    assert [(o.operator_id, o.uid) for o in info.operators] == [(1000, "tally"), (1001, "pass")]
+    assert info.batch_id == batch
+    with pytest.raises(keyedstate.QueryCheckpointError, match="already has one"):
+        transform(spark, str(source), str(tmp_path / "x"), add={"tally": str(target)})
+    with pytest.raises(keyedstate.QueryCheckpointError, match="no keyed function with uid 'led"):
+        transform(spark, str(source), str(tmp_path / "y"), add={"ledger": str(target)})
+
+    restored = tmp_path / "restored"
+    keyedstate.restore_savepoint(spark, str(target), str(restored), partitions=3)
+    run(spark, line, passing_then_tally(line.source.read_stream(spark)), restored)
+    assert normalized(line.collector.batches, batch) == normalized(reference, batch)
+    seen = keyedstate.state.read(spark, str(restored), "pass", "seen").drop("partition_id")
+    want: dict[str, int] = {}
+    for phase in PHASES:
+        for rows in phase:
+            for row in rows:
+                want[row["k"]] = want.get(row["k"], 0) + 1
+    assert dict(tuple(r) for r in seen.collect()) == want

@@ -26,6 +26,7 @@ def transform(
     map_states: Mapping[Table, Callable[[DataFrame], DataFrame]] | None = None,
     drop: Iterable[Operator | Table] = (),
     rename_uids: Mapping[str, str] | None = None,
+    add: Mapping[str, str] | None = None,
 ) -> SavepointInfo:
     """Write at ``target`` a canonical savepoint made from the savepoint at ``source`` (native
     or canonical), changed:
@@ -36,6 +37,9 @@ def transform(
     - ``drop``: keyed functions (a uid or an operator id) or ``(operator, state)`` pairs whose
       state goes (Flink's ``removeOperator``).
     - ``rename_uids``: old uid to new uid (Flink's ``changeOperatorIdentifier``).
+    - ``add``: uid to a savepoint holding a keyed function with that uid, typically one
+      ``state.bootstrap`` wrote: its state (every state, timers, operator state) is added, and a
+      query restored from the result finds it by uid (Flink's ``withOperator``).
 
     The query's logs stay as they are, so a query restored from the result resumes after the
     same batch; restore it at another partition count with ``restore_savepoint(partitions=)``.
@@ -62,6 +66,7 @@ def transform(
             json.dumps(dict(rename_uids or {})),
             json.dumps(drops),
             java_map,
+            json.dumps([[uid, path] for uid, path in (add or {}).items()]),
         )
     )
     return savepoint_info(target, raw)

@@ -26,10 +26,14 @@ object SavepointCommands {
   /**
    * [[SavepointTransform]]: `renames` a JSON object (old uid to new), `drops` a JSON array of
    * [operator, state] pairs (state "": the whole keyed function), `replacements` the new rows of
-   * tables keyed by `<operator>\u0000<state>`.
+   * tables keyed by `<operator>\u0000<state>`, `additions` a JSON array of [uid, savepoint] pairs.
    */
   def transform(spark: SparkSession, source: String, target: String, renames: String, drops: String,
-      replacements: java.util.Map[String, DataFrame]): String = {
+      replacements: java.util.Map[String, DataFrame], additions: String): String = {
+    val added = parse(additions).extract[List[List[String]]].map {
+      case List(uid, from) => uid -> from
+      case other => throw new IllegalArgumentException(s"an addition is [uid, savepoint], not $other")
+    }
     val renamed = parse(renames).extract[Map[String, String]]
     val dropped = parse(drops).extract[List[List[String]]].map {
       case List(operator, state) => operator -> state
@@ -42,7 +46,7 @@ object SavepointCommands {
       }
     }
     val transform = new SavepointTransform(spark, Progress.of("savepoint"))
-    Serialization.write(transform.run(source, target, renamed, dropped, replaced))
+    Serialization.write(transform.run(source, target, renamed, dropped, replaced, added))
   }
 
   /** `partitions` 0: the savepoint's count; `provider` "": the one the savepoint's query used. */

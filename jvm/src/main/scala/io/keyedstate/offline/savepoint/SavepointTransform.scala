@@ -5,6 +5,7 @@ import org.apache.spark.sql.{DataFrame, SparkSession}
 import org.apache.spark.sql.types.DataType
 import org.json4s.jackson.JsonMethods
 
+import io.keyedstate.engine.KeyedProcessOperators
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.offline.{QueryCheckpoint, SavepointMetadata, SavepointOperator, StateReader, StateTable, StateTables}
 
@@ -17,12 +18,15 @@ final class SavepointTransform(spark: SparkSession, progress: String => Unit) {
    * changed: keyed functions' uids renamed (`renames`, old to new), keyed functions or their
    * states dropped (`drops`: an operator, by uid or id, and a state, or "" for the whole
    * function), tables replaced by new rows of the same schema (`replacements`, by operator and
-   * state: the reader's unflattened form, typically a map or filter of the table). The query's
-   * logs stay as they are. Flink's `SavepointWriter.fromExistingSavepoint` with
-   * `removeOperator`, `changeOperatorIdentifier` and `withOperator`.
+   * state: the reader's unflattened form, typically a map or filter of the table), keyed
+   * functions added (`additions`: a uid, and the savepoint holding a keyed function with that
+   * uid, such as one `state.bootstrap` wrote; its state goes in under the next free operator id,
+   * and a restored query finds it by uid). The query's logs stay as they are. Flink's
+   * `SavepointWriter.fromExistingSavepoint` with `removeOperator`, `changeOperatorIdentifier`
+   * and `withOperator`.
    */
   def run(source: String, target: String, renames: Map[String, String], drops: Seq[(String, String)],
-      replacements: Map[(String, String), DataFrame]): SavepointMetadata = {
+      replacements: Map[(String, String), DataFrame], additions: Seq[(String, String)] = Nil): SavepointMetadata = {
     val sp = QueryCheckpoint.at(source, hadoopConf)
     val m = SavepointMetadata.read(sp.fs, sp.root)
     val dst = new SavepointTarget(QueryCheckpoint.at(target, hadoopConf), progress)
@@ -62,6 +66,23 @@ final class SavepointTransform(spark: SparkSession, progress: String => Unit) {
       }
       (table.operatorId, table.state) -> rows
     }
+    val uidsKept = tables.operators.filterNot(o => droppedOps(o._1))
+      .flatMap { case (op, ts) => renamed.get(op).orElse(ts.headOption.map(_.uid)) }.filter(_.nonEmpty).toSet
+    val added = additions.zipWithIndex.map { case ((uid, from), i) =>
+      if (uidsKept(uid) || additions.take(i).exists(_._1 == uid)) {
+        throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"cannot add the keyed function with uid " +
+          s"'$uid' from $from: the transformed savepoint already has one (uids name one operator each; drop it first)")
+      }
+      val other = QueryCheckpoint.at(from, hadoopConf)
+      val om = SavepointMetadata.read(other.fs, other.root)
+      val otherTables = if (om.format == SavepointMetadata.Canonical) StateTables(other, om) else StateTables(other, om.batchId)
+      val (op, ts) = otherTables.operators.find(_._2.exists(t => t.isKeyedFunction && t.uid == uid)).getOrElse(
+        throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"the savepoint $from has no keyed " +
+          s"function with uid '$uid' (its keyed functions: ${otherTables.operators.flatMap(_._2.headOption)
+            .filter(_.isKeyedFunction).map(t => s"'${t.uid}'").mkString(", ")})"))
+      (other, om, otherTables, op, ts)
+    }
+    val firstFreeId = (tables.operators.map(_._1) :+ (KeyedProcessOperators.FirstOperatorId - 1)).max + 1
     dst.prepare()
     progress(s"transforming ${sp.root} (${m.format}, batch ${m.batchId}) into a canonical savepoint at " +
       s"${dst.folder.root}")
@@ -84,10 +105,22 @@ final class SavepointTransform(spark: SparkSession, progress: String => Unit) {
           kept.headOption.map(_.function).getOrElse(""), renamed.getOrElse(op, kept.headOption.map(_.uid).getOrElse("")),
           declaration.map(d => JsonMethods.compact(d.toJson)), written)
       }
-      val tableFiles = operators.flatMap(_.tables).flatMap(t => CanonicalFormat.dataFiles(dst.folder, t.path))
+      val additionsWritten = added.zipWithIndex.map { case ((other, om, otherTables, op, ts), i) =>
+        val id = firstFreeId + i
+        val written = ts.zipWithIndex.map { case (table, n) =>
+          progress(s"adding ${table.describe} as operator $id")
+          CanonicalFormat.writeTable(spark, dst.folder, n, table.copy(operatorId = id),
+            StateReader.readSaved(spark, other, om, table, flatten = false))
+        }
+        val declaration = otherTables.declarationOf(op).map(d => JsonMethods.compact(d.toJson))
+        SavepointOperator(id, om.operators.find(_.operatorId == op).map(_.name).getOrElse(""),
+          ts.map(_.storeName).distinct, ts.head.function, ts.head.uid, declaration, written)
+      }
+      val allOperators = operators ++ additionsWritten
+      val tableFiles = allOperators.flatMap(_.tables).flatMap(t => CanonicalFormat.dataFiles(dst.folder, t.path))
       m.copy(format = SavepointMetadata.Canonical, keyedstateVersion = Savepoints.KeyedstateVersion,
         sparkVersion = SPARK_VERSION, createdAtMs = System.currentTimeMillis(), source = sp.root.toString,
-        operators = operators, files = tableFiles ++ logs)
+        operators = allOperators, files = tableFiles ++ logs)
     }
   }
 }
