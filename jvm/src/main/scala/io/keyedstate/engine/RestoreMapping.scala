@@ -125,13 +125,6 @@ object RestoreMapping {
     if (fs.exists(staging) && !fs.delete(staging, true)) {
       throw KeyedStateErrors.checkpointWrite(s"The file system did not delete $staging; start the query again")
     }
-    // A function a transform added to the savepoint brought its state without Spark's metadata.
-    if (!pending.bootstrapped) matched.keys.toSeq.sorted.foreach { id =>
-      if (!fs.exists(new Path(new Path(state, id.toString), "_metadata"))) {
-        val (spec, input) = now(id - KeyedProcessOperators.FirstOperatorId)
-        writeOperatorMetadata(hadoopConf, stateRoot, id, numPartitions, pending.batchId, OperatorDeclaration.of(spec, input))
-      }
-    }
     // Bootstrapped state is version 0: a new function's version 0 is empty without any file.
     if (!pending.bootstrapped) ids.zip(now).filterNot(x => matched.contains(x._1)).foreach { case (id, (spec, input)) =>
       startEmpty(session, hadoopConf, stateRoot, id, numPartitions, pending.batchId, spec, input)
@@ -224,12 +217,6 @@ object RestoreMapping {
         } finally if (!store.hasCommitted) store.abort()
       } finally provider.close()
     }
-    writeOperatorMetadata(hadoopConf, stateRoot, id, numPartitions, batch, declaration)
-  }
-
-  /** Spark's operator metadata of keyed function `id` at `batch`, as its first run writes it. */
-  private def writeOperatorMetadata(hadoopConf: Configuration, stateRoot: String, id: Int, numPartitions: Int,
-      batch: Long, declaration: OperatorDeclaration): Unit = {
     val metadata = OperatorStateMetadataV2(OperatorInfoV1(id, KeyedProcessOperators.ShortName),
       Array(StateStoreMetadataV2(StateStoreId.DEFAULT_STORE_NAME, 0, numPartitions, Nil)),
       JsonMethods.compact(declaration.toJson))
