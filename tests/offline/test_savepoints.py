@@ -493,6 +493,36 @@ def test_damaged_missing_and_unfinished_savepoints(spark: SparkSession, tmp_path
         keyedstate.restore_savepoint(spark, str(target), str(checkpoint))
 
 
+def test_a_restore_killed_mid_way_starts_no_query_and_is_redone(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A restore killed mid-way leaves its unfinished marker in the new checkpoint (written
+    first, removed last): a query refuses to start there, naming it, and the next restore into
+    the same folder replaces it."""
+    reference, line, batch, target, _ = reference_and_saved(
+        spark, tmp_path, tally, "append", PHASES, "native"
+    )
+    restored = tmp_path / "restored"
+    keyedstate.restore_savepoint(spark, str(target), str(restored), partitions=3)
+    marker = restored / ".keyedstate-restore-unfinished"
+    assert not marker.exists()
+    # As the restore is when killed: the marker still there, a partition's state not written yet.
+    marker.write_text(f"{target}\n")
+    for manifest in (restored / "state" / "1000" / "2").glob("*.manifest"):
+        manifest.unlink()
+    with pytest.raises(Exception, match="holds an unfinished restore"):  # noqa: PT011 - a query's failure
+        line.run(restored, PHASES[1])
+    with pytest.raises(keyedstate.QueryCheckpointError, match="is not empty"):
+        keyedstate.restore_savepoint(spark, str(target), str(tmp_path / "line" / "checkpoint"))
+    keyedstate.restore_savepoint(spark, str(target), str(restored), partitions=3)
+    assert not marker.exists()
+    line.collector.batches.clear()
+    line.run(restored, [])  # the second phase's files are in the input already
+    assert normalized(line.collector.batches, batch) == normalized(
+        reference.collector.batches, batch
+    )
+
+
 def test_a_damaged_or_missing_canonical_table_file_is_named(
     spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -49,6 +49,11 @@ final case class PendingRestore(batchId: Long, allowNonRestoredState: Boolean, f
  */
 object RestoreMapping {
   val FileName = "_keyedstate_restore.json"
+  /**
+   * In a checkpoint a restore is writing, from its first write to its last: a restore killed
+   * mid-way leaves it, no query starts there, and the next restore into the folder replaces it.
+   */
+  val UnfinishedMarker = ".keyedstate-restore-unfinished"
   private val Staging = "_keyedstate_restore"
 
   private implicit val formats: Formats = DefaultFormats
@@ -145,6 +150,11 @@ object RestoreMapping {
     val hadoopConf = session.sessionState.newHadoopConf()
     val root = new Path(checkpointRoot)
     val fs = root.getFileSystem(hadoopConf)
+    val unfinished = new Path(root, UnfinishedMarker)
+    if (fs.exists(unfinished)) {
+      throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid, s"$root holds an unfinished restore of the " +
+        s"savepoint ${firstLine(fs, unfinished)} ($unfinished): run the restore again, which replaces it")
+    }
     val file = new Path(root, FileName)
     if (!fs.exists(file)) return
     val pending = read(fs, file)
@@ -166,6 +176,11 @@ object RestoreMapping {
           s"partitions=$partitions")
       }
     }
+  }
+
+  private def firstLine(fs: FileSystem, file: Path): String = {
+    val in = fs.open(file)
+    try new String(in.readAllBytes(), UTF_8).linesIterator.nextOption().getOrElse("") finally in.close()
   }
 
   private def rename(fs: FileSystem, from: Path, to: Path): Unit =

@@ -11,6 +11,7 @@ import org.json4s.jackson.Serialization
 
 import io.keyedstate.checkpoint.{LeaseHolder, RescaleJournal, StoreLease}
 import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.engine.RestoreMapping
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.offline.{CheckpointWriter, OfflineJob, Progress, QueryCheckpoint, StoreRef}
 
@@ -191,7 +192,8 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       case None if dst.fs.exists(new Path(dst.root, RescaleDir)) && !dst.fs.exists(new Path(dst.root, "offsets")) =>
         progress(s"dropping the unpublished output of an interrupted rescale at ${dst.root}")
         dst.fs.delete(dst.root, true)
-      case _ if dst.fs.listStatus(dst.root).nonEmpty =>
+      // A savepoint's restore at another count rescales into the folder it marks as unfinished.
+      case _ if dst.fs.listStatus(dst.root).exists(_.getPath.getName != RestoreMapping.UnfinishedMarker) =>
         throw KeyedStateErrors.badArgument(ErrorId.RescaleRefused,
           s"The rescale output ${dst.root} already exists and is not empty; give a new path")
       case _ => ()

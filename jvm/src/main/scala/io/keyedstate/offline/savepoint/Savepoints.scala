@@ -99,7 +99,11 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     val sp = QueryCheckpoint.at(savepoint, hadoopConf)
     val metadata = SavepointMetadata.read(sp.fs, sp.root)
     val dst = QueryCheckpoint.at(checkpoint, hadoopConf)
-    if (dst.exists && dst.fs.listStatus(dst.root).nonEmpty) {
+    val unfinished = new Path(dst.root, RestoreMapping.UnfinishedMarker)
+    if (dst.exists && dst.fs.exists(unfinished)) {
+      progress(s"dropping the unfinished output of an interrupted restore at ${dst.root}")
+      dst.fs.delete(dst.root, true)
+    } else if (dst.exists && dst.fs.listStatus(dst.root).nonEmpty) {
       throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
         s"restore: ${dst.root} is not empty; a restore writes a new checkpoint")
     }
@@ -116,8 +120,12 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
       s"partitions (the savepoint has ${metadata.partitions})")
     val bytes =
       try {
+        dst.writeFile(unfinished, s"${sp.root}\n")
         val written = formatOf(metadata.format).restore(sp, metadata, dst, to, provider)
         leaveMapping(sp, metadata, dst, allowNonRestoredState, to)
+        if (!dst.fs.delete(unfinished, false) && dst.fs.exists(unfinished)) {
+          throw KeyedStateErrors.checkpointWrite(s"The file system did not delete $unfinished")
+        }
         written
       } catch {
         case NonFatal(e) =>
