@@ -468,7 +468,8 @@ def agg_lines(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> 
 
         cli_source, cli_output = fresh["cli"].line.path, root / "cli-rescaled"
         cli = [sys.executable, "-m", "keyedstate.tools.cli"]
-        spark_options = ["--master", "local[2]", "--json"]
+        # Normal priority: the CLI runs beside the test's own busy queries, which would starve it.
+        spark_options = ["--master", "local[2]", "--json", "--priority", "normal"]
         cli_runs = {
             "rescale": Driver(
                 [

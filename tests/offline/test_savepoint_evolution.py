@@ -212,6 +212,8 @@ def test_a_keyed_function_added_by_a_transform_starts_with_its_bootstrapped_stat
     info = transform(spark, str(source), str(target), add={"pass": str(bootstrapped)})
     assert [(o.operator_id, o.uid) for o in info.operators] == [(1000, "tally"), (1001, "pass")]
     assert info.batch_id == batch
+    with pytest.raises(keyedstate.QueryCheckpointError, match="without a uid"):
+        transform(spark, str(source), str(tmp_path / "z"), add={"": str(target)})
     with pytest.raises(keyedstate.QueryCheckpointError, match="already has one"):
         transform(spark, str(source), str(tmp_path / "x"), add={"tally": str(target)})
     with pytest.raises(keyedstate.QueryCheckpointError, match="no keyed function with uid 'led"):

@@ -136,6 +136,8 @@ def test_savepoint_commands_report_in_one_line(tmp_path: Path) -> None:
         (["rescale", "--checkpoint", "/c"],
          "keyedstate rescale: the following arguments are required: --partitions"),
         (["savepoint"], "keyedstate savepoint: the following arguments are required: action"),
+        (["inspect", "--checkpoint", "/c", "--prority", "normal"],
+         "keyedstate: unrecognized arguments: --prority normal"),
     ],
 )
 def test_a_refused_argument_is_one_line_without_usage(argv: list[str], said: str) -> None:

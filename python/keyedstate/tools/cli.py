@@ -337,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         _add_spark_options(action)
 
     args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "demo":  # only the demo passes its arguments on
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "jar":
         print(_session.jar_path())
         return 0
@@ -357,8 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     if refused is not None:
         print(f"keyedstate {args.command}: {refused}", file=sys.stderr)
         return 2
-    if args.priority == "low":
-        os.nice(LOW_PRIORITY_NICENESS - os.nice(0))  # the JVM Spark starts inherits it
+    if args.priority == "low" and hasattr(os, "nice"):  # POSIX; the JVM Spark starts inherits it
+        os.nice(max(0, LOW_PRIORITY_NICENESS - os.nice(0)))
     with contextlib.ExitStack() as stack:
         log = None if args.verbose else stack.enter_context(_spark_output_to_log(args.command))
         where = f" (Spark's log: {log.path})" if log else ""

@@ -109,7 +109,12 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 
   /** The manifest of the loaded version, as errors name it. */
   private[keyedstate] def loadedManifest: Path = synchronized {
-    checkpointStore.manifestPath(lineage.version, if (conf.checkpointIdsEnabled) lineage.checkpointId else None)
+    // A restored version is saved by version alone though its manifest keeps the source's id
+    // (only error messages ask, so the look-up costs nothing on the way of a batch).
+    val byId = lineage.checkpointId.filter(_ => conf.checkpointIdsEnabled)
+    if (byId.exists(id => checkpointStore.hasManifest(lineage.version, Some(id)))) {
+      checkpointStore.manifestPath(lineage.version, byId)
+    } else checkpointStore.manifestPath(lineage.version, None)
   }
 
   // ---- opening stores ----

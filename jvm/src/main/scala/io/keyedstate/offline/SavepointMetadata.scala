@@ -68,7 +68,8 @@ object SavepointMetadata {
   val Native = "native"
   val Canonical = "canonical"
   val Formats: Seq[String] = Seq(Native, Canonical)
-  val FormatVersion = 1
+  // 2: versions saved by version alone and commits without state checkpoint ids (format v2 queries).
+  val FormatVersion = 2
 
   private implicit val formats: Formats = DefaultFormats
 

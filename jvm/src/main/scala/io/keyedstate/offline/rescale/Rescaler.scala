@@ -52,7 +52,9 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
   private val hadoopConf = QueryCheckpoint.hadoopConf(spark)
   private lazy val conf = KeyedStateConf.fromMap(spark.conf.getAll)
 
-  def run(source: String, partitions: Int, output: Option[String], inPlace: Boolean): RescaleResult = {
+  /** `restoring`: the output is a savepoint's restore, marked as unfinished until it ends. */
+  def run(source: String, partitions: Int, output: Option[String], inPlace: Boolean,
+      restoring: Boolean = false): RescaleResult = {
     if (partitions < 1 || partitions > Rescaler.MaxPartitions) {
       throw KeyedStateErrors.badArgument(ErrorId.RescaleRefused,
         s"Invalid partition count $partitions for rescale: allowed is an integer from 1 to ${Rescaler.MaxPartitions}")
@@ -85,7 +87,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
     val dst =
       if (inPlace) src
       else QueryCheckpoint.at(output.getOrElse(s"${src.root}-rescaled-$partitions"), hadoopConf)
-    if (!inPlace) prepareOutput(src, dst)
+    if (!inPlace) prepareOutput(src, dst, restoring)
     checkNotRunning(src)
     val batch = lastCommittedBatch(src)
     src.requireKeyedStateProvider(batch, "rescale")
@@ -149,7 +151,8 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       case NonFatal(e) =>
         // Before publishing nothing the query reads was changed: drop what was written.
         if (RescaleJournal.read(dst.root, hadoopConf).exists(_.phase == RescaleJournal.Building)) {
-          if (inPlace) undoInPlace(src) else dst.fs.delete(dst.root, true)
+          // A restore's output is dropped by the restore, its unfinished marker last.
+          if (inPlace) undoInPlace(src) else if (!restoring) dst.fs.delete(dst.root, true)
         }
         throw e
     }
@@ -181,7 +184,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
   private def qualify(path: String): Path = QueryCheckpoint.qualify(path, hadoopConf)
 
   /** A fresh output, or the leftovers of an interrupted rescale into it (which are ours to drop). */
-  private def prepareOutput(src: QueryCheckpoint, dst: QueryCheckpoint): Unit = if (dst.exists) {
+  private def prepareOutput(src: QueryCheckpoint, dst: QueryCheckpoint, restoring: Boolean): Unit = if (dst.exists) {
     RescaleJournal.read(dst.root, hadoopConf) match {
       // No query can have used it (the journal kept the provider off): redo it from the source.
       case Some(j) if j.source == src.root.toString =>
@@ -193,7 +196,7 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
         progress(s"dropping the unpublished output of an interrupted rescale at ${dst.root}")
         dst.fs.delete(dst.root, true)
       // A savepoint's restore at another count rescales into the folder it marks as unfinished.
-      case _ if dst.fs.listStatus(dst.root).exists(_.getPath.getName != RestoreMapping.UnfinishedMarker) =>
+      case _ if dst.fs.listStatus(dst.root).exists(f => !restoring || f.getPath.getName != RestoreMapping.UnfinishedMarker) =>
         throw KeyedStateErrors.badArgument(ErrorId.RescaleRefused,
           s"The rescale output ${dst.root} already exists and is not empty; give a new path")
       case _ => ()

@@ -56,7 +56,8 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
         "to move the state to another provider")
     }
     if (partitions != metadata.partitions) {
-      new Rescaler(spark, progress).run(sp.root.toString, partitions, Some(dst.root.toString), inPlace = false)
+      new Rescaler(spark, progress).run(sp.root.toString, partitions, Some(dst.root.toString), inPlace = false,
+        restoring = true)
         .bytesWritten
     } else {
       val stores = for (op <- metadata.operators; store <- op.stores) yield op.operatorId -> store

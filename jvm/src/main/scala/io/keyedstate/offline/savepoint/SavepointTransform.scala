@@ -69,6 +69,10 @@ final class SavepointTransform(spark: SparkSession, progress: String => Unit) {
     val uidsKept = tables.operators.filterNot(o => droppedOps(o._1))
       .flatMap { case (op, ts) => renamed.get(op).orElse(ts.headOption.map(_.uid)) }.filter(_.nonEmpty).toSet
     val added = additions.zipWithIndex.map { case ((uid, from), i) =>
+      if (uid.isEmpty) {
+        throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"cannot add a keyed function from $from " +
+          "without a uid: a restored query finds an added function by its uid")
+      }
       if (uidsKept(uid) || additions.take(i).exists(_._1 == uid)) {
         throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"cannot add the keyed function with uid " +
           s"'$uid' from $from: the transformed savepoint already has one (uids name one operator each; drop it first)")

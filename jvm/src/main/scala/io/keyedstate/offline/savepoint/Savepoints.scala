@@ -120,7 +120,9 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
       s"partitions (the savepoint has ${metadata.partitions})")
     val bytes =
       try {
-        dst.writeFile(unfinished, s"${sp.root}\n")
+        // Created new: a second restore into the folder at the same time fails here.
+        val out = dst.fs.create(unfinished, false)
+        try out.write(s"${sp.root}\n".getBytes(java.nio.charset.StandardCharsets.UTF_8)) finally out.close()
         val written = formatOf(metadata.format).restore(sp, metadata, dst, to, provider)
         leaveMapping(sp, metadata, dst, allowNonRestoredState, to)
         if (!dst.fs.delete(unfinished, false) && dst.fs.exists(unfinished)) {
@@ -129,7 +131,13 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
         written
       } catch {
         case NonFatal(e) =>
-          dst.fs.delete(dst.root, true) // a failed restore leaves no checkpoint behind
+          // A failed restore leaves no checkpoint behind; the marker goes last, so a cleanup
+          // cut short still leaves nothing a query starts on.
+          if (dst.fs.exists(dst.root)) {
+            dst.fs.listStatus(dst.root).filter(_.getPath.getName != RestoreMapping.UnfinishedMarker)
+              .foreach(f => dst.fs.delete(f.getPath, true))
+            dst.fs.delete(dst.root, true)
+          }
           throw e
       }
     RestoreResult(sp.root.toString, dst.root.toString, metadata.batchId, metadata.partitions, to, bytes,
