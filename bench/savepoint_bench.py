@@ -1,7 +1,8 @@
 """Savepoint benchmark: native and canonical savepoints and their restores against copying the
 checkpoint folder, and ``keyedstate.state.read`` against Spark's ``statestore`` reader.
 
-One process, one local[2] session on keyedstate's provider:
+One process, one local[2] session on keyedstate's provider (and, for the CLI's savepoints, the
+CLI's own processes):
 
 1. builds an aggregation's state of ``--keys`` keys on ``--partitions`` partitions (one batch of
    every key, then ``--batches`` small batches, so the last version is a snapshot and changelogs);
@@ -19,7 +20,8 @@ One process, one local[2] session on keyedstate's provider:
    native savepoints, or one of 3 canonical ones, taken 2.5 s apart (the same two cores serve
    the query and the savepoints), and for the batches that overlap one of 3 savepoints of each
    format taken by the CLI in another process (``keyedstate savepoint create``, at its default
-   low CPU priority), from its start to its exit.
+   low CPU priority and at ``--priority normal``), from its start to its exit. Each is compared
+   with the batches of the same run that overlapped no savepoint (median, p90 and max).
 
 Prints a table and the load average (the machine is shared). Usage:
 
@@ -246,24 +248,26 @@ def main() -> int:
                 shutil.rmtree(target)
                 time.sleep(pause)
 
-        def cli_savepoints(count: int, pause: float, fmt: str) -> None:
+        def cli_savepoints(count: int, pause: float, fmt: str, priority: str) -> None:
             """Savepoints of the running query by the CLI, another process (another Spark
             application), one at a time: its whole run, start to exit, is the window."""
             for i in range(count):
-                target = work / f"cli-{fmt}-{i}"
+                target = work / f"cli-{fmt}-{priority}-{i}"
                 began = time.time()
                 subprocess.run(
                     [sys.executable, "-m", "keyedstate.tools.cli", "savepoint", "create",
                      "--checkpoint", str(checkpoint), "--target", str(target), "--format", fmt,
-                     "--master", "local[2]"],
+                     "--master", "local[2]", "--priority", priority],
                     check=True, capture_output=True, timeout=600,
                 )
-                spaced[f"cli {fmt}"].append((began, time.time()))
+                spaced[f"cli {fmt} {priority}"].append((began, time.time()))
                 shutil.rmtree(target)
                 time.sleep(pause)
 
-        spaced["cli native"], spaced["cli canonical"] = [], []
-        before_ms, (during, singles, canonicals, cli_natives, cli_canonicals) = batch_times_while(
+        cli_runs = [(fmt, p) for p in ("low", "normal") for fmt in ("native", "canonical")]
+        for fmt, priority in cli_runs:
+            spaced[f"cli {fmt} {priority}"] = []
+        before_ms, (during, *spaced_runs) = batch_times_while(
             spark,
             inputs,
             checkpoint,
@@ -272,18 +276,30 @@ def main() -> int:
                 lambda: savepoints_for(20),
                 lambda: one_savepoint_at_a_time(10, 2.5, "native"),
                 lambda: one_savepoint_at_a_time(3, 2.5, "canonical"),
-                lambda: cli_savepoints(3, 2.5, "native"),
-                lambda: cli_savepoints(3, 2.5, "canonical"),
+                *[
+                    lambda f=fmt, p=priority: cli_savepoints(3, 2.5, f, p)
+                    for fmt, priority in cli_runs
+                ],
             ],
         )
         before = statistics.median(before_ms)
         back_to_back = statistics.median([ms for _, _, ms in during] or [0])
 
-        def overlapping(batches: list[Batch], fmt: str) -> list[float]:
-            def overlaps(start: float, end: float) -> bool:
-                return any(s < end and start < e for s, e in spaced[fmt])
+        def overlapping(batches: list[Batch], windows: list[tuple[float, float]]) -> list[float]:
+            return [
+                ms for start, end, ms in batches
+                if any(s < end and start < e for s, e in windows)
+            ]
 
-            return [ms for start, end, ms in batches if overlaps(start, end)]
+        every_window = [w for windows in spaced.values() for w in windows]
+        quiet = sorted(
+            ms for batches in spaced_runs for start, end, ms in batches
+            if not overlapping([(start, end, ms)], every_window)
+        )
+        baseline = statistics.median(quiet)
+
+        def p90(values: list[float]) -> float:
+            return sorted(values)[min(len(values) - 1, int(0.9 * len(values)))]
 
         print(
             f"\nsavepoint bench: {args.keys:,} keys, {args.partitions} partitions, "
@@ -303,25 +319,25 @@ def main() -> int:
             f"{reads[1]:.2f} s ({reads[1] / reads[0]:.2f}x state.read's time; rows {reads[2]})"
         )
         print(
-            f"the running query's median batch (1000 rows on {args.keys:,} keys): "
-            f"{before:.0f} ms before any savepoint; "
-            f"{back_to_back:.0f} ms while native savepoints of it are taken one after the "
-            f"other ({back_to_back / before:.2f}x; {len(taken)} savepoints, "
+            f"the running query's batch (1000 rows on {args.keys:,} keys): median "
+            f"{before:.0f} ms in the warm-up before any savepoint; over the "
+            f"{len(quiet)} batches between the single savepoints below: median "
+            f"{baseline:.0f} ms, p90 {p90(quiet):.0f} ms, max {quiet[-1]:.0f} ms (the base)"
+        )
+        print(
+            f"while native savepoints of it are taken one after the other: median "
+            f"{back_to_back:.0f} ms ({back_to_back / baseline:.2f}x; {len(taken)} savepoints, "
             f"median {statistics.median(taken):.2f} s)"
         )
-        for fmt, batches in (
-            ("native", singles),
-            ("canonical", canonicals),
-            ("cli native", cli_natives),
-            ("cli canonical", cli_canonicals),
-        ):
-            hit = overlapping(batches, fmt)
+        for (name, windows), batches in zip(spaced.items(), spaced_runs, strict=True):
+            hit = overlapping(batches, windows)
             if hit:
                 single = statistics.median(hit)
                 print(
-                    f"the batches that overlap one of {len(spaced[fmt])} single {fmt} savepoints "
-                    f"(2.5 s apart): median {single:.0f} ms ({single / before:.2f}x; "
-                    f"{len(hit)} batches: {', '.join(f'{ms:.0f}' for ms in hit)})"
+                    f"the batches that overlap one of {len(windows)} single {name} savepoints "
+                    f"(2.5 s apart): median {single:.0f} ms ({single / baseline:.2f}x), "
+                    f"p90 {p90(hit):.0f} ms ({p90(hit) / p90(quiet):.2f}x), max {max(hit):.0f} "
+                    f"ms; {len(hit)} batches: {', '.join(f'{ms:.0f}' for ms in hit)}"
                 )
         return 0
     finally:
