@@ -26,7 +26,6 @@ from typing import Any
 
 import keyedstate
 import pytest
-from keyedstate import KeyedProcessFunction, RuntimeContext, Types, ValueStateDescriptor
 from pyspark.sql import DataFrame, SparkSession
 
 from tests.provider.test_kill_restart import Driver, run_kill_test
@@ -40,6 +39,7 @@ from tests.provider.test_operator_equivalence import (
     split,
 )
 from tests.provider.test_ttl_queries import EVENT_TTL, Query, count_by_key, events
+from tests.support.keyed_functions import CountSum
 from tests.support.remote_storage import (
     RemoteStorage,
     apply_hadoop_settings,
@@ -47,7 +47,6 @@ from tests.support.remote_storage import (
     driver_env,
     planned_batches,
 )
-from tests.support.state_api_support import ship_by_value
 from tests.support.streaming_harness import (
     PROVIDER_UNDER_TEST,
     REFERENCE_PROVIDER,
@@ -57,8 +56,6 @@ from tests.support.streaming_harness import (
     diff_batches,
     start_query,
 )
-
-ship_by_value(__name__)  # the keyed function below travels to the Python workers
 
 FULL = os.environ.get("KEYEDSTATE_STORAGE_FULL") == "1"
 # In CI: an aggregation, a watermarked window, a join and a Python state function (the store
@@ -157,21 +154,6 @@ def remote(storage: RemoteStorage, spark: SparkSession) -> Iterator[Callable[[st
 
 # ---------------------------------------------------------------------------------------------
 # (a) The same queries on a local and a remote checkpoint
-
-
-class CountSum(KeyedProcessFunction):
-    """A running count and sum per key in a ValueState, emitted per element."""
-
-    def open(self, runtime_context: RuntimeContext) -> None:
-        self.totals = runtime_context.get_state(
-            ValueStateDescriptor("totals", Types.TUPLE([Types.LONG(), Types.LONG()]))
-        )
-
-    def process_element(self, value, ctx):  # noqa: ANN001, ANN201
-        cnt, total = self.totals.value() or (0, 0)
-        cnt, total = cnt + 1, total + value.v
-        self.totals.update((cnt, total))
-        yield value.key, cnt, total
 
 
 def count_sum(frames: Mapping[str, DataFrame]) -> DataFrame:
