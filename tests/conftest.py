@@ -110,7 +110,7 @@ def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[obj
 
 @pytest.fixture
 def drivers() -> Iterator[list[Any]]:
-    """Driver processes a test starts (tests/provider/test_kill_restart.py's ``Driver``); any still
+    """Driver processes a test starts (tests/support/driver_process.py's ``Driver``); any still
     alive at the end has its process group killed."""
     started: list[Any] = []
     yield started

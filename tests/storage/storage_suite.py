@@ -28,7 +28,7 @@ import keyedstate
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from tests.provider.test_kill_restart import Driver, run_kill_test
+from tests.provider.test_kill_restart import run_kill_test
 from tests.provider.test_operator_equivalence import (
     AGG_FILES,
     EVENT_SCHEMA,
@@ -39,6 +39,7 @@ from tests.provider.test_operator_equivalence import (
     split,
 )
 from tests.provider.test_ttl_queries import EVENT_TTL, Query, count_by_key, events
+from tests.support.driver_process import Driver
 from tests.support.keyed_functions import CountSum
 from tests.support.remote_storage import (
     RemoteStorage,
