@@ -27,7 +27,6 @@ import keyedstate
 import pyspark
 import pytest
 from keyedstate import (
-    CheckpointedFunction,
     KeyedProcessFunction,
     ListStateDescriptor,
     MapStateDescriptor,
@@ -47,6 +46,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from tests.offline.test_savepoints import PHASES, Line, counts, tally
+from tests.support.keyed_functions import CountsProcessed
 from tests.support.state_api_support import ship_by_value
 
 SNAPSHOT_EVERY = "spark.sql.streaming.stateStore.minDeltasForSnapshot"
@@ -65,13 +65,10 @@ RICH = Types.ROW_NAMED(
 )
 
 
-class Rich(KeyedProcessFunction, CheckpointedFunction):
+class Rich(KeyedProcessFunction, CountsProcessed):
     """Per key (two key columns): a value of every stored type, an appended list (merged in
     RocksDB), a map to pickled objects and processing-time timers that never fire; per
     partition (operator state): how many elements it processed."""
-
-    def __init__(self) -> None:
-        self.processed = 0
 
     def open(self, runtime_context: RuntimeContext) -> None:
         self.rich = runtime_context.get_state(ValueStateDescriptor("rich", RICH))
@@ -79,17 +76,6 @@ class Rich(KeyedProcessFunction, CheckpointedFunction):
         self.blobs = runtime_context.get_map_state(
             MapStateDescriptor("blobs", Types.INT(), Types.PICKLED_BYTE_ARRAY())
         )
-
-    def initialize_state(self, context: Any) -> None:  # noqa: ANN401
-        self.counted = context.get_operator_state_store().get_list_state(
-            ListStateDescriptor("processed", Types.LONG())
-        )
-        if context.is_restored():
-            self.processed = sum(self.counted.get())
-
-    def snapshot_state(self, context: Any) -> None:  # noqa: ANN401
-        self.counted.clear()
-        self.counted.add(self.processed)
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
         v = value.v

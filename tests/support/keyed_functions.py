@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from keyedstate import KeyedProcessFunction, RuntimeContext, Types, ValueStateDescriptor
+from keyedstate import (
+    CheckpointedFunction,
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    RuntimeContext,
+    Types,
+    ValueStateDescriptor,
+)
 
 from tests.support.state_api_support import ship_by_value
 
@@ -29,3 +36,22 @@ class CountSum(KeyedProcessFunction):
 
     def output(self, value: Any, cnt: int, total: int) -> tuple[Any, ...]:  # noqa: ANN401
         return value.key, cnt, total
+
+
+class CountsProcessed(CheckpointedFunction):
+    """Operator state: how many elements the partition processed, ``processed`` (a function
+    adds 1 per element), kept in the operator list state ``processed`` and restored as the sum
+    of its entries."""
+
+    processed = 0
+
+    def initialize_state(self, context: Any) -> None:  # noqa: ANN401
+        self.processed_state = context.get_operator_state_store().get_list_state(
+            ListStateDescriptor("processed", Types.LONG())
+        )
+        if context.is_restored():
+            self.processed = sum(self.processed_state.get())
+
+    def snapshot_state(self, context: Any) -> None:  # noqa: ANN401
+        self.processed_state.clear()
+        self.processed_state.add(self.processed)
