@@ -17,7 +17,8 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,23 @@ def session_builder(app_name: str, provider: str = PROVIDER_UNDER_TEST) -> Spark
 # Inputs
 
 
+@contextmanager
+def session_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """``settings`` on the session for the duration (queries started meanwhile take them); then
+    each key as it was (unset if it was)."""
+    previous = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
 class FileInput:
     """A directory of JSON-lines files; each ``add`` is one file (= one micro-batch)."""
 
@@ -137,14 +155,24 @@ class FileInput:
 # Outputs
 
 
+def map_leaves(value: Any, leaf: Callable[[Any], Any]) -> Any:  # noqa: ANN401 - any Spark value
+    """``value`` with rows and dicts as dicts, lists and tuples as lists, and every other value
+    (a leaf) as ``leaf`` makes it."""
+    if isinstance(value, Row):
+        return {k: map_leaves(v, leaf) for k, v in value.asDict(recursive=False).items()}
+    if isinstance(value, dict):
+        return {k: map_leaves(v, leaf) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [map_leaves(v, leaf) for v in value]
+    return leaf(value)
+
+
 def normalize(value: Any) -> Any:  # noqa: ANN401 - any Spark value
     """Turn a collected Spark value into plain, JSON-comparable Python values."""
-    if isinstance(value, Row):
-        return {k: normalize(v) for k, v in value.asDict(recursive=False).items()}
-    if isinstance(value, dict):
-        return {k: normalize(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [normalize(v) for v in value]
+    return map_leaves(value, _json_leaf)
+
+
+def _json_leaf(value: Any) -> Any:  # noqa: ANN401
     if isinstance(value, dt.datetime):
         if value.tzinfo is not None:
             value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)

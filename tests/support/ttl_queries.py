@@ -5,8 +5,8 @@ remote checkpoints."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +21,18 @@ from tests.support.streaming_harness import (
     await_finished,
     start_query,
 )
+from tests.support.streaming_harness import session_conf as harness_session_conf
 
 PREFIX = "spark.sql.streaming.stateStore.keyedstate."
 SCHEMA = StructType([StructField("key", StringType()), StructField("t", LongType())])
 Rows = list[dict[str, Any]]
 
 
-@contextmanager
-def session_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
-    """Sets keyedstate options (``ttl.duration`` is ``spark...keyedstate.ttl.duration``)."""
+def session_conf(spark: SparkSession, settings: Mapping[str, str]) -> AbstractContextManager[None]:
+    """Sets keyedstate options for the duration (``ttl.duration`` is
+    ``spark...keyedstate.ttl.duration``)."""
     keys = {k if k.startswith("spark.") else PREFIX + k: v for k, v in settings.items()}
-    for k, v in keys.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k in keys:
-            spark.conf.unset(k)
+    return harness_session_conf(spark, keys)
 
 
 class Query:
