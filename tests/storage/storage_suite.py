@@ -52,8 +52,10 @@ from tests.support.streaming_harness import (
     REFERENCE_PROVIDER,
     BatchCollector,
     FileInput,
+    PhaseRun,
     await_finished,
     diff_batches,
+    run_phase,
     start_query,
 )
 from tests.support.ttl_queries import Query, count_by_key, expired_key_starts_fresh
@@ -112,27 +114,12 @@ def run_variants(
         v.label: {n: FileInput(workdir / v.label / n, schema) for n, schema in sources.items()}
         for v in variants
     }
+    runs = {
+        v.label: PhaseRun(inputs[v.label], v.provider, build, v.checkpoint, v.collector)
+        for v in variants
+    }
     for phase in phases:
-        queries = {}
-        try:
-            for v in variants:
-                for name, files in phase.items():
-                    inputs[v.label][name].add_all(files)
-                frames = {n: src.read_stream(spark) for n, src in inputs[v.label].items()}
-                queries[v.label] = start_query(
-                    spark,
-                    v.provider,
-                    build(frames),
-                    output_mode,
-                    v.checkpoint,
-                    v.collector,  # type: ignore[arg-type]
-                )
-            for query in queries.values():
-                await_finished(query)
-        finally:
-            for query in queries.values():
-                if query.isActive:
-                    query.stop()
+        queries = run_phase(spark, phase, runs, output_mode)
         for v in variants:
             progress = queries[v.label].recentProgress
             v.last_batch_per_run.append(progress[-1].batchId if progress else -1)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import keyedstate
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -267,6 +267,44 @@ def refusal(
     return error
 
 
+class PhaseRun(NamedTuple):
+    """One of the queries ``run_phase`` runs side by side: its inputs by source name, the
+    provider, how the query is built from the inputs' streams, its checkpoint and collector."""
+
+    inputs: Mapping[str, FileInput]
+    provider: str
+    build: Callable[[Mapping[str, DataFrame]], DataFrame]
+    checkpoint: Path | str
+    collector: BatchCollector
+
+
+def run_phase(
+    spark: SparkSession,
+    phase: Mapping[str, Iterable[Iterable[Mapping[str, Any]]]],
+    runs: Mapping[str, PhaseRun],
+    output_mode: str,
+) -> dict[str, StreamingQuery]:
+    """One phase: ``phase[source]``'s files added to each run's inputs, every run's query started
+    (availableNow, side by side) and awaited; any still active on a failure is stopped. The
+    queries by run name."""
+    queries: dict[str, StreamingQuery] = {}
+    try:
+        for name, run in runs.items():
+            for source, files in phase.items():
+                run.inputs[source].add_all(files)
+            frames = {source: src.read_stream(spark) for source, src in run.inputs.items()}
+            queries[name] = start_query(
+                spark, run.provider, run.build(frames), output_mode, run.checkpoint, run.collector
+            )
+        for query in queries.values():
+            await_finished(query)
+    finally:
+        for query in queries.values():
+            if query.isActive:
+                query.stop()
+    return queries
+
+
 @dataclass
 class RunResult:
     provider: str
@@ -313,22 +351,12 @@ def run_phases(
         results[provider] = RunResult(
             provider=provider, checkpoint=root / "checkpoint", collector=BatchCollector()
         )
+    runs = {
+        provider: PhaseRun(inputs[provider], provider, build, result.checkpoint, result.collector)
+        for provider, result in results.items()
+    }
     for phase in phases:
-        queries: dict[str, StreamingQuery] = {}
-        try:
-            for provider, result in results.items():
-                for name, files in phase.items():
-                    inputs[provider][name].add_all(files)
-                frames = {name: src.read_stream(spark) for name, src in inputs[provider].items()}
-                queries[provider] = start_query(
-                    spark, provider, build(frames), output_mode, result.checkpoint, result.collector
-                )
-            for query in queries.values():
-                await_finished(query)
-        finally:
-            for query in queries.values():
-                if query.isActive:
-                    query.stop()
+        queries = run_phase(spark, phase, runs, output_mode)
         for provider, query in queries.items():
             progress = [json.loads(p.json) for p in query.recentProgress]
             results[provider].progresses.append(progress)
