@@ -381,37 +381,24 @@ JOIN_RANGE_S = 5
 
 
 def join_files(seed: int) -> tuple[list[Rows], list[Rows]]:
+    """Six files a side of eight rows each, ids numbered through the side, from one generator
+    (per file, the left rows' draws then the right's)."""
     rng = random.Random(seed)
-    left: list[Rows] = []
-    right: list[Rows] = []
-    lid = rid = 0
+    files: dict[str, list[Rows]] = {"l": [], "r": []}
     for i in range(6):
-        lrows, rrows = [], []
-        for _ in range(8):
-            key = rng.choice(["k0", "k1", "k2", "k3", "lonly"])
-            lrows.append(
-                {
-                    "lkey": key,
-                    "lid": lid,
-                    "lv": rng.randrange(100),
-                    "lt": T0 + 8 * i + rng.randrange(12),
-                }
+        for side, side_files in files.items():
+            side_files.append(
+                [
+                    {
+                        f"{side}key": rng.choice(["k0", "k1", "k2", "k3", f"{side}only"]),
+                        f"{side}id": 8 * i + n,
+                        f"{side}v": rng.randrange(100),
+                        f"{side}t": T0 + 8 * i + rng.randrange(12),
+                    }
+                    for n in range(8)
+                ]
             )
-            lid += 1
-        for _ in range(8):
-            key = rng.choice(["k0", "k1", "k2", "k3", "ronly"])
-            rrows.append(
-                {
-                    "rkey": key,
-                    "rid": rid,
-                    "rv": rng.randrange(100),
-                    "rt": T0 + 8 * i + rng.randrange(12),
-                }
-            )
-            rid += 1
-        left.append(lrows)
-        right.append(rrows)
-    return left, right
+    return files["l"], files["r"]
 
 
 JOIN_LEFT, JOIN_RIGHT = join_files(16)
