@@ -54,16 +54,20 @@ def reference_provider() -> str:
     return REFERENCE_PROVIDER
 
 
+def _running(server: Any) -> Iterator[Any]:  # noqa: ANN401 - a test server
+    """A session fixture's server: started, yielded, closed after the session."""
+    server.start()
+    yield server
+    server.close()
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[object]:
     """A PostgreSQL server on 127.0.0.1 (tests/support/servers/postgres_server.py), started on
     first use and removed after the session."""
     from tests.support.servers.postgres_server import PostgresServer
 
-    server = PostgresServer()
-    server.start()
-    yield server
-    server.close()
+    yield from _running(PostgresServer())
 
 
 @pytest.fixture(scope="session")
@@ -72,10 +76,7 @@ def kafka_broker() -> Iterator[object]:
     jars from `make connectors`), started on first use and removed after the session."""
     from tests.support.servers.kafka_broker import KafkaBroker
 
-    broker = KafkaBroker()
-    broker.start()
-    yield broker
-    broker.close()
+    yield from _running(KafkaBroker())
 
 
 @pytest.fixture(scope="session")
@@ -85,10 +86,7 @@ def hdfs_cluster() -> Iterator[object]:
     removed after the session."""
     from tests.support.servers.hdfs_cluster import HdfsCluster
 
-    cluster = HdfsCluster(datanodes=3)
-    cluster.start()
-    yield cluster
-    cluster.close()
+    yield from _running(HdfsCluster(datanodes=3))
 
 
 @pytest.fixture(scope="session")
@@ -97,10 +95,7 @@ def s3_endpoint() -> Iterator[object]:
     jars from `make storage`), started on first use and stopped after the session."""
     from tests.support.servers.s3_endpoint import S3Endpoint
 
-    endpoint = S3Endpoint()
-    endpoint.start()
-    yield endpoint
-    endpoint.close()
+    yield from _running(S3Endpoint())
 
 
 @pytest.fixture(scope="session")
@@ -110,14 +105,12 @@ def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[obj
     session."""
     from tests.support.servers.spark_standalone import StandaloneCluster
 
-    cluster = StandaloneCluster(tmp_path_factory.mktemp("standalone-cluster")).start()
-    yield cluster
-    cluster.close()
+    yield from _running(StandaloneCluster(tmp_path_factory.mktemp("standalone-cluster")))
 
 
 @pytest.fixture
 def drivers() -> Iterator[list[Any]]:
-    """Driver processes a test starts (tests/provider/test_kill_restart.py's ``Driver``); any still
+    """Driver processes a test starts (tests/support/driver_process.py's ``Driver``); any still
     alive at the end has its process group killed."""
     started: list[Any] = []
     yield started

@@ -54,6 +54,7 @@ __all__ = [
     "error_class",
     "from_java",
     "java_causes",
+    "python_causes",
     "first_line",
     "keyedstate_errors",
     "state_error",
@@ -192,7 +193,9 @@ def from_java(
 # ---- the Python side: the errors pyspark and py4j raise ----
 
 
-def _python_chain(error: BaseException) -> Iterator[BaseException]:
+def python_causes(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and its causes (``__cause__``, else ``__context__``), outermost first, each
+    once, at most ``MAX_CAUSES``: the Python side of ``java_causes``."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen and len(seen) < MAX_CAUSES:
@@ -222,7 +225,7 @@ def _texts(error: BaseException) -> Iterator[str]:
     """The text of ``error`` and its causes, outermost first: the captured causes pyspark kept
     only as text (``StreamingQuery.exception()`` converts the failure's causes so), and any
     other error's message."""
-    for link in _python_chain(error):
+    for link in python_causes(error):
         captured: Any = link
         for _ in range(MAX_CAUSES):
             if captured is None:
@@ -282,7 +285,7 @@ def _java_throwables(error: BaseException) -> Iterator[Any]:
     """The JVM throwables behind ``error``: a ``Py4JJavaError``'s, a ``CapturedException``'s
     origin, and those of its captured causes (``StreamingQuery.exception()`` gives only the
     cause's)."""
-    for link in _python_chain(error):
+    for link in python_causes(error):
         java = getattr(link, "java_exception", None)  # Py4JJavaError
         if java is not None:
             yield java
@@ -315,7 +318,7 @@ def state_error(
     With the query's ``checkpoint``, Spark's refusal of a changed state schema on restart is a
     ``StateSchemaError`` naming the stateful operator whose stored schema it is (Spark's check
     runs on the driver before any provider is called, and names only the two schemas)."""
-    for link in _python_chain(error):
+    for link in python_causes(error):
         if isinstance(link, KeyedStateError):
             return link
     throwables = list(_java_throwables(error))

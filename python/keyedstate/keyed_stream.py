@@ -200,13 +200,8 @@ class KeyedStream:
         a ``None`` new state clears it. The state type is ``state_type`` or the annotation of
         ``fun``'s second parameter (``count: int | None``); without either, any picklable value.
         """
-        return self._build(
-            "map",
-            _MapWithState(fun, _state_type(fun, state_type)),
-            output_schema,
-            output_mode=output_mode,
-            uid=uid,
-        )
+        state_fn = _MapWithState(fun, state_type)
+        return self._build("map", state_fn, output_schema, output_mode=output_mode, uid=uid)
 
     def flat_map_with_state(
         self,
@@ -218,13 +213,8 @@ class KeyedStream:
         uid: str | None = None,
     ) -> DataFrame:
         """``fun(value, state_or_None) -> (outputs, new_state)``."""
-        return self._build(
-            "flat_map",
-            _FlatMapWithState(fun, _state_type(fun, state_type)),
-            output_schema,
-            output_mode=output_mode,
-            uid=uid,
-        )
+        state_fn = _FlatMapWithState(fun, state_type)
+        return self._build("flat_map", state_fn, output_schema, output_mode=output_mode, uid=uid)
 
     def filter_with_state(
         self,
@@ -235,13 +225,8 @@ class KeyedStream:
         uid: str | None = None,
     ) -> DataFrame:
         """``fun(value, state_or_None) -> (keep, new_state)``."""
-        return self._build(
-            "filter",
-            _FilterWithState(fun, _state_type(fun, state_type)),
-            None,
-            output_mode=output_mode,
-            uid=uid,
-        )
+        state_fn = _FilterWithState(fun, state_type)
+        return self._build("filter", state_fn, None, output_mode=output_mode, uid=uid)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,46 +302,46 @@ class _CallableFilter(_Adapter, FilterFunction):
 
 
 class _WithState(_Adapter):
+    """``fun(value, state_or_None) -> (result, new_state)`` on a ValueState of ``declared`` (or
+    the type ``_state_type`` finds); ``_apply`` runs it and keeps the new state."""
+
     state: ValueState
 
-    def __init__(self, fun: Callable[..., Any], state_type: Any) -> None:  # noqa: ANN401
+    def __init__(self, fun: Callable[..., Any], declared: Any) -> None:  # noqa: ANN401
+        self.state_type = _state_type(fun, declared)
         self.fun = fun
-        self.state_type = state_type
 
     def open(self, runtime_context: RuntimeContext) -> None:
         self.state = runtime_context.get_state(
             ValueStateDescriptor(WITH_STATE_NAME, self.state_type)
         )
 
+    def _apply(self, value: Any) -> Any:  # noqa: ANN401
+        state = self.state
+        result, new_state = self.fun(value, state.value())
+        state.update(new_state)
+        return result
+
 
 class _MapWithState(_WithState, MapFunction):
     verb = "map_with_state"
 
     def map(self, value: Any) -> Any:  # noqa: ANN401
-        state = self.state
-        output, new_state = self.fun(value, state.value())
-        state.update(new_state)
-        return output
+        return self._apply(value)
 
 
 class _FlatMapWithState(_WithState, FlatMapFunction):
     verb = "flat_map_with_state"
 
     def flat_map(self, value: Any) -> Iterable[Any] | None:  # noqa: ANN401
-        state = self.state
-        outputs, new_state = self.fun(value, state.value())
-        state.update(new_state)
-        return outputs
+        return self._apply(value)
 
 
 class _FilterWithState(_WithState, FilterFunction):
     verb = "filter_with_state"
 
     def filter(self, value: Any) -> bool:  # noqa: ANN401
-        state = self.state
-        keep, new_state = self.fun(value, state.value())
-        state.update(new_state)
-        return bool(keep)
+        return bool(self._apply(value))
 
 
 class _RunningReduce(MapFunction):

@@ -27,7 +27,6 @@ import keyedstate
 import pyspark
 import pytest
 from keyedstate import (
-    CheckpointedFunction,
     KeyedProcessFunction,
     ListStateDescriptor,
     MapStateDescriptor,
@@ -47,7 +46,9 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from tests.offline.test_savepoints import PHASES, Line, counts, tally
+from tests.support.keyed_functions import CountsProcessed
 from tests.support.state_api_support import ship_by_value
+from tests.support.streaming_harness import map_leaves, session_conf
 
 SNAPSHOT_EVERY = "spark.sql.streaming.stateStore.minDeltasForSnapshot"
 CODEC = "spark.sql.streaming.stateStore.keyedstate.changelogCompression"
@@ -65,13 +66,10 @@ RICH = Types.ROW_NAMED(
 )
 
 
-class Rich(KeyedProcessFunction, CheckpointedFunction):
+class Rich(KeyedProcessFunction, CountsProcessed):
     """Per key (two key columns): a value of every stored type, an appended list (merged in
     RocksDB), a map to pickled objects and processing-time timers that never fire; per
     partition (operator state): how many elements it processed."""
-
-    def __init__(self) -> None:
-        self.processed = 0
 
     def open(self, runtime_context: RuntimeContext) -> None:
         self.rich = runtime_context.get_state(ValueStateDescriptor("rich", RICH))
@@ -79,17 +77,6 @@ class Rich(KeyedProcessFunction, CheckpointedFunction):
         self.blobs = runtime_context.get_map_state(
             MapStateDescriptor("blobs", Types.INT(), Types.PICKLED_BYTE_ARRAY())
         )
-
-    def initialize_state(self, context: Any) -> None:  # noqa: ANN401
-        self.counted = context.get_operator_state_store().get_list_state(
-            ListStateDescriptor("processed", Types.LONG())
-        )
-        if context.is_restored():
-            self.processed = sum(self.counted.get())
-
-    def snapshot_state(self, context: Any) -> None:  # noqa: ANN401
-        self.counted.clear()
-        self.counted.add(self.processed)
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
         v = value.v
@@ -147,25 +134,17 @@ def stored(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dic
     """Each query run over PHASES (6 batches) with a snapshot every 2 versions, so its last
     version is a snapshot and changelogs; then a native savepoint of it."""
     root = tmp_path_factory.mktemp("local-reader")
-    previous = {key: spark.conf.get(key, None) for key in (SNAPSHOT_EVERY, CODEC)}
     out = {}
-    try:
-        spark.conf.set(SNAPSHOT_EVERY, "2")
+    with session_conf(spark, {SNAPSHOT_EVERY: "2"}):
         for name, (build, mode, codec, operator) in LINES.items():
-            spark.conf.set(CODEC, codec)
-            line = Line(spark, root / name, build, mode)
-            checkpoint = root / name / "checkpoint"
-            for phase in PHASES:
-                line.run(checkpoint, phase)
-            savepoint = root / name / "savepoint"
-            keyedstate.savepoint(spark, str(checkpoint), str(savepoint))
+            with session_conf(spark, {CODEC: codec}):
+                line = Line(spark, root / name, build, mode)
+                checkpoint = root / name / "checkpoint"
+                for phase in PHASES:
+                    line.run(checkpoint, phase)
+                savepoint = root / name / "savepoint"
+                keyedstate.savepoint(spark, str(checkpoint), str(savepoint))
             out[name] = Stored(checkpoint, savepoint, operator)
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
     return out
 
 
@@ -175,12 +154,10 @@ def stored(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dic
 def plain(value: Any) -> Any:  # noqa: ANN401 - any decoded or collected value
     """Collected and locally decoded values alike: rows as dicts, binary as bytes, timestamps
     in UTC (pyspark collects naive local time, the local reader gives UTC)."""
-    if isinstance(value, Row):
-        return {k: plain(v) for k, v in value.asDict(recursive=False).items()}
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
+    return map_leaves(value, _plain_leaf)
+
+
+def _plain_leaf(value: Any) -> Any:  # noqa: ANN401
     if isinstance(value, bytes | bytearray):
         return bytes(value)
     if isinstance(value, dt.datetime):

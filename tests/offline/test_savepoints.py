@@ -129,6 +129,22 @@ def normalized(batches: dict[int, list[dict[str, Any]]], after: int) -> dict[int
     }
 
 
+def ran_first_phase(
+    spark: SparkSession,
+    tmp_path: Path,
+    build: Build,
+    mode: str,
+    provider: str = PROVIDER_UNDER_TEST,
+    phase: list[list[dict[str, Any]]] | None = None,
+) -> tuple[Line, Path]:
+    """A line at ``tmp_path / "line"`` that ran ``phase`` (the first of PHASES): (the line, its
+    checkpoint)."""
+    line = Line(spark, tmp_path / "line", build, mode, provider)
+    checkpoint = tmp_path / "line" / "checkpoint"
+    line.run(checkpoint, PHASES[0] if phase is None else phase)
+    return line, checkpoint
+
+
 def reference_and_saved(
     spark: SparkSession,
     tmp_path: Path,
@@ -136,17 +152,17 @@ def reference_and_saved(
     mode: str,
     phases: list[list[list[dict[str, Any]]]],
     fmt: str,
+    target: Path | None = None,
 ) -> tuple[Line, Line, int, Path, Any]:
     """An uninterrupted run of every phase, and a line that ran the first phase and was saved
-    (``fmt``) at ``tmp_path / "savepoint"``: (reference, line, batch saved, target, info)."""
+    (``fmt``) at ``target`` (``tmp_path / "savepoint"``): (reference, line, batch saved, target,
+    info)."""
     reference = Line(spark, tmp_path / "reference", build, mode)
     for phase in phases:
         reference.run(tmp_path / "reference" / "checkpoint", phase)
-    line = Line(spark, tmp_path / "line", build, mode)
-    original = tmp_path / "line" / "checkpoint"
-    line.run(original, phases[0])
+    line, original = ran_first_phase(spark, tmp_path, build, mode, phase=phases[0])
     batch = committed_batches(original)[-1]
-    target = tmp_path / "savepoint"
+    target = tmp_path / "savepoint" if target is None else target
     info = keyedstate.savepoint(spark, str(original), str(target), format=fmt)
     return reference, line, batch, target, info
 
@@ -252,16 +268,10 @@ def restores_and_continues(
     """Saves a line after its first phase, restores it (at ``partitions``, into ``provider``)
     and runs the second phase on the restored checkpoint: its output after the saved batch
     equals an uninterrupted run's. (the saved batch, the restored checkpoint)"""
-    reference = Line(spark, tmp_path / "reference", build, mode)
-    for phase in PHASES:
-        reference.run(tmp_path / "reference" / "checkpoint", phase)
-
-    line = Line(spark, tmp_path / "line", build, mode)
-    original = tmp_path / "line" / "checkpoint"
-    line.run(original, PHASES[0])
-    batch = committed_batches(original)[-1]
-    target = tmp_path / "savepoints" / "sp-1"
-    info = keyedstate.savepoint(spark, str(original), str(target), format=fmt)
+    reference, line, batch, target, info = reference_and_saved(
+        spark, tmp_path, build, mode, PHASES, fmt, tmp_path / "savepoints" / "sp-1"
+    )
+    original = tmp_path / "line" / "checkpoint"  # the saved line's (ran_first_phase)
     assert (info.format, info.batch_id, info.state_version, info.partitions) == (
         fmt,
         batch,
@@ -324,9 +334,7 @@ def test_a_canonical_savepoint_moves_spark_rocksdb_state_into_keyedstate(
     reference = Line(spark, tmp_path / "reference", counts, "update", SPARK_ROCKSDB)
     for phase in PHASES:
         reference.run(tmp_path / "reference" / "checkpoint", phase)
-    line = Line(spark, tmp_path / "line", counts, "update", SPARK_ROCKSDB)
-    original = tmp_path / "line" / "checkpoint"
-    line.run(original, PHASES[0])
+    line, original = ran_first_phase(spark, tmp_path, counts, "update", SPARK_ROCKSDB)
     batch = committed_batches(original)[-1]
     target = tmp_path / "sp"
     info = keyedstate.savepoint(spark, str(original), str(target), format="canonical")
@@ -430,9 +438,7 @@ def test_stop_with_savepoint_list_and_dispose(spark: SparkSession, tmp_path: Pat
 
 
 def test_damaged_missing_and_unfinished_savepoints(spark: SparkSession, tmp_path: Path) -> None:
-    line = Line(spark, tmp_path / "line", counts, "update")
-    checkpoint = tmp_path / "line" / "checkpoint"
-    line.run(checkpoint, PHASES[0])
+    line, checkpoint = ran_first_phase(spark, tmp_path, counts, "update")
     target = tmp_path / "savepoint"
     keyedstate.savepoint(spark, str(checkpoint), str(target))
 
@@ -526,9 +532,7 @@ def test_a_restore_killed_mid_way_starts_no_query_and_is_redone(
 def test_a_damaged_or_missing_canonical_table_file_is_named(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    line = Line(spark, tmp_path / "line", tally, "append")
-    checkpoint = tmp_path / "line" / "checkpoint"
-    line.run(checkpoint, PHASES[0])
+    _, checkpoint = ran_first_phase(spark, tmp_path, tally, "append")
     target = tmp_path / "savepoint"
     keyedstate.savepoint(spark, str(checkpoint), str(target), format="canonical")
     parquet = sorted((target / "tables").rglob("*.parquet"))

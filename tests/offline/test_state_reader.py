@@ -22,7 +22,6 @@ import keyedstate
 import pandas as pd
 import pytest
 from keyedstate import (
-    CheckpointedFunction,
     KeyedProcessFunction,
     ListStateDescriptor,
     MapStateDescriptor,
@@ -36,6 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from tests.support.keyed_functions import CountsProcessed
 from tests.support.state_api_support import batch_metadata, on_keyedstate, run_jobs, ship_by_value
 from tests.support.streaming_harness import committed_batches
 
@@ -368,13 +368,10 @@ KEEP = 4  # list elements kept per key
 TIMER_DELAY_MS = 12_500  # never a whole second: no timer is ever at a watermark
 
 
-class Ledger(KeyedProcessFunction, CheckpointedFunction):
+class Ledger(KeyedProcessFunction, CountsProcessed):
     """Per key: a count, the last KEEP values in arrival order, a total per category, an
     event-time timer 12.5 s after each element, and how many of its timers fired; per
     partition (operator state): the number of elements it processed."""
-
-    def __init__(self) -> None:
-        self.processed = 0
 
     def open(self, runtime_context: RuntimeContext) -> None:
         self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
@@ -383,17 +380,6 @@ class Ledger(KeyedProcessFunction, CheckpointedFunction):
         self.totals = runtime_context.get_map_state(
             MapStateDescriptor("totals", Types.STRING(), Types.LONG())
         )
-
-    def initialize_state(self, context: Any) -> None:  # noqa: ANN401
-        self.seen = context.get_operator_state_store().get_list_state(
-            ListStateDescriptor("processed", Types.LONG())
-        )
-        if context.is_restored():
-            self.processed = sum(self.seen.get())
-
-    def snapshot_state(self, context: Any) -> None:  # noqa: ANN401
-        self.seen.clear()
-        self.seen.add(self.processed)
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
         self.processed += 1

@@ -13,7 +13,7 @@ from keyedstate import key_by
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from tests.offline.test_savepoints import OUT, PHASES, Line, Tally, counts, tally
+from tests.offline.test_savepoints import OUT, PHASES, Tally, counts, ran_first_phase, tally
 from tests.support.streaming_harness import committed_batches
 
 
@@ -29,9 +29,7 @@ def stored(spark: SparkSession, path: Path, operator: Any, state: str) -> dict[A
 def test_a_mapped_dropped_and_renamed_savepoint_restores_as_changed(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    line = Line(spark, tmp_path / "line", tally, "append")
-    checkpoint = tmp_path / "line" / "checkpoint"
-    line.run(checkpoint, PHASES[0])
+    line, checkpoint = ran_first_phase(spark, tmp_path, tally, "append")
     source = tmp_path / "savepoint"
     keyedstate.savepoint(spark, str(checkpoint), str(source))
     before = stored(spark, source, "tally", "count")
@@ -72,9 +70,7 @@ def test_a_mapped_dropped_and_renamed_savepoint_restores_as_changed(
 def test_spark_operators_are_not_dropped_and_a_map_keeps_the_columns(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    line = Line(spark, tmp_path / "line", counts, "update")
-    checkpoint = tmp_path / "line" / "checkpoint"
-    line.run(checkpoint, PHASES[0])
+    _, checkpoint = ran_first_phase(spark, tmp_path, counts, "update")
     source = tmp_path / "savepoint"
     keyedstate.savepoint(spark, str(checkpoint), str(source))
     with pytest.raises(keyedstate.QueryCheckpointError, match="only keyed functions are renamed"):

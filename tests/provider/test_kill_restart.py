@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,12 +29,12 @@ from typing import Any
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from tests.support.driver_process import Driver, wait_for
 from tests.support.paths import DRIVERS
 from tests.support.streaming_harness import (
     PROVIDER_UNDER_TEST,
     FileInput,
     committed_batches,
-    kill_process_group,
     planned_batches,
 )
 
@@ -49,7 +47,6 @@ ROWS_PER_FILE = 12
 NUM_KEYS = 10
 SEED = int(os.environ.get("KILL_TEST_SEED", "20240611"))
 WAIT_TIMEOUT_S = 150.0
-POLL_S = 0.02
 
 SCHEMA = StructType([StructField("key", StringType()), StructField("v", LongType())])
 
@@ -165,60 +162,6 @@ def final_per_key(batches: dict[int, list[dict[str, Any]]]) -> dict[str, dict[st
     return final
 
 
-class Driver:
-    """One run of the driver script in its own session (process group)."""
-
-    def __init__(
-        self,
-        args: list[str],
-        log: Path,
-        env: dict[str, str] | None = None,
-        script: Path = DRIVER,
-    ) -> None:
-        self.log = log
-        self._log_file = log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(script), *args],
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, **(env or {})},
-        )
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill_group(self) -> None:
-        kill_process_group(self.proc)
-        self._log_file.close()
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        finally:
-            self._log_file.close()
-
-    def tail(self, n: int = 40) -> str:
-        if not self._log_file.closed:
-            self._log_file.flush()
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-
-
-def wait_for(
-    driver: Driver, condition: Callable[[], bool], what: str, timeout: float = WAIT_TIMEOUT_S
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if not driver.alive():
-            raise AssertionError(
-                f"driver exited (rc={driver.proc.returncode}) before {what}:\n{driver.tail()}"
-            )
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}:\n{driver.tail()}")
-        time.sleep(POLL_S)
-
-
 @pytest.mark.parametrize("engine", ["aggregation", "python-api"])
 @pytest.mark.timeout(min(KILL_BUDGET_S, 150 * KILLS) + 600)  # the kills, then the last run
 def test_kill_and_restart_is_exactly_once(
@@ -270,17 +213,17 @@ def run_kill_test(
 
     def mid_batch(driver: Driver) -> None:  # a batch is planned but not yet committed
         target = commits() + rng.randint(2, 5)
-        wait_for(driver, lambda: commits() >= target, f"{target} commits")
+        wait_for(driver, lambda: commits() >= target, f"{target} commits", WAIT_TIMEOUT_S)
         time.sleep(rng.uniform(0.0, 0.3))
-        wait_for(driver, in_flight, "a batch in flight")  # then kill at once
+        wait_for(driver, in_flight, "a batch in flight", WAIT_TIMEOUT_S)  # then kill at once
 
     def after_commit(driver: Driver) -> None:  # right after a commit (maintenance, next plan)
         target = commits() + rng.randint(2, 4)
-        wait_for(driver, lambda: commits() >= target, f"{target} commits")
+        wait_for(driver, lambda: commits() >= target, f"{target} commits", WAIT_TIMEOUT_S)
 
     def random_delay(driver: Driver) -> None:  # any point after some progress
         target = commits() + rng.randint(1, 3)
-        wait_for(driver, lambda: commits() >= target, f"{target} commits")
+        wait_for(driver, lambda: commits() >= target, f"{target} commits", WAIT_TIMEOUT_S)
         time.sleep(rng.uniform(0.0, 1.5))
 
     later = [mid_batch, after_commit, random_delay]
@@ -301,7 +244,7 @@ def run_kill_test(
         engine,
     ]
     t0 = time.monotonic()
-    clean = Driver(clean_args, tmp_path / "driver-clean.log") if clean_run else None
+    clean = Driver(clean_args, tmp_path / "driver-clean.log", script=DRIVER) if clean_run else None
     if clean is not None:
         drivers.append(clean)
 
@@ -310,7 +253,7 @@ def run_kill_test(
         if time.monotonic() - t0 > KILL_BUDGET_S:
             print(f"kill budget of {KILL_BUDGET_S:.0f}s spent after {len(kills)} kills")
             break
-        driver = Driver(args, tmp_path / f"driver-{attempt}.log", env)
+        driver = Driver(args, tmp_path / f"driver-{attempt}.log", env, script=DRIVER)
         drivers.append(driver)
         phase(driver)
         before = (listed_commits(), listed_offsets())
@@ -330,7 +273,7 @@ def run_kill_test(
         assert alive, f"driver had already exited when killed ({kill}):\n{driver.tail()}"
 
     # Restart until the driver finishes by itself.
-    final = Driver(args, tmp_path / "driver-final.log", env)
+    final = Driver(args, tmp_path / "driver-final.log", env, script=DRIVER)
     drivers.append(final)
     rc = final.wait(timeout=WAIT_TIMEOUT_S * 2)
     print(f"final restart finished at {time.monotonic() - t0:.1f}s")

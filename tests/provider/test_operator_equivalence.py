@@ -381,37 +381,24 @@ JOIN_RANGE_S = 5
 
 
 def join_files(seed: int) -> tuple[list[Rows], list[Rows]]:
+    """Six files a side of eight rows each, ids numbered through the side, from one generator
+    (per file, the left rows' draws then the right's)."""
     rng = random.Random(seed)
-    left: list[Rows] = []
-    right: list[Rows] = []
-    lid = rid = 0
+    files: dict[str, list[Rows]] = {"l": [], "r": []}
     for i in range(6):
-        lrows, rrows = [], []
-        for _ in range(8):
-            key = rng.choice(["k0", "k1", "k2", "k3", "lonly"])
-            lrows.append(
-                {
-                    "lkey": key,
-                    "lid": lid,
-                    "lv": rng.randrange(100),
-                    "lt": T0 + 8 * i + rng.randrange(12),
-                }
+        for side, side_files in files.items():
+            side_files.append(
+                [
+                    {
+                        f"{side}key": rng.choice(["k0", "k1", "k2", "k3", f"{side}only"]),
+                        f"{side}id": 8 * i + n,
+                        f"{side}v": rng.randrange(100),
+                        f"{side}t": T0 + 8 * i + rng.randrange(12),
+                    }
+                    for n in range(8)
+                ]
             )
-            lid += 1
-        for _ in range(8):
-            key = rng.choice(["k0", "k1", "k2", "k3", "ronly"])
-            rrows.append(
-                {
-                    "rkey": key,
-                    "rid": rid,
-                    "rv": rng.randrange(100),
-                    "rt": T0 + 8 * i + rng.randrange(12),
-                }
-            )
-            rid += 1
-        left.append(lrows)
-        right.append(rrows)
-    return left, right
+    return files["l"], files["r"]
 
 
 JOIN_LEFT, JOIN_RIGHT = join_files(16)
@@ -455,20 +442,22 @@ def make_join_check(how: str) -> Callable[[Batches], None]:
         right_only = [r for r in emitted if r["lid"] is None]
         if how in ("left_outer", "full_outer"):
             expected = [{**lr, **null_r} for lr in left_rows if lr["lid"] not in matched_l]
-            assert all(r in expected for r in left_only)
-            assert len({r["lid"] for r in left_only}) == len(left_only)
-            must = [r for r in expected if r["lt"] < wm - JOIN_RANGE_S - 2]
-            assert len(must) >= 3 and all(r in left_only for r in must)
+            assert_unmatched("l", left_only, expected)
         else:
             assert not left_only
         if how == "full_outer":
             expected = [{**null_l, **rr} for rr in right_rows if rr["rid"] not in matched_r]
-            assert all(r in expected for r in right_only)
-            assert len({r["rid"] for r in right_only}) == len(right_only)
-            must = [r for r in expected if r["rt"] < wm - JOIN_RANGE_S - 2]
-            assert len(must) >= 3 and all(r in right_only for r in must)
+            assert_unmatched("r", right_only, expected)
         else:
             assert not right_only
+
+    def assert_unmatched(side: str, emitted: list[dict[str, Any]], expected: Rows) -> None:
+        """One side's rows without a match (``side`` is the columns' prefix): each emitted once,
+        null-padded, and at least three of those the watermark passed long ago among them."""
+        assert all(r in expected for r in emitted)
+        assert len({r[f"{side}id"] for r in emitted}) == len(emitted)
+        must = [r for r in expected if r[f"{side}t"] < wm - JOIN_RANGE_S - 2]
+        assert len(must) >= 3 and all(r in emitted for r in must)
 
     return check
 

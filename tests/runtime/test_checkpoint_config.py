@@ -6,7 +6,7 @@ cancel and the minimum pause reported."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +15,14 @@ import pytest
 from keyedstate.runtime.checkpoint_config import MIN_BATCHES_TO_RETAIN_KEY
 from pyspark.sql import SparkSession
 
-from tests.support.streaming_harness import FileInput, committed_batches
+from tests.support.streaming_harness import committed_batches
 from tests.support.supervisor_support import (
     FILES,
     POLL,
-    SCHEMA,
     FlakySink,
     RecordingListener,
-    no_query_left,
+    fails_naming,
+    input_files,
     reference_batches,
     writer,
 )
@@ -102,10 +102,7 @@ def test_defaults_are_flinks_and_setters_match_keywords() -> None:
 def test_invalid_settings_fail_naming_the_setting_value_and_rule(
     make: Callable[[], object], error: type[Exception], words: list[str]
 ) -> None:
-    with pytest.raises(error) as failure:
-        make()
-    for word in words:
-        assert word in str(failure.value), (word, str(failure.value))
+    fails_naming(make, error, words)
 
 
 def test_apply_to_a_builder_sets_the_retained_batches() -> None:
@@ -117,23 +114,14 @@ def test_apply_to_a_builder_sets_the_retained_batches() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Real queries
-
-
-@pytest.fixture
-def clean(spark: SparkSession) -> Iterator[SparkSession]:
-    retained = spark.conf.get(MIN_BATCHES_TO_RETAIN_KEY)
-    yield spark
-    no_query_left(spark)
-    spark.conf.set(MIN_BATCHES_TO_RETAIN_KEY, retained)
+# Real queries (the ``clean`` session: tests/runtime/conftest.py)
 
 
 def test_run_applies_trigger_location_and_retained_batches(
     clean: SparkSession, tmp_path: Path
 ) -> None:
     spark = clean
-    source = FileInput(tmp_path / "in", SCHEMA)
-    source.add_all(FILES)
+    source = input_files(tmp_path / "in")
     checkpoint = tmp_path / "ck"
     config = keyedstate.CheckpointConfig(
         interval=150, num_retained=3, checkpoint_storage=str(checkpoint)
@@ -157,8 +145,7 @@ def test_a_query_started_without_the_config_is_refused(
     clean: SparkSession, tmp_path: Path
 ) -> None:
     spark = clean
-    source = FileInput(tmp_path / "in", SCHEMA)
-    source.add_all(FILES[:1])
+    source = input_files(tmp_path / "in", FILES[:1])
     config = keyedstate.CheckpointConfig(interval=150)
     listener = RecordingListener()
     with pytest.raises(keyedstate.QueryFailedError) as failure:
@@ -177,8 +164,7 @@ def test_a_batch_past_the_timeout_is_reported_and_the_query_goes_on(
     clean: SparkSession, tmp_path: Path
 ) -> None:
     spark = clean
-    source = FileInput(tmp_path / "in", SCHEMA)
-    source.add_all(FILES[:2])
+    source = input_files(tmp_path / "in", FILES[:2])
     sink = FlakySink(stall={2}, stall_s=STALL_S)
     listener = RecordingListener(sink.release)
     keyedstate.run(
@@ -198,8 +184,7 @@ def test_fail_on_timeout_stops_the_query_cleanly_naming_the_batch(
     clean: SparkSession, tmp_path: Path
 ) -> None:
     spark = clean
-    source = FileInput(tmp_path / "in", SCHEMA)
-    source.add_all(FILES[:1])
+    source = input_files(tmp_path / "in", FILES[:1])
     checkpoint = tmp_path / "ck"
     sink = FlakySink(stall={1}, stall_s=STALL_S)  # call 1 = batch 0
     listener = RecordingListener(sink.release)
@@ -226,8 +211,7 @@ def test_tolerable_failed_checkpoints_restart_without_the_strategy(
 ) -> None:
     spark = clean
     expected = reference_batches(spark, tmp_path) if finishes else None
-    source = FileInput(tmp_path / "in", SCHEMA)
-    source.add_all(FILES)
+    source = input_files(tmp_path / "in")
     sink = FlakySink(stall=stalls, stall_s=STALL_S)
     listener = RecordingListener(sink.release)
     config = keyedstate.CheckpointConfig(
@@ -269,8 +253,7 @@ def test_cleanup_on_cancel_retains_or_deletes_the_checkpoint(
     trigger: str, kept: bool,
 ) -> None:
     spark = clean
-    source = FileInput(tmp_path / "in", SCHEMA)
-    source.add_all(FILES[:1])
+    source = input_files(tmp_path / "in", FILES[:1])
     checkpoint = tmp_path / "ck"
     supervisor: keyedstate.Supervisor
     sink = FlakySink(after=lambda call, batch: supervisor.stop())
@@ -298,8 +281,7 @@ def test_a_batch_starting_sooner_than_the_min_pause_is_reported(
     clean: SparkSession, tmp_path: Path
 ) -> None:
     spark = clean
-    source = FileInput(tmp_path / "in", SCHEMA)
-    source.add_all(FILES[:3])
+    source = input_files(tmp_path / "in", FILES[:3])
     supervisor: keyedstate.Supervisor
     # Every batch overruns the 300 ms interval, so the next one starts at once; each stays long
     # enough for a poll to see every progress.

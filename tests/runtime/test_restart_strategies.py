@@ -9,7 +9,7 @@ import datetime as dt
 import logging
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +21,14 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from tests.support.streaming_harness import FileInput, committed_batches
+from tests.support.streaming_harness import committed_batches
 from tests.support.supervisor_support import (
     FILES,
     POLL,
-    SCHEMA,
     FlakySink,
     RecordingListener,
-    no_query_left,
+    fails_naming,
+    input_files,
     reference_batches,
     writer,
 )
@@ -166,10 +166,7 @@ def test_no_restart_and_the_pyflink_spelling() -> None:
 def test_invalid_arguments_fail_naming_the_argument_value_and_rule(
     make: Callable[[], object], error: type[Exception], words: list[str]
 ) -> None:
-    with pytest.raises(error) as failure:
-        make()
-    for word in words:
-        assert word in str(failure.value), (word, str(failure.value))
+    fails_naming(make, error, words)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,13 +264,7 @@ def test_a_stop_before_the_start_starts_nothing_and_a_supervisor_runs_once() -> 
 
 
 # ---------------------------------------------------------------------------------------------
-# Real queries
-
-
-@pytest.fixture
-def clean(spark: SparkSession) -> Iterator[SparkSession]:
-    yield spark
-    no_query_left(spark)
+# Real queries (the ``clean`` session: tests/runtime/conftest.py)
 
 
 def test_failed_batches_are_restarted_from_the_checkpoint_exactly_once(
@@ -281,8 +272,7 @@ def test_failed_batches_are_restarted_from_the_checkpoint_exactly_once(
 ) -> None:
     spark = clean
     expected = reference_batches(spark, tmp_path)
-    source = FileInput(tmp_path / "in", SCHEMA)
-    source.add_all(FILES)
+    source = input_files(tmp_path / "in")
     checkpoint = tmp_path / "ck"
     # Call 1 (batch 0) and call 3 (batch 1, second attempt's second call) fail after their
     # output and state were written; call 5 (batch 2) as well.
@@ -313,8 +303,7 @@ def test_exhausted_attempts_end_with_the_cause(
     clean: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     spark = clean
-    source = FileInput(tmp_path / "in", SCHEMA)
-    source.add_all(FILES[:1])
+    source = input_files(tmp_path / "in", FILES[:1])
     sink = FlakySink(fail=range(1, 100))
     listener = RecordingListener()
 
@@ -335,8 +324,7 @@ def test_exhausted_attempts_end_with_the_cause(
 
 def test_a_bad_keyedstate_option_is_not_retried(clean: SparkSession, tmp_path: Path) -> None:
     spark = clean
-    source = FileInput(tmp_path / "in", SCHEMA)
-    source.add_all(FILES[:1])
+    source = input_files(tmp_path / "in", FILES[:1])
     key = keyedstate.OPTION_PREFIX + "compression"
     listener = RecordingListener()
     starts = []
@@ -359,8 +347,7 @@ def test_a_bad_keyedstate_option_is_not_retried(clean: SparkSession, tmp_path: P
 
 def test_an_incompatible_state_schema_is_not_retried(clean: SparkSession, tmp_path: Path) -> None:
     spark = clean
-    source = FileInput(tmp_path / "in", SCHEMA)
-    source.add_all(FILES[:1])
+    source = input_files(tmp_path / "in", FILES[:1])
     checkpoint = tmp_path / "ck"
     keyedstate.run(
         lambda: writer(spark, source, checkpoint, FlakySink()).trigger(availableNow=True).start(),
@@ -387,8 +374,7 @@ def test_suppress_restarts_exception_in_foreach_batch_is_not_retried(
     clean: SparkSession, tmp_path: Path
 ) -> None:
     spark = clean
-    source = FileInput(tmp_path / "in", SCHEMA)
-    source.add_all(FILES[:1])
+    source = input_files(tmp_path / "in", FILES[:1])
     sink = FlakySink(fail={1}, error=lambda call, batch: keyedstate.SuppressRestartsException(
         "table events has the wrong schema"
     ))
@@ -407,8 +393,7 @@ def test_a_user_stop_of_the_query_ends_the_run_without_restart(
     clean: SparkSession, tmp_path: Path
 ) -> None:
     spark = clean
-    source = FileInput(tmp_path / "in", SCHEMA)
-    source.add_all(FILES[:1])
+    source = input_files(tmp_path / "in", FILES[:1])
     started = threading.Event()
     sink = FlakySink(after=lambda call, batch: started.set())
     listener = RecordingListener()
@@ -462,8 +447,7 @@ def test_keyboard_interrupt_stops_the_query_and_propagates(
     clean: SparkSession, tmp_path: Path
 ) -> None:
     spark = clean
-    source = FileInput(tmp_path / "in", SCHEMA)
-    source.add_all(FILES[:1])
+    source = input_files(tmp_path / "in", FILES[:1])
     # The sink runs on py4j's callback thread; the interrupt lands in the supervisor's thread.
     sink = FlakySink(after=lambda call, batch: _thread.interrupt_main())
     listener = RecordingListener()

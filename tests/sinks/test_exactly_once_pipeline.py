@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.provider.test_kill_restart import Driver
+from tests.support.driver_process import Driver, wait_for
 from tests.support.paths import DRIVERS
 from tests.support.streaming_harness import committed_batches, planned_batches
 
@@ -39,19 +39,6 @@ RECORDS = 360
 KEYS = 12
 MAX_OFFSETS = 6  # per micro-batch, over 2 partitions: about 60 batches
 WAIT_TIMEOUT_S = 180.0
-POLL_S = 0.02
-
-
-def wait_for(driver: Driver, condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_TIMEOUT_S
-    while not condition():
-        if not driver.alive():
-            raise AssertionError(
-                f"driver exited (rc={driver.proc.returncode}) before {what}:\n{driver.tail()}"
-            )
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}:\n{driver.tail()}")
-        time.sleep(POLL_S)
 
 
 def expected_rows(records: list[tuple[int, str, int]]) -> list[tuple[str, int, int, int]]:
@@ -167,33 +154,36 @@ def test_kills_and_outages_are_exactly_once_end_to_end(
 
     def mid_batch(driver: Driver) -> None:  # a batch planned, not committed
         target = commits() + rng.randint(1, 3)
-        wait_for(driver, lambda: commits() >= target, f"{target} commits")
-        wait_for(driver, in_flight, "a batch in flight")
+        wait_for(driver, lambda: commits() >= target, f"{target} commits", WAIT_TIMEOUT_S)
+        wait_for(driver, in_flight, "a batch in flight", WAIT_TIMEOUT_S)
 
     def in_sinks(driver: Driver) -> None:  # somewhere inside the two sinks' transactions
-        wait_for(driver, next_marker("sink"), "a batch entering its sinks")
+        wait_for(driver, next_marker("sink"), "a batch entering its sinks", WAIT_TIMEOUT_S)
         time.sleep(rng.uniform(0.0, 0.4))
 
     def between_sinks(driver: Driver) -> None:  # PostgreSQL committed, Kafka not yet
-        wait_for(driver, next_marker("postgres"), "a batch's PostgreSQL commit")
+        wait_for(driver, next_marker("postgres"), "a batch's PostgreSQL commit", WAIT_TIMEOUT_S)
 
     def after_sinks(driver: Driver) -> None:  # both sinks committed, Spark's commit log not yet
-        wait_for(driver, next_marker("kafka"), "a batch's Kafka commit")
+        wait_for(driver, next_marker("kafka"), "a batch's Kafka commit", WAIT_TIMEOUT_S)
 
     def after_commit(driver: Driver) -> None:
         target = commits() + rng.randint(1, 3)
-        wait_for(driver, lambda: commits() >= target, f"{target} commits")
+        wait_for(driver, lambda: commits() >= target, f"{target} commits", WAIT_TIMEOUT_S)
 
     def outage(server: Any, name: str) -> Callable[[Driver], None]:  # noqa: ANN401
         def phase(driver: Driver) -> None:
             target = commits() + 1
-            wait_for(driver, lambda: commits() >= target, f"{target} commits")
+            wait_for(driver, lambda: commits() >= target, f"{target} commits", WAIT_TIMEOUT_S)
             server.kill()
             time.sleep(rng.uniform(2.0, 4.0))
             server.start()
             # The restart strategy brings the query back: wait for progress past the outage.
             after = commits() + 2
-            wait_for(driver, lambda: commits() >= after, f"{after} commits after the {name}")
+            wait_for(
+                driver, lambda: commits() >= after, f"{after} commits after the {name}",
+                WAIT_TIMEOUT_S,
+            )
 
         phase.__name__ = f"{name}_outage"
         return phase

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from keyedstate import sinks
-from keyedstate.sinks.kafka import KafkaSink, KafkaSinkError, jvm_error
+from keyedstate.sinks.kafka import KafkaSink, KafkaSinkError, KafkaTransaction, jvm_error
 from keyedstate.sinks.two_phase_commit import (
     BatchAlreadyCommitted,
     TransactionContext,
@@ -57,6 +57,20 @@ def ctx(sink_id: str, batch_id: int, partition_id: int | None = 0) -> Transactio
 
 def as_rows(pairs: list[tuple[str, str]]) -> list[Row]:
     return [Row(key=k, value=v) for k, v in pairs]
+
+
+def topic_and_sink(broker: KafkaBroker) -> tuple[str, KafkaSink]:
+    """A new one-partition topic, and a sink on it named after it."""
+    topic = new_topic(broker, partitions=1)
+    return topic, sinks.kafka(topic, broker.bootstrap_servers, sink_id=topic)
+
+
+def prepared(sink: KafkaSink, context: TransactionContext, rows: list[Row]) -> KafkaTransaction:
+    """An attempt's transaction with ``rows`` sent and flushed (pre-committed), not committed."""
+    transaction = sink.begin_transaction(context)
+    sink.invoke(transaction, rows)
+    sink.pre_commit(transaction)
+    return transaction
 
 
 # -- through Spark ----------------------------------------------------------------------------
@@ -159,12 +173,10 @@ def test_binary_values_partitions_and_headers_are_written_as_given(
 def test_an_aborted_attempt_is_invisible_and_its_retry_writes_once(
     kafka_broker: KafkaBroker,
 ) -> None:
-    topic = new_topic(kafka_broker, partitions=1)
-    sink = sinks.kafka(topic, kafka_broker.bootstrap_servers, sink_id=topic)
+    topic, sink = topic_and_sink(kafka_broker)
     context = ctx(topic, 0)
-    failed = sink.begin_transaction(context)
-    sink.invoke(failed, as_rows(records(0, 5)))
-    sink.pre_commit(failed)  # flushed: the records are in the log, uncommitted
+    # Flushed: the records are in the log, uncommitted.
+    failed = prepared(sink, context, as_rows(records(0, 5)))
     sink.abort(failed)
 
     assert len(kafka_broker.read(topic, "read_uncommitted")) == 5
@@ -186,12 +198,9 @@ def test_an_aborted_attempt_is_invisible_and_its_retry_writes_once(
 
 @pytest.mark.usefixtures("spark")  # the sink writes in the session's JVM
 def test_a_zombie_attempt_is_fenced_by_the_next_one(kafka_broker: KafkaBroker) -> None:
-    topic = new_topic(kafka_broker, partitions=1)
-    sink = sinks.kafka(topic, kafka_broker.bootstrap_servers, sink_id=topic)
+    topic, sink = topic_and_sink(kafka_broker)
     context = ctx(topic, 3)
-    zombie = sink.begin_transaction(context)
-    sink.invoke(zombie, as_rows([("zombie", "z")]))
-    sink.pre_commit(zombie)
+    zombie = prepared(sink, context, as_rows([("zombie", "z")]))
 
     # A new attempt of the same partition: same transactional.id, so the zombie is fenced and
     # its open transaction aborted.
@@ -213,8 +222,7 @@ def test_a_kept_producer_fenced_meanwhile_gives_way_to_a_new_one(
     sending anything, and a new producer aborts the other attempt's transaction and writes."""
     from confluent_kafka import Producer
 
-    topic = new_topic(kafka_broker, partitions=1)
-    sink = sinks.kafka(topic, kafka_broker.bootstrap_servers, sink_id=topic)
+    topic, sink = topic_and_sink(kafka_broker)
     assert sink.write(ctx(topic, 0), as_rows(records(0, 2))) is WriteOutcome.COMMITTED
 
     elsewhere = Producer(
@@ -239,12 +247,9 @@ def test_a_kept_producer_fenced_meanwhile_gives_way_to_a_new_one(
 def test_an_attempt_that_finds_the_batch_committed_meanwhile_skips_it(
     kafka_broker: KafkaBroker,
 ) -> None:
-    topic = new_topic(kafka_broker, partitions=1)
-    sink = sinks.kafka(topic, kafka_broker.bootstrap_servers, sink_id=topic)
+    topic, sink = topic_and_sink(kafka_broker)
     context = ctx(topic, 0)
-    earlier = sink.begin_transaction(context)
-    sink.invoke(earlier, as_rows(records(0, 2)))
-    sink.pre_commit(earlier)
+    earlier = prepared(sink, context, as_rows(records(0, 2)))
     sink.commit(earlier)  # committed after a later attempt's first is_committed said no
 
     assert sink.write(context, as_rows(records(0, 2))) is WriteOutcome.SKIPPED
@@ -267,8 +272,7 @@ def test_a_named_sink_reused_by_a_new_query_refuses_to_skip_its_batches(
 def test_a_batch_before_the_last_committed_one_is_refused_not_skipped(
     spark: SparkSession, kafka_broker: KafkaBroker
 ) -> None:
-    topic = new_topic(kafka_broker, partitions=1)
-    sink = sinks.kafka(topic, kafka_broker.bootstrap_servers, sink_id=topic)
+    topic, sink = topic_and_sink(kafka_broker)
     sink(frame(spark, records(0, 2), partitions=1), 5)
     # Raised in the task (the JVM's), it reaches the driver inside Spark's job failure, and
     # becomes the sink's error with the task's one line.
@@ -319,8 +323,7 @@ def test_a_dataframe_that_is_not_a_kafka_record_is_refused_naming_columns(
 def test_malformed_records_are_caught_before_any_write(
     spark: SparkSession, kafka_broker: KafkaBroker
 ) -> None:
-    topic = new_topic(kafka_broker, partitions=1)
-    sink = sinks.kafka(topic, kafka_broker.bootstrap_servers, sink_id=topic)
+    topic, sink = topic_and_sink(kafka_broker)
     with pytest.raises(KafkaSinkError, match=r"column 'partition' is bigint, must be int"):
         sink(spark.createDataFrame([("v", 0)], "value string, partition long"), 0)
     # Caught on the driver, from the schema: no transaction began, so no mark either.

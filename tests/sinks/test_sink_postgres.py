@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from tests.sinks.sink_support import FailAfterCommit, run
 from tests.support.servers.postgres_server import PostgresServer
 from tests.support.streaming_harness import FileInput, committed_batches
 
@@ -75,6 +76,21 @@ def create_totals_table(server: PostgresServer, name: str) -> None:
     server.execute(f"CREATE TABLE {name} (word text PRIMARY KEY, total bigint, cnt bigint)")
 
 
+def input_of(tmp_path: Path, inputs: list[list[dict[str, Any]]]) -> FileInput:
+    """``inputs`` written as the query's input files, one a batch."""
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add_all(inputs)
+    return source
+
+
+def events_run(
+    server: PostgresServer, table: str, tmp_path: Path, inputs: list[list[dict[str, Any]]]
+) -> tuple[FileInput, RecordingSink]:
+    """The events table, ``inputs`` as the query's input, and a recording sink on the table."""
+    create_events_table(server, table)
+    return input_of(tmp_path, inputs), recording(postgres(table, **server.params()))
+
+
 class RecordingSink(PostgresSink):
     """The real sink, recording each transaction's outcome and able to fail on cue."""
 
@@ -104,45 +120,6 @@ def recording(sink: PostgresSink) -> RecordingSink:
     return sink
 
 
-class FailAfterCommit:
-    """foreachBatch: the sink commits, then the batch fails before Spark's commit log is written
-    (as a driver dying right after the database commit would)."""
-
-    def __init__(self, sink: PostgresSink, batches: set[int]) -> None:
-        self.sink, self.batches = sink, set(batches)
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        self.sink(df, batch_id)
-        if batch_id in self.batches:
-            self.batches.discard(batch_id)
-            raise RuntimeError(f"injected failure after the database committed batch {batch_id}")
-
-
-def run(
-    spark: SparkSession,
-    df: DataFrame,
-    write: Any,  # noqa: ANN401 - a foreachBatch function
-    checkpoint: Path,
-    output_mode: str = "append",
-) -> Exception | None:
-    """Run ``df`` over all input available now; the query's failure, if any."""
-    query = (
-        df.writeStream.outputMode(output_mode)
-        .option("checkpointLocation", str(checkpoint))
-        .foreachBatch(write)
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        query.awaitTermination(180)
-    except Exception as error:  # the failure is reported by query.exception() too
-        del error
-    finally:
-        if query.isActive:
-            query.stop()
-    return query.exception()
-
-
 def rows(server: PostgresServer, statement: str) -> list[tuple[Any, ...]]:
     return sorted(server.execute(statement))
 
@@ -158,14 +135,12 @@ def events_of(inputs: list[list[dict[str, Any]]]) -> list[tuple[int, str, int]]:
 def test_append_exactly_once_across_failure_after_db_commit(
     spark: SparkSession, postgres_server: PostgresServer, table: str, tmp_path: Path
 ) -> None:
-    create_events_table(postgres_server, table)
     inputs = batches(4)
-    source = FileInput(tmp_path / "input", SCHEMA)
-    source.add_all(inputs)
-    sink = recording(postgres(table, **postgres_server.params()))
+    source, sink = events_run(postgres_server, table, tmp_path, inputs)
     checkpoint = tmp_path / "checkpoint"
 
-    failure = run(spark, source.read_stream(spark), FailAfterCommit(sink, {1}), checkpoint)
+    fail_once = FailAfterCommit(sink, {1}, "the database")
+    failure = run(spark, source.read_stream(spark), fail_once, checkpoint)
     assert failure is not None and "after the database committed batch 1" in str(failure)
     assert committed_batches(checkpoint) == [0]  # Spark's commit log misses batch 1 ...
     assert len(rows(postgres_server, f"SELECT id FROM {table}")) == 80  # ... the table has it
@@ -192,8 +167,7 @@ def test_upsert_exactly_once_across_failure_after_db_commit(
 ) -> None:
     create_totals_table(postgres_server, table)
     inputs = batches(3)
-    source = FileInput(tmp_path / "input", SCHEMA)
-    source.add_all(inputs)
+    source = input_of(tmp_path, inputs)
     sink = recording(
         postgres(table, mode="upsert", key_columns=["word"], **postgres_server.params())
     )
@@ -202,9 +176,8 @@ def test_upsert_exactly_once_across_failure_after_db_commit(
     def totals(df: DataFrame) -> DataFrame:
         return df.groupBy("word").agg(F.sum("n").alias("total"), F.count("*").alias("cnt"))
 
-    failure = run(
-        spark, totals(source.read_stream(spark)), FailAfterCommit(sink, {1}), checkpoint, "update"
-    )
+    fail_once = FailAfterCommit(sink, {1}, "the database")
+    failure = run(spark, totals(source.read_stream(spark)), fail_once, checkpoint, "update")
     assert failure is not None
     assert run(spark, totals(source.read_stream(spark)), sink, checkpoint, "update") is None
     assert rows(postgres_server, f"SELECT word, total, cnt FROM {table}") == expected_totals(inputs)
@@ -214,11 +187,8 @@ def test_upsert_exactly_once_across_failure_after_db_commit(
 def test_failure_mid_write_leaves_nothing_and_the_retry_writes_once(
     spark: SparkSession, postgres_server: PostgresServer, table: str, tmp_path: Path
 ) -> None:
-    create_events_table(postgres_server, table)
     inputs = batches(3)
-    source = FileInput(tmp_path / "input", SCHEMA)
-    source.add_all(inputs)
-    sink = recording(postgres(table, **postgres_server.params()))
+    source, sink = events_run(postgres_server, table, tmp_path, inputs)
     sink.fail_mid_copy.add(1)
     checkpoint = tmp_path / "checkpoint"
 
@@ -245,8 +215,7 @@ def test_a_task_failing_mid_copy_fails_the_batch_with_its_own_error(
     with the task's error, nothing of it be written, and the retry write it once."""
     create_events_table(postgres_server, table)
     inputs = batches(2)
-    source = FileInput(tmp_path / "input", SCHEMA)
-    source.add_all(inputs)
+    source = input_of(tmp_path, inputs)
     marker = tmp_path / "fail-once"
     marker.touch()
     fail_at = inputs[1][10]["id"]
@@ -281,11 +250,8 @@ def test_a_task_failing_mid_copy_fails_the_batch_with_its_own_error(
 def test_database_killed_mid_batch_then_restarted(
     spark: SparkSession, postgres_server: PostgresServer, table: str, tmp_path: Path
 ) -> None:
-    create_events_table(postgres_server, table)
     inputs = batches(4)
-    source = FileInput(tmp_path / "input", SCHEMA)
-    source.add_all(inputs)
-    sink = recording(postgres(table, **postgres_server.params()))
+    source, sink = events_run(postgres_server, table, tmp_path, inputs)
     sink.kill_mid_copy[2] = postgres_server
     checkpoint = tmp_path / "checkpoint"
     try:
@@ -307,8 +273,7 @@ def test_user_sink_id_and_a_reset_checkpoint_is_refused(
 ) -> None:
     create_events_table(postgres_server, table)
     inputs = batches(2, rows_per_batch=5)
-    source = FileInput(tmp_path / "input", SCHEMA)
-    source.add_all(inputs)
+    source = input_of(tmp_path, inputs)
     name = f"orders-{table}"
     sink = postgres(table, sink_id=name, **postgres_server.params())
     assert run(spark, source.read_stream(spark), sink, tmp_path / "first") is None

@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from tests.sinks.sink_support import FailAfterCommit, run
 from tests.support.state_api_support import ship_by_value
 from tests.support.streaming_harness import FileInput, committed_batches
 
@@ -138,43 +139,6 @@ class InstrumentedFileSink(JsonFileSink):
 
     def leftovers(self) -> list[Path]:
         return [p for p in self.directory.rglob(".batch-*")]
-
-
-class FailAfterCommit:
-    """foreachBatch: the sink commits, then the batch fails before Spark's commit log."""
-
-    def __init__(self, sink: TwoPhaseCommitSink[Any], batch_id: int) -> None:
-        self.sink, self.batch_id = sink, batch_id
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        self.sink(df, batch_id)
-        if batch_id == self.batch_id:
-            self.batch_id = -1
-            raise RuntimeError(f"injected crash after the sink committed batch {batch_id}")
-
-
-def run(
-    spark: SparkSession,
-    df: DataFrame,
-    write: Any,  # noqa: ANN401 - a foreachBatch function
-    checkpoint: Path,
-    output_mode: str = "append",
-) -> Exception | None:
-    query = (
-        df.writeStream.outputMode(output_mode)
-        .option("checkpointLocation", str(checkpoint))
-        .foreachBatch(write)
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        query.awaitTermination(180)
-    except Exception as error:  # also reported by query.exception()
-        del error
-    finally:
-        if query.isActive:
-            query.stop()
-    return query.exception()
 
 
 def inputs(batches: int) -> list[list[dict[str, Any]]]:
@@ -321,7 +285,7 @@ def test_commit_then_crash_before_sparks_commit_log_is_skipped_on_replay(
     def counts() -> DataFrame:
         return source.read_stream(spark).groupBy("word").agg(F.count("*").alias("n"))
 
-    failure = run(spark, counts(), FailAfterCommit(sink, 2), checkpoint, "update")
+    failure = run(spark, counts(), FailAfterCommit(sink, {2}), checkpoint, "update")
     assert failure is not None and "after the sink committed batch 2" in str(failure)
     assert committed_batches(checkpoint) == [0, 1]
     assert sorted(sink.committed_rows()) == [0, 1, 2]

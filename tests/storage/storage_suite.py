@@ -26,10 +26,9 @@ from typing import Any
 
 import keyedstate
 import pytest
-from keyedstate import KeyedProcessFunction, RuntimeContext, Types, ValueStateDescriptor
 from pyspark.sql import DataFrame, SparkSession
 
-from tests.provider.test_kill_restart import Driver, run_kill_test
+from tests.provider.test_kill_restart import run_kill_test
 from tests.provider.test_operator_equivalence import (
     AGG_FILES,
     EVENT_SCHEMA,
@@ -39,7 +38,8 @@ from tests.provider.test_operator_equivalence import (
     expected_update_batches,
     split,
 )
-from tests.provider.test_ttl_queries import EVENT_TTL, Query, count_by_key, events
+from tests.support.driver_process import Driver
+from tests.support.keyed_functions import CountSum
 from tests.support.remote_storage import (
     RemoteStorage,
     apply_hadoop_settings,
@@ -47,18 +47,18 @@ from tests.support.remote_storage import (
     driver_env,
     planned_batches,
 )
-from tests.support.state_api_support import ship_by_value
 from tests.support.streaming_harness import (
     PROVIDER_UNDER_TEST,
     REFERENCE_PROVIDER,
     BatchCollector,
     FileInput,
+    PhaseRun,
     await_finished,
     diff_batches,
+    run_phase,
     start_query,
 )
-
-ship_by_value(__name__)  # the keyed function below travels to the Python workers
+from tests.support.ttl_queries import Query, count_by_key, expired_key_starts_fresh
 
 FULL = os.environ.get("KEYEDSTATE_STORAGE_FULL") == "1"
 # In CI: an aggregation, a watermarked window, a join and a Python state function (the store
@@ -114,27 +114,12 @@ def run_variants(
         v.label: {n: FileInput(workdir / v.label / n, schema) for n, schema in sources.items()}
         for v in variants
     }
+    runs = {
+        v.label: PhaseRun(inputs[v.label], v.provider, build, v.checkpoint, v.collector)
+        for v in variants
+    }
     for phase in phases:
-        queries = {}
-        try:
-            for v in variants:
-                for name, files in phase.items():
-                    inputs[v.label][name].add_all(files)
-                frames = {n: src.read_stream(spark) for n, src in inputs[v.label].items()}
-                queries[v.label] = start_query(
-                    spark,
-                    v.provider,
-                    build(frames),
-                    output_mode,
-                    v.checkpoint,
-                    v.collector,  # type: ignore[arg-type]
-                )
-            for query in queries.values():
-                await_finished(query)
-        finally:
-            for query in queries.values():
-                if query.isActive:
-                    query.stop()
+        queries = run_phase(spark, phase, runs, output_mode)
         for v in variants:
             progress = queries[v.label].recentProgress
             v.last_batch_per_run.append(progress[-1].batchId if progress else -1)
@@ -157,21 +142,6 @@ def remote(storage: RemoteStorage, spark: SparkSession) -> Iterator[Callable[[st
 
 # ---------------------------------------------------------------------------------------------
 # (a) The same queries on a local and a remote checkpoint
-
-
-class CountSum(KeyedProcessFunction):
-    """A running count and sum per key in a ValueState, emitted per element."""
-
-    def open(self, runtime_context: RuntimeContext) -> None:
-        self.totals = runtime_context.get_state(
-            ValueStateDescriptor("totals", Types.TUPLE([Types.LONG(), Types.LONG()]))
-        )
-
-    def process_element(self, value, ctx):  # noqa: ANN001, ANN201
-        cnt, total = self.totals.value() or (0, 0)
-        cnt, total = cnt + 1, total + value.v
-        self.totals.update((cnt, total))
-        yield value.key, cnt, total
 
 
 def count_sum(frames: Mapping[str, DataFrame]) -> DataFrame:
@@ -245,16 +215,7 @@ def test_ttl_aggregation(spark: SparkSession, remote: Callable[[str], str], tmp_
     """tests/provider/test_ttl_queries.py's event-time TTL case, checkpointed on the storage."""
     q = Query(spark, tmp_path, count_by_key)
     q.checkpoint = remote("ttl")  # type: ignore[assignment]
-    q.run([events(("a", 0), ("b", 0)), events(("k", 8)), events(("b", 9))], EVENT_TTL)
-    q.run([events(("k", 16)), events(("a", 17), ("b", 17))], EVENT_TTL)
-    assert q.outputs() == [
-        [{"key": "a", "cnt": 1}, {"key": "b", "cnt": 1}],
-        [{"key": "k", "cnt": 1}],
-        [{"key": "b", "cnt": 2}],
-        [{"key": "k", "cnt": 2}],
-        [{"key": "a", "cnt": 1}, {"key": "b", "cnt": 3}],
-    ]
-    assert q.metric_total("ttlExpiredHidden") >= 1
+    expired_key_starts_fresh(q)
 
 
 # ---------------------------------------------------------------------------------------------

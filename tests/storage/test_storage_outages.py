@@ -37,7 +37,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from tests.support.streaming_harness import (
     QUERY_TIMEOUT_S,
     BatchCollector,
     FileInput,
+    session_conf,
     sort_rows,
     start_query,
 )
@@ -164,22 +165,6 @@ def cause_line(error: str, pattern: str) -> str:
         if re.search(pattern, line):
             return line.strip()
     raise AssertionError(f"no line of the error matches {pattern!r}:\n{error[:6000]}")
-
-
-@contextmanager
-def session_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
-    """``settings`` on the session for the duration (queries started meanwhile take them)."""
-    previous = {key: spark.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
 
 
 # ---------------------------------------------------------------------------------------------

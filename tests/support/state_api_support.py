@@ -20,11 +20,11 @@ from tests.support.streaming_harness import (
     QUERY_TIMEOUT_S,
     BatchCollector,
     FileInput,
+    PhaseRun,
     RunResult,
-    await_finished,
     committed_batches,
     recorded_provider,
-    start_query,
+    run_phase,
 )
 
 # Keyed functions run on keyedstate's provider only (their declaration lives in its manifests).
@@ -54,34 +54,15 @@ def run_jobs(
     each query from its checkpoint. Spark runs one applyInPandasWithState per query, hence one
     query per function (one keyed function per query keeps the scenarios independent).
     """
-    inputs: dict[str, dict[str, FileInput]] = {}
     results: dict[str, RunResult] = {}
-    for name, (provider, _) in jobs.items():
+    runs: dict[str, PhaseRun] = {}
+    for name, (provider, build) in jobs.items():
         root = workdir / name
-        inputs[name] = {s: FileInput(root / "input" / s, schema) for s, schema in sources.items()}
-        results[name] = RunResult(provider, root / "checkpoint", BatchCollector())
+        inputs = {s: FileInput(root / "input" / s, schema) for s, schema in sources.items()}
+        result = results[name] = RunResult(provider, root / "checkpoint", BatchCollector())
+        runs[name] = PhaseRun(inputs, provider, build, result.checkpoint, result.collector)
     for phase in phases:
-        queries = {}
-        try:
-            for name, (provider, build) in jobs.items():
-                for source, files in phase.items():
-                    inputs[name][source].add_all(files)
-                frames = {s: src.read_stream(spark) for s, src in inputs[name].items()}
-                result = results[name]
-                queries[name] = start_query(
-                    spark,
-                    provider,
-                    build(frames),
-                    output_mode,
-                    result.checkpoint,
-                    result.collector,
-                )
-            for query in queries.values():
-                await_finished(query)
-        finally:
-            for query in queries.values():
-                if query.isActive:
-                    query.stop()
+        queries = run_phase(spark, phase, runs, output_mode)
         for name, query in queries.items():
             results[name].progresses.append([json.loads(p.json) for p in query.recentProgress])
     for name, result in results.items():

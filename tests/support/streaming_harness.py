@@ -17,10 +17,11 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import keyedstate
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -98,6 +99,23 @@ def session_builder(app_name: str, provider: str = PROVIDER_UNDER_TEST) -> Spark
 # Inputs
 
 
+@contextmanager
+def session_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """``settings`` on the session for the duration (queries started meanwhile take them); then
+    each key as it was (unset if it was)."""
+    previous = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
 class FileInput:
     """A directory of JSON-lines files; each ``add`` is one file (= one micro-batch)."""
 
@@ -137,14 +155,24 @@ class FileInput:
 # Outputs
 
 
+def map_leaves(value: Any, leaf: Callable[[Any], Any]) -> Any:  # noqa: ANN401 - any Spark value
+    """``value`` with rows and dicts as dicts, lists and tuples as lists, and every other value
+    (a leaf) as ``leaf`` makes it."""
+    if isinstance(value, Row):
+        return {k: map_leaves(v, leaf) for k, v in value.asDict(recursive=False).items()}
+    if isinstance(value, dict):
+        return {k: map_leaves(v, leaf) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [map_leaves(v, leaf) for v in value]
+    return leaf(value)
+
+
 def normalize(value: Any) -> Any:  # noqa: ANN401 - any Spark value
     """Turn a collected Spark value into plain, JSON-comparable Python values."""
-    if isinstance(value, Row):
-        return {k: normalize(v) for k, v in value.asDict(recursive=False).items()}
-    if isinstance(value, dict):
-        return {k: normalize(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [normalize(v) for v in value]
+    return map_leaves(value, _json_leaf)
+
+
+def _json_leaf(value: Any) -> Any:  # noqa: ANN401
     if isinstance(value, dt.datetime):
         if value.tzinfo is not None:
             value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
@@ -239,6 +267,44 @@ def refusal(
     return error
 
 
+class PhaseRun(NamedTuple):
+    """One of the queries ``run_phase`` runs side by side: its inputs by source name, the
+    provider, how the query is built from the inputs' streams, its checkpoint and collector."""
+
+    inputs: Mapping[str, FileInput]
+    provider: str
+    build: Callable[[Mapping[str, DataFrame]], DataFrame]
+    checkpoint: Path | str
+    collector: BatchCollector
+
+
+def run_phase(
+    spark: SparkSession,
+    phase: Mapping[str, Iterable[Iterable[Mapping[str, Any]]]],
+    runs: Mapping[str, PhaseRun],
+    output_mode: str,
+) -> dict[str, StreamingQuery]:
+    """One phase: ``phase[source]``'s files added to each run's inputs, every run's query started
+    (availableNow, side by side) and awaited; any still active on a failure is stopped. The
+    queries by run name."""
+    queries: dict[str, StreamingQuery] = {}
+    try:
+        for name, run in runs.items():
+            for source, files in phase.items():
+                run.inputs[source].add_all(files)
+            frames = {source: src.read_stream(spark) for source, src in run.inputs.items()}
+            queries[name] = start_query(
+                spark, run.provider, run.build(frames), output_mode, run.checkpoint, run.collector
+            )
+        for query in queries.values():
+            await_finished(query)
+    finally:
+        for query in queries.values():
+            if query.isActive:
+                query.stop()
+    return queries
+
+
 @dataclass
 class RunResult:
     provider: str
@@ -285,22 +351,12 @@ def run_phases(
         results[provider] = RunResult(
             provider=provider, checkpoint=root / "checkpoint", collector=BatchCollector()
         )
+    runs = {
+        provider: PhaseRun(inputs[provider], provider, build, result.checkpoint, result.collector)
+        for provider, result in results.items()
+    }
     for phase in phases:
-        queries: dict[str, StreamingQuery] = {}
-        try:
-            for provider, result in results.items():
-                for name, files in phase.items():
-                    inputs[provider][name].add_all(files)
-                frames = {name: src.read_stream(spark) for name, src in inputs[provider].items()}
-                queries[provider] = start_query(
-                    spark, provider, build(frames), output_mode, result.checkpoint, result.collector
-                )
-            for query in queries.values():
-                await_finished(query)
-        finally:
-            for query in queries.values():
-                if query.isActive:
-                    query.stop()
+        queries = run_phase(spark, phase, runs, output_mode)
         for provider, query in queries.items():
             progress = [json.loads(p.json) for p in query.recentProgress]
             results[provider].progresses.append(progress)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import keyedstate
+import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
@@ -45,10 +46,16 @@ def writer(
     return w.option("checkpointLocation", str(checkpoint)) if checkpoint else w
 
 
+def input_files(folder: Path, files: list[list[dict[str, Any]]] = FILES) -> FileInput:
+    """``files`` written as the query's input at ``folder`` (``<tmp_path>/in`` in the tests)."""
+    source = FileInput(folder, SCHEMA)
+    source.add_all(files)
+    return source
+
+
 def reference_batches(spark: SparkSession, workdir: Path) -> dict[int, list[dict[str, Any]]]:
     """The output of an uninterrupted availableNow run over FILES."""
-    source = FileInput(workdir / "reference-in", SCHEMA)
-    source.add_all(FILES)
+    source = input_files(workdir / "reference-in")
     collector = BatchCollector()
     query = start_query(
         spark, keyedstate.PROVIDER_CLASS, counts(spark, source), "update",
@@ -56,6 +63,15 @@ def reference_batches(spark: SparkSession, workdir: Path) -> dict[int, list[dict
     )
     await_finished(query)
     return collector.batches
+
+
+def fails_naming(make: Callable[[], object], error: type[Exception], words: list[str]) -> None:
+    """``make()`` raises ``error`` whose message names every one of ``words`` (the setting or
+    argument, its value, the rule)."""
+    with pytest.raises(error) as failure:
+        make()
+    for word in words:
+        assert word in str(failure.value), (word, str(failure.value))
 
 
 class FlakySink:

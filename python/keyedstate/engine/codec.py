@@ -19,7 +19,7 @@ from pyspark.sql import types as T
 
 from keyedstate.state.types import TypeInformation, row_class
 
-__all__ = ["Codec", "column_decoder", "state_codec"]
+__all__ = ["Codec", "column_codec", "column_decoder", "state_codec"]
 
 Convert = Callable[[Any], Any]
 
@@ -123,46 +123,48 @@ def state_codec(info: TypeInformation, time_zone: str) -> Codec:
 def column_decoder(data_type: T.DataType, time_zone: str) -> Convert | None:
     """How an input column's Arrow values become element values: ``datetime`` (naive, in the
     session time zone) for timestamps, dicts for maps and structs, lists for arrays."""
-    tz = ZoneInfo(time_zone)
-    if isinstance(data_type, T.TimestampType):
-        return _naive(tz)
-    if isinstance(data_type, T.ArrayType):
-        return _list(column_decoder(data_type.elementType, time_zone))
-    if isinstance(data_type, T.MapType):
-        key = _nullable(column_decoder(data_type.keyType, time_zone))
-        value = _nullable(column_decoder(data_type.valueType, time_zone))
-        return lambda pairs: {
-            (k if key is None else key(k)): (v if value is None else value(v)) for k, v in pairs
-        }
-    if isinstance(data_type, T.StructType):
-        decoders = [
-            (f.name, _nullable(column_decoder(f.dataType, time_zone))) for f in data_type.fields
-        ]
-        if all(d is None for _, d in decoders):
-            return None
-        return lambda value: {n: value[n] if d is None else d(value[n]) for n, d in decoders}
-    return None
+    return column_codec(data_type, time_zone).decode
 
 
 def column_encoder(data_type: T.DataType, time_zone: str) -> Convert | None:
     """How an output value becomes what ``pyarrow.array`` takes for its Spark column type."""
+    return column_codec(data_type, time_zone).encode
+
+
+def column_codec(data_type: T.DataType, time_zone: str) -> Codec:
+    """The decoder (``column_decoder``) and encoder (``column_encoder``) of a Spark column type,
+    from one walk of the type."""
     tz = ZoneInfo(time_zone)
     if isinstance(data_type, T.TimestampType):
-        return _aware(tz)
+        return Codec(_naive(tz), _aware(tz))
     if isinstance(data_type, T.ArrayType):
-        return _list(column_encoder(data_type.elementType, time_zone))
+        element = column_codec(data_type.elementType, time_zone)
+        return Codec(_list(element.decode), _list(element.encode))
     if isinstance(data_type, T.MapType):
-        key = _nullable(column_encoder(data_type.keyType, time_zone))
-        value = _nullable(column_encoder(data_type.valueType, time_zone))
-        return lambda mapping: [
-            (k if key is None else key(k), v if value is None else value(v))
-            for k, v in (mapping.items() if isinstance(mapping, dict) else mapping)
-        ]
+        key = column_codec(data_type.keyType, time_zone)
+        value = column_codec(data_type.valueType, time_zone)
+        kd, vd = _nullable(key.decode), _nullable(value.decode)
+        ke, ve = _nullable(key.encode), _nullable(value.encode)
+
+        def decode_map(pairs: Any) -> dict:  # noqa: ANN401
+            return {(k if kd is None else kd(k)): (v if vd is None else vd(v)) for k, v in pairs}
+
+        def encode_map(mapping: Any) -> list:  # noqa: ANN401
+            return [
+                (k if ke is None else ke(k), v if ve is None else ve(v))
+                for k, v in (mapping.items() if isinstance(mapping, dict) else mapping)
+            ]
+
+        return Codec(decode_map, encode_map)
     if isinstance(data_type, T.StructType):
         names = data_type.names
-        encoders = [_nullable(column_encoder(f.dataType, time_zone)) for f in data_type.fields]
-        if all(e is None for e in encoders):
-            return None  # pyarrow takes tuples, Rows and dicts by field name as they are
+        fields = [column_codec(f.dataType, time_zone) for f in data_type.fields]
+        decoders = [_nullable(f.decode) for f in fields]
+        encoders = [_nullable(f.encode) for f in fields]
+        named_decoders = list(zip(names, decoders, strict=True))
+
+        def decode_struct(value: Any) -> dict:  # noqa: ANN401
+            return {n: value[n] if d is None else d(value[n]) for n, d in named_decoders}
 
         def encode_struct(value: Any) -> dict:  # noqa: ANN401
             if isinstance(value, dict):
@@ -175,5 +177,10 @@ def column_encoder(data_type: T.DataType, time_zone: str) -> Convert | None:
                 n: v if e is None else e(v) for n, v, e in zip(names, items, encoders, strict=True)
             }
 
-        return encode_struct
-    return None
+        # pyarrow takes tuples, Rows and dicts by field name as they are: no work per value
+        # unless a field needs converting.
+        return Codec(
+            None if all(d is None for d in decoders) else decode_struct,
+            None if all(e is None for e in encoders) else encode_struct,
+        )
+    return Codec(None, None)

@@ -4,14 +4,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 
 from keyedstate.errors import CheckpointOperationError
-from keyedstate.offline._bridge import call, entry_point
-from keyedstate.offline.savepoints import SavepointInfo, savepoint_info
+from keyedstate.offline.savepoints import SavepointInfo, savepoint_command, savepoint_info
 
 __all__ = ["bootstrap"]
 
@@ -68,8 +66,7 @@ def bootstrap(
         failure = query.exception()
         if failure is not None:
             raise CheckpointOperationError(f"bootstrap: the bootstrapping query failed: {failure}")
-        savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
-        raw = json.loads(call(savepoints.bootstrap, session, work + "/checkpoint", target))
+        raw = savepoint_command(spark, "bootstrap", work + "/checkpoint", target)
         return savepoint_info(target, raw)
     finally:
         fs.delete(work_path, True)

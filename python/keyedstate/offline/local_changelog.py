@@ -41,6 +41,17 @@ class _Damaged(Exception):
     pass
 
 
+def _lz4_length(length: int, src: bytes, i: int) -> tuple[int, int]:
+    """A literal or match length of 15 (its nibble full) extended by the bytes at ``i``: each
+    adds its value, 255 means another follows. The length and the index after them."""
+    while True:
+        more = src[i]
+        i += 1
+        length += more
+        if more != 255:
+            return length, i
+
+
 def _lz4_block(src: bytes, size: int) -> bytes:
     """One LZ4 block (the raw block format, no frame) of ``size`` bytes decompressed."""
     out = bytearray()
@@ -50,12 +61,7 @@ def _lz4_block(src: bytes, size: int) -> bytes:
         i += 1
         literals = token >> 4
         if literals == 15:
-            while True:
-                more = src[i]
-                i += 1
-                literals += more
-                if more != 255:
-                    break
+            literals, i = _lz4_length(literals, src, i)
         out += src[i : i + literals]
         i += literals
         if i >= end:
@@ -64,12 +70,7 @@ def _lz4_block(src: bytes, size: int) -> bytes:
         i += 2
         length = token & 15
         if length == 15:
-            while True:
-                more = src[i]
-                i += 1
-                length += more
-                if more != 255:
-                    break
+            length, i = _lz4_length(length, src, i)
         length += 4
         start = len(out) - offset
         if offset == 0 or start < 0:

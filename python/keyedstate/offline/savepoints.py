@@ -74,6 +74,12 @@ def _operator(raw: dict[str, Any]) -> SavepointOperator:
     return decode(SavepointOperator, {**raw, "tables": tables})
 
 
+def savepoint_command(spark: SparkSession, command: str, *args: Any) -> Any:  # noqa: ANN401
+    """The JVM's ``SavepointCommands.<command>(session, *args)``, its JSON answer parsed."""
+    savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
+    return json.loads(call(getattr(savepoints, command), session, *args))
+
+
 def savepoint_info(path: str, raw: dict[str, Any]) -> SavepointInfo:
     """A savepoint's metadata as the JVM returned it (JSON), for the savepoint at ``path``."""
     files = raw.get("files", [])
@@ -105,8 +111,7 @@ def savepoint(
     (readable by anything that reads Parquet; restores into any provider that holds the
     operator's state)."""
     _check_format(format)
-    savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
-    raw = json.loads(call(savepoints.create, session, checkpoint, target, format))
+    raw = savepoint_command(spark, "create", checkpoint, target, format)
     return savepoint_info(target, raw)
 
 
@@ -158,17 +163,14 @@ def restore_savepoint(
         raise TypeError(f"partitions must be an int, got {partitions!r}")
     if partitions is not None and partitions < 1:
         raise ValueError(f"partitions must be at least 1, got {partitions}")
-    savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
-    raw = json.loads(
-        call(
-            savepoints.restore,
-            session,
-            savepoint,
-            checkpoint,
-            partitions or 0,
-            provider or "",
-            bool(allow_non_restored_state),
-        )
+    raw = savepoint_command(
+        spark,
+        "restore",
+        savepoint,
+        checkpoint,
+        partitions or 0,
+        provider or "",
+        bool(allow_non_restored_state),
     )
     return decode(RestoreResult, raw)
 
@@ -177,20 +179,17 @@ def inspect_savepoint(
     spark: SparkSession, savepoint: str, *, verify: bool = False
 ) -> SavepointInfo:
     """A savepoint's metadata; ``verify`` reads every file and checks its size and CRC32C."""
-    savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
-    raw = json.loads(call(savepoints.inspect, session, savepoint, verify))
+    raw = savepoint_command(spark, "inspect", savepoint, verify)
     return savepoint_info(savepoint, raw)
 
 
 def list_savepoints(spark: SparkSession, directory: str) -> list[SavepointInfo]:
     """The savepoints directly under ``directory``, oldest first."""
-    savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
-    raw = json.loads(call(savepoints.list, session, directory))
+    raw = savepoint_command(spark, "list", directory)
     return [savepoint_info(entry["path"], entry["metadata"]) for entry in raw]
 
 
 def dispose_savepoint(spark: SparkSession, savepoint: str) -> SavepointInfo:
     """Delete a savepoint: the files it lists and its metadata (nothing else in its folder)."""
-    savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
-    raw = json.loads(call(savepoints.dispose, session, savepoint))
+    raw = savepoint_command(spark, "dispose", savepoint)
     return savepoint_info(savepoint, raw)

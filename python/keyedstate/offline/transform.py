@@ -8,9 +8,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 
-from keyedstate.offline._bridge import call, entry_point
 from keyedstate.offline.reader import read
-from keyedstate.offline.savepoints import SavepointInfo, savepoint_info
+from keyedstate.offline.savepoints import SavepointInfo, savepoint_command, savepoint_info
 
 __all__ = ["transform"]
 
@@ -56,17 +55,14 @@ def transform(
     java_map = jvm.java.util.HashMap()
     for key, jdf in replacements.items():
         java_map.put(key, jdf)
-    savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
-    raw = json.loads(
-        call(
-            savepoints.transform,
-            session,
-            source,
-            target,
-            json.dumps(dict(rename_uids or {})),
-            json.dumps(drops),
-            java_map,
-            json.dumps([[uid, path] for uid, path in (add or {}).items()]),
-        )
+    raw = savepoint_command(
+        spark,
+        "transform",
+        source,
+        target,
+        json.dumps(dict(rename_uids or {})),
+        json.dumps(drops),
+        java_map,
+        json.dumps([[uid, path] for uid, path in (add or {}).items()]),
     )
     return savepoint_info(target, raw)

@@ -22,7 +22,7 @@ from pyspark.errors import AnalysisException, PySparkException
 from pyspark.errors import IllegalArgumentException as PySparkIllegalArgumentException
 
 from keyedstate._error_catalog import KEYED_FUNCTION_COMPLETE_MODE
-from keyedstate.errors import java_causes, java_interfaces
+from keyedstate.errors import java_causes, java_interfaces, python_causes
 
 __all__ = [
     "CHECKPOINT_FAILURE_CONDITIONS",
@@ -114,7 +114,6 @@ CHECKPOINT_FAILURE_CONDITIONS: frozenset[str] = frozenset({
 })
 
 _SUPPRESS_NAME = f"{SuppressRestartsException.__module__}.{SuppressRestartsException.__qualname__}"
-_MAX_CHAIN = 64
 
 
 @dataclass(frozen=True)
@@ -138,15 +137,6 @@ def _family(condition: str) -> str:
     return condition.split(".", 1)[0]
 
 
-def _python_chain(error: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen and len(seen) < _MAX_CHAIN:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def _jvm_links(throwable: Any) -> Iterator[_Link]:  # noqa: ANN401 - a py4j JavaObject
     """The JVM cause chain of ``throwable``, read through py4j."""
     for link in java_causes(throwable):
@@ -163,7 +153,7 @@ def _jvm_links(throwable: Any) -> Iterator[_Link]:  # noqa: ANN401 - a py4j Java
 
 
 def _links(error: BaseException, jvm_error: Any) -> Iterator[_Link]:  # noqa: ANN401
-    for link in _python_chain(error):
+    for link in python_causes(error):
         condition = link.getCondition() if isinstance(link, PySparkException) else None
         yield _Link((type(link).__name__,), condition, str(link))
         origin = getattr(link, "_origin", None)
@@ -184,7 +174,7 @@ def classify(
     ``while_starting``: the error came from the query builder (building or starting the query),
     where a ``ValueError``/``TypeError`` is a bad argument or setting, not a data problem.
     """
-    for link in _python_chain(error):
+    for link in python_causes(error):
         if isinstance(link, SuppressRestartsException):
             return Classification(False, "SuppressRestartsException was raised", False)
         if isinstance(link, AnalysisException):

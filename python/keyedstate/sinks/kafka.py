@@ -71,12 +71,26 @@ class KafkaTransaction:
 
 
 class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
-    """Exactly-once Kafka output of a streaming query, used as ``foreachBatch(sink)``.
+    """An exactly-once Kafka sink for ``df.writeStream.foreachBatch(sink)``; make one with
+    ``keyedstate.sinks.kafka(...)`` (this class).
+
+    - ``topic``, ``bootstrap_servers`` (``"host:port,..."``): where to write; the topic must
+      exist (the sink never creates topics).
+    - ``sink_id``: the stable name of this output; default the streaming query's id, which the
+      checkpoint keeps. Transactional ids and the committed-batch groups derive from it.
+    - ``config``: extra Kafka client settings (``kafka-clients``' producer settings: security,
+      ``compression.type``, ``linger.ms``...; the admin client that reads the marks gets those
+      it knows).
+    - ``timeout_s``: bound on every blocking broker call (metadata, init, flush, commit).
+    - ``transaction_timeout_s``: the broker aborts a transaction open longer than this; it must
+      exceed the longest task's write and not exceed the broker's ``transaction.max.timeout.ms``.
+    - ``scope``: ``"partition"`` (one transaction per task, the default) or ``"batch"`` (one
+      transaction per micro-batch on the driver: a batch becomes visible all at once, but its
+      rows pass through the driver).
 
     The DataFrame has Spark's Kafka sink's columns: ``value`` (string or binary), optionally
     ``key`` (string or binary), ``partition`` (int) and ``headers``
-    (array<struct<key:string,value:binary>>); any other column is an error. Make one with
-    ``keyedstate.sinks.kafka(...)``.
+    (array<struct<key:string,value:binary>>); any other column is an error.
 
     Calling the sink writes the batch in the JVM (``io.keyedstate.sinks.KafkaSinkWriter``),
     in either scope. The two-phase-commit steps (``begin_transaction``, ``invoke``, ...) run the
@@ -301,38 +315,6 @@ def _config_value(value: object) -> str:
     return str(value)
 
 
-def kafka(
-    topic: str,
-    bootstrap_servers: str,
-    *,
-    sink_id: str | None = None,
-    config: Mapping[str, Any] | None = None,
-    timeout_s: float = 30.0,
-    transaction_timeout_s: float = 60.0,
-    scope: TransactionScope | str = TransactionScope.PARTITION,
-) -> KafkaSink:
-    """An exactly-once Kafka sink for ``df.writeStream.foreachBatch(...)``.
-
-    - ``topic``, ``bootstrap_servers`` (``"host:port,..."``): where to write; the topic must
-      exist (the sink never creates topics).
-    - ``sink_id``: the stable name of this output; default the streaming query's id, which the
-      checkpoint keeps. Transactional ids and the committed-batch groups derive from it.
-    - ``config``: extra Kafka client settings (``kafka-clients``' producer settings: security,
-      ``compression.type``, ``linger.ms``...; the admin client that reads the marks gets those
-      it knows).
-    - ``timeout_s``: bound on every blocking broker call (metadata, init, flush, commit).
-    - ``transaction_timeout_s``: the broker aborts a transaction open longer than this; it must
-      exceed the longest task's write and not exceed the broker's ``transaction.max.timeout.ms``.
-    - ``scope``: ``"partition"`` (one transaction per task, the default) or ``"batch"`` (one
-      transaction per micro-batch on the driver: a batch becomes visible all at once, but its
-      rows pass through the driver).
-    """
-    return KafkaSink(
-        topic,
-        bootstrap_servers,
-        sink_id=sink_id,
-        config=config,
-        timeout_s=timeout_s,
-        transaction_timeout_s=transaction_timeout_s,
-        scope=scope,
-    )
+# The factory users call (``keyedstate.sinks.kafka(...)``, as ``sinks.postgres(...)``): the
+# class itself, so its signature and defaults are written once.
+kafka = KafkaSink

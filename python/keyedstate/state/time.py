@@ -73,19 +73,19 @@ class Duration(Time):
 
     @staticmethod
     def of_seconds(seconds: int | float) -> Duration:
-        return Duration(round(seconds * 1000))
+        return Duration(Time.seconds(seconds)._ms)
 
     @staticmethod
     def of_minutes(minutes: int | float) -> Duration:
-        return Duration(round(minutes * 60_000))
+        return Duration(Time.minutes(minutes)._ms)
 
     @staticmethod
     def of_hours(hours: int | float) -> Duration:
-        return Duration(round(hours * 3_600_000))
+        return Duration(Time.hours(hours)._ms)
 
     @staticmethod
     def of_days(days: int | float) -> Duration:
-        return Duration(round(days * 86_400_000))
+        return Duration(Time.days(days)._ms)
 
     def __repr__(self) -> str:
         return f"Duration.of_millis({self._ms})"

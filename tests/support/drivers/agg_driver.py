@@ -13,29 +13,22 @@ crash simply rewrites the same file.
 
 from __future__ import annotations
 
-import importlib.util
+import script_paths  # noqa: F401 - first: puts the repository and the package on sys.path
+
+# isort: split
+
 import json
 import os
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO))  # for tests.support
-if importlib.util.find_spec("keyedstate") is None:
-    sys.path.insert(0, str(REPO / "python"))
+import keyedstate
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-import keyedstate  # noqa: E402
-from keyedstate import (  # noqa: E402
-    KeyedProcessFunction,
-    RuntimeContext,
-    Types,
-    ValueStateDescriptor,
-)
-from pyspark.sql import DataFrame  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
-from pyspark.sql.types import LongType, StringType, StructField, StructType  # noqa: E402
-
-from tests.support.streaming_harness import (  # noqa: E402
+from tests.support.keyed_functions import CountSum
+from tests.support.streaming_harness import (
     PROVIDER_UNDER_TEST,
     await_finished,
     rows_of,
@@ -58,19 +51,6 @@ def write_batch(output_dir: Path, batch_id: int, rows: list) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, final)
-
-
-class CountSum(KeyedProcessFunction):
-    def open(self, runtime_context: RuntimeContext) -> None:
-        self.totals = runtime_context.get_state(
-            ValueStateDescriptor("totals", Types.TUPLE([Types.LONG(), Types.LONG()]))
-        )
-
-    def process_element(self, value, ctx):  # noqa: ANN001, ANN201
-        cnt, total = self.totals.value() or (0, 0)
-        cnt, total = cnt + 1, total + value.v
-        self.totals.update((cnt, total))
-        yield value.key, cnt, total
 
 
 def last_per_key(rows: list) -> list:

@@ -3,26 +3,24 @@ executor mid-stream, and prints a JSON summary. Usage: cluster_job.py MASTER_URL
 
 from __future__ import annotations
 
+import script_paths  # noqa: F401 - first: puts the repository and the package on sys.path
+
+# isort: split
+
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import keyedstate
-from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from tests.support.servers.spark_standalone import executor_pids, job_builder
+
 SCHEMA = StructType([StructField("k", StringType()), StructField("v", LongType())])
-
-
-def executor_pids() -> list[int]:
-    out = subprocess.run(["pgrep", "-f", "CoarseGrainedExecutorBackend"], capture_output=True,
-                         text=True, check=False)
-    return [int(pid) for pid in out.stdout.split()]
 
 
 def write_batch(folder: Path, n: int) -> None:
@@ -35,15 +33,7 @@ def write_batch(folder: Path, n: int) -> None:
 def main(master: str, workdir: Path) -> dict[str, int]:
     events, checkpoint = workdir / "events", workdir / "checkpoint"
     events.mkdir(parents=True)
-    spark = keyedstate.configure(
-        SparkSession.builder.master(master).appName("keyedstate-cluster-test")
-        .config("spark.executor.memory", "768m")
-        .config("spark.executor.cores", "1")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.pyspark.python", sys.executable)
-    ).getOrCreate()
+    spark = keyedstate.configure(job_builder(master, "keyedstate-cluster-test")).getOrCreate()
     try:
         deadline = time.time() + 90
         while len(executor_pids()) < 2 and time.time() < deadline:

@@ -28,6 +28,10 @@ test and of the reference run, and the values computed here in plain Python.
 
 from __future__ import annotations
 
+import script_paths  # noqa: F401 - first: puts the repository and the package on sys.path
+
+# isort: split
+
 import json
 import os
 import signal
@@ -38,11 +42,13 @@ from pathlib import Path
 from typing import Any
 
 import keyedstate
-from keyedstate import KeyedProcessFunction, RuntimeContext, Types, ValueStateDescriptor
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from tests.support.keyed_functions import CountSum
+from tests.support.servers.spark_standalone import executor_pids, job_builder
 
 SCHEMA = StructType([StructField("key", StringType()), StructField("v", LongType())])
 PHASE_1_FILES = 5  # files 0..4 before the restart
@@ -95,30 +101,22 @@ def slow_first_attempt(key: str, slow_s: float, attempts: str) -> None:
         time.sleep(slow_s)
 
 
-class CountSum(KeyedProcessFunction):
-    """Count and sum per key in a ValueState; the slow key hangs the first attempt."""
+class SlowCountSum(CountSum):
+    """CountSum whose slow key hangs the first attempt."""
 
     def __init__(self, slow_s: float, attempts: str) -> None:
         self.slow_s = slow_s
         self.attempts = attempts
 
-    def open(self, runtime_context: RuntimeContext) -> None:
-        self.totals = runtime_context.get_state(
-            ValueStateDescriptor("totals", Types.TUPLE([Types.LONG(), Types.LONG()]))
-        )
-
     def process_element(self, value, ctx):  # noqa: ANN001, ANN201
         slow_first_attempt(value.key, self.slow_s, self.attempts)
-        cnt, total = self.totals.value() or (0, 0)
-        cnt, total = cnt + 1, total + value.v
-        self.totals.update((cnt, total))
-        yield value.key, cnt, total
+        yield from super().process_element(value, ctx)
 
 
 def build(engine: str, events: DataFrame, slow_s: float, attempts: str) -> DataFrame:
     if engine == "python-api":
         return keyedstate.key_by(events, "key").process(
-            CountSum(slow_s, attempts), "key string, cnt long, total long"
+            SlowCountSum(slow_s, attempts), "key string, cnt long, total long"
         )
     counts = events.groupBy("key").agg(F.count(F.lit(1)).alias("cnt"), F.sum("v").alias("total"))
 
@@ -204,13 +202,7 @@ class Run:
 
 def session(master: str, workdir: Path, mode: str) -> SparkSession:
     builder = (
-        SparkSession.builder.master(master).appName(f"keyedstate-executors-{mode}")
-        .config("spark.executor.memory", "768m")
-        .config("spark.executor.cores", "1")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.pyspark.python", sys.executable)
+        job_builder(master, f"keyedstate-executors-{mode}")
         .config("spark.eventLog.enabled", "true")
         .config("spark.eventLog.dir", str(workdir / "eventlog"))
         .config("spark.eventLog.compress", "false")
@@ -309,7 +301,6 @@ def await_attempts_ended(spark: SparkSession, run: Run, timeout_s: float) -> Non
 
 
 def snapshot_loss(spark: SparkSession, workdir: Path, engines: list[str]) -> dict[str, Any]:
-    from tests.support.servers.spark_standalone import executor_pids
 
     markers = workdir / "markers"
     markers.mkdir(parents=True)
@@ -369,6 +360,5 @@ def main(master: str, workdir: Path, mode: str, engines: list[str]) -> dict[str,
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # for tests.support.servers
     result = main(sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4].split(","))
     print("SUMMARY " + json.dumps(result), flush=True)

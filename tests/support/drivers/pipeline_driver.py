@@ -18,7 +18,10 @@ transactions did; the test kills at such points.
 
 from __future__ import annotations
 
-import importlib.util
+import script_paths  # noqa: F401 - first: puts the repository and the package on sys.path
+
+# isort: split
+
 import json
 import logging
 import sys
@@ -26,39 +29,23 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO))  # for tests.support
-if importlib.util.find_spec("keyedstate") is None:
-    sys.path.insert(0, str(REPO / "python"))
+import keyedstate
+from keyedstate import sinks
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 
-import keyedstate  # noqa: E402
-from keyedstate import (  # noqa: E402
-    KeyedProcessFunction,
-    RuntimeContext,
-    Types,
-    ValueStateDescriptor,
-    sinks,
-)
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
-from pyspark.sql.streaming import StreamingQuery  # noqa: E402
-
-from tests.support.streaming_harness import session_builder  # noqa: E402
+from tests.support.keyed_functions import CountSum
+from tests.support.streaming_harness import session_builder
 
 OUTPUT_DDL = "key string, offset long, cnt long, total long"
 
 
-class RunningTotal(KeyedProcessFunction):
-    def open(self, runtime_context: RuntimeContext) -> None:
-        self.totals = runtime_context.get_state(
-            ValueStateDescriptor("totals", Types.TUPLE([Types.LONG(), Types.LONG()]))
-        )
+class RunningTotal(CountSum):
+    """CountSum with each event's offset in its output row."""
 
-    def process_element(self, value, ctx):  # noqa: ANN001, ANN201
-        cnt, total = self.totals.value() or (0, 0)
-        cnt, total = cnt + 1, total + value.v
-        self.totals.update((cnt, total))
-        yield value.key, value.offset, cnt, total
+    def output(self, value: Any, cnt: int, total: int) -> tuple[Any, ...]:  # noqa: ANN401
+        return value.key, value.offset, cnt, total
 
 
 def mark(markers: Path, name: str) -> None:

@@ -24,9 +24,12 @@ ran the query and goes on (a notebook, say).
 
 from __future__ import annotations
 
+import script_paths  # noqa: F401 - first: puts the repository and the package on sys.path
+
+# isort: split
+
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
 import sys
@@ -34,10 +37,6 @@ import time
 from pathlib import Path
 
 FAST_JVM = "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell"
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO))  # for tests.support
-if importlib.util.find_spec("keyedstate") is None:
-    sys.path.insert(0, str(REPO / "python"))
 
 # A short-lived JVM: the client compiler and the serial collector start it about twice as fast
 # (the tests start several of these drivers).

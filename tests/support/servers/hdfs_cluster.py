@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
-import queue
 import shutil
 import subprocess
 import tempfile
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from tests.support.paths import REPO
-from tests.support.servers.ports import java_executable
+from tests.support.servers.ports import java_executable, maven_jars
+from tests.support.servers.processes import LineServer
 
 JARS_DIR = REPO / "build" / "storage" / "hdfs-minicluster"
 LAUNCHER = REPO / "dev" / "storage" / "MiniHdfs.java"
@@ -46,20 +44,19 @@ log4j.appender.file.layout.ConversionPattern=%d %p %c{{1}}: %m%n
 def cluster_jars_dir() -> Path:
     """The directory of the minicluster's jars; a clear error naming the make target if
     missing."""
-    configured = os.environ.get("KEYEDSTATE_HDFS_JARS")
-    directory = Path(configured) if configured else JARS_DIR
-    if not any(directory.glob("hadoop-hdfs-*-tests.jar")):
-        raise RuntimeError(
-            f"HDFS minicluster jars not found in {directory}: run `make storage` (Maven fetches "
-            "them from Maven Central as listed in dev/storage/hdfs-minicluster/pom.xml), or set "
-            "KEYEDSTATE_HDFS_JARS to a directory holding hadoop-hdfs (and its tests jar)"
-        )
-    return directory
+    return maven_jars(
+        "KEYEDSTATE_HDFS_JARS", JARS_DIR, "hadoop-hdfs-*-tests.jar",
+        "hadoop-hdfs (and its tests jar)", "HDFS minicluster",
+    )
 
 
-class HdfsCluster:
+class HdfsCluster(LineServer):
     """One MiniDFSCluster in its own temporary directory; ``close()`` stops it and removes the
     directory."""
+
+    NAME = "the HDFS minicluster"
+    COMMAND_TIMEOUT_S = COMMAND_TIMEOUT_S
+    CLOSE_TIMEOUT_S = 30.0
 
     def __init__(self, datanodes: int = 3, heap: str = "512m") -> None:
         self.jars_dir = cluster_jars_dir()
@@ -72,7 +69,6 @@ class HdfsCluster:
         self.namenode_uri = ""  # hdfs://127.0.0.1:<port>, once started
         self.http_address = ""
         self.datanode_addresses: list[str] = []  # "<host>:<data transfer port>", by number
-        self._lines: queue.Queue[str] = queue.Queue()
         atexit.register(self.close)
 
     def uri(self, path: str) -> str:
@@ -88,7 +84,7 @@ class HdfsCluster:
     def start(self) -> None:
         log4j = self.root / "log4j.properties"
         log4j.write_text(LOG4J.format(log=self.log_path))
-        self.process = subprocess.Popen(
+        self._launch(
             [
                 self.java,
                 f"-Xmx{self.heap}",
@@ -102,41 +98,16 @@ class HdfsCluster:
                 str(self.root / "data"),
                 str(self.datanodes),
             ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
             stderr=(self.root / "launcher.err").open("w"),
-            text=True,
             cwd=self.root,
         )
-        threading.Thread(target=self._read_stdout, daemon=True).start()
         ready = json.loads(self._expect("READY", START_TIMEOUT_S).split(" ", 1)[1])
         self.namenode_uri = ready["uri"]
         self.http_address = ready["http"]
         self.datanode_addresses = list(ready["datanodes"])
 
-    def _read_stdout(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.strip():
-                self._lines.put(line.strip())
-        self._lines.put("EOF")
-
-    def _expect(self, prefix: str, timeout: float) -> str:
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise RuntimeError(f"the HDFS minicluster did not answer in {timeout}s") from None
-        if not line.startswith(prefix):
-            err = (self.root / "launcher.err").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"the HDFS minicluster answered {line!r}, expected {prefix}:\n{err}")
-        return line
-
-    def _command(self, command: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
-        if self.process is None or self.process.stdin is None:
-            raise RuntimeError("the HDFS minicluster is not running")
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-        return self._expect("OK", timeout)
+    def _failure_detail(self) -> str:
+        return ":\n" + (self.root / "launcher.err").read_text(errors="replace")[-3000:]
 
     def stop_datanode(self, n: int) -> None:
         """Shut datanode ``n`` (0-based, numbering of the start) down."""
@@ -167,15 +138,7 @@ class HdfsCluster:
         return list(json.loads(self._command("datanodes").split(" ", 1)[1]))
 
     def close(self) -> None:
-        if self.process is not None:
-            process, self.process = self.process, None
-            try:
-                if process.stdin is not None:
-                    process.stdin.close()  # the launcher shuts the cluster down at end of stdin
-                process.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                process.kill()
-                process.wait(timeout=15)
+        self._end()  # the launcher shuts the cluster down at the end of its stdin
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- inspection ------------------------------------------------------------------------------

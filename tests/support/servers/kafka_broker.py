@@ -15,8 +15,6 @@ from __future__ import annotations
 import atexit
 import base64
 import logging
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.paths import REPO
-from tests.support.servers.ports import free_port, java_executable
+from tests.support.servers.ports import free_port, java_executable, maven_jars
+from tests.support.servers.processes import DaemonServer
 
 JARS_DIR = REPO / "build" / "connectors" / "kafka-broker"
 START_TIMEOUT_S = 60.0
@@ -74,20 +73,20 @@ log4j.logger.kafka.log.LogCleaner=WARN
 
 def broker_jars_dir() -> Path:
     """The directory of the broker's jars; a clear error naming the make target if missing."""
-    configured = os.environ.get("KEYEDSTATE_KAFKA_JARS")
-    directory = Path(configured) if configured else JARS_DIR
-    if not any(directory.glob("kafka_2.13-*.jar")):
-        raise RuntimeError(
-            f"Kafka broker jars not found in {directory}: run `make connectors` (Maven fetches "
-            "them from Maven Central as listed in dev/connectors/kafka-broker/pom.xml), or set "
-            "KEYEDSTATE_KAFKA_JARS to a directory holding kafka_2.13 and its dependencies"
-        )
-    return directory
+    return maven_jars(
+        "KEYEDSTATE_KAFKA_JARS", JARS_DIR, "kafka_2.13-*.jar",
+        "kafka_2.13 and its dependencies", "Kafka broker",
+    )
 
 
-class KafkaBroker:
+class KafkaBroker(DaemonServer):
     """One single-node KRaft Kafka broker in its own temporary directory; ``close()`` stops it
     and removes the directory."""
+
+    NAME = "Kafka broker"
+    STOP_SIGNAL = signal.SIGTERM  # a controlled shutdown
+    STOP_TIMEOUT_S = 20.0
+    START_TIMEOUT_S = START_TIMEOUT_S
 
     def __init__(self, heap: str = "384m") -> None:
         self.jars_dir = broker_jars_dir()
@@ -101,7 +100,6 @@ class KafkaBroker:
         self.config_path = self.root / "server.properties"
         self.log_path = self.root / "broker.log"
         self.process: subprocess.Popen[bytes] | None = None
-        self._formatted = False
         atexit.register(self.close)
 
     @property
@@ -139,7 +137,7 @@ class KafkaBroker:
             *args,
         ]
 
-    def _format(self) -> None:
+    def _prepare(self) -> None:
         """Format the KRaft log directory with a new cluster id (``kafka-storage.sh format``)."""
         self._write_config()
         # As Kafka's own Uuid.randomUuid: an id starting with '-' reads as an option (1 in 64).
@@ -159,97 +157,23 @@ class KafkaBroker:
                 f"formatting Kafka storage in {self.data_dir} failed ({done.returncode}): "
                 f"{(done.stdout + done.stderr).strip()[-2000:]}"
             )
-        self._formatted = True
 
-    def start(self) -> None:
-        """Start (or restart after ``stop``/``kill``) and wait until it serves metadata."""
-        if self.running:
-            return
-        if not self._formatted:
-            self._format()
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            self._java("kafka.Kafka", str(self.config_path)),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # a Ctrl-C of the tests does not reach it; close() does
-        )
-        log.close()
-        self._wait_ready()
+    def _run(self) -> None:
+        """Start the broker and wait until it serves metadata."""
+        self._launch(self._java("kafka.Kafka", str(self.config_path)), stdin=subprocess.DEVNULL)
+        self._wait_ready(self._serves_metadata, Exception, 0.2, self.bootstrap_servers)
 
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def _wait_ready(self) -> None:
+    def _serves_metadata(self) -> bool:
         from confluent_kafka.admin import AdminClient
 
-        deadline = time.monotonic() + START_TIMEOUT_S
-        last = ""  # text, not the exception: its traceback would keep the clients alive
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"Kafka broker exited with {self.process.returncode} on start "
-                    f"(log {self.log_path}): {self.log_tail()}"
-                )
-            try:
-                with socket.create_connection((self.host, self.port), timeout=1):
-                    pass
-                admin = AdminClient(self.client_config())
-                metadata = admin.list_topics(timeout=5)
-                if metadata.brokers:
-                    return
-            except Exception as error:  # refused while starting, or metadata not yet served
-                last = str(error)
-            time.sleep(0.2)
-        raise RuntimeError(
-            f"Kafka broker on {self.bootstrap_servers} not ready in {START_TIMEOUT_S}s: {last}; "
-            f"log {self.log_path}: {self.log_tail()}"
-        )
-
-    def kill(self) -> None:
-        """SIGKILL the broker (an outage, not a shutdown); ``start()`` brings it back."""
-        if not self.running:
-            return
-        assert self.process is not None
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(30)
-
-    def stop(self) -> None:
-        """Controlled shutdown; SIGKILL if it takes over 20s."""
-        if not self.running:
-            return
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        with socket.create_connection((self.host, self.port), timeout=1):
+            pass
+        return bool(AdminClient(self.client_config()).list_topics(timeout=5).brokers)
 
     def restart(self) -> None:
         """Kill and start again on the same ports and data (an outage of a few seconds)."""
         self.kill()
         self.start()
-
-    def close(self) -> None:
-        """Stop and remove the directory."""
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return " | ".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def __enter__(self) -> KafkaBroker:
-        self.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
 
     # -- topics and records ----------------------------------------------------------------------
 

@@ -16,15 +16,14 @@ import importlib.util
 import os
 import pwd
 import secrets
-import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from tests.support.servers.ports import free_port
+from tests.support.servers.processes import DaemonServer
 
 SERVICE_USER = "keyedstate-pg"  # the system user the server runs as when the tests run as root
 START_TIMEOUT_S = 60.0
@@ -79,8 +78,20 @@ def _make_traversable(path: Path) -> None:
             parent.chmod(mode | 0o001)
 
 
-class PostgresServer:
+def _refused() -> type[Exception]:
+    """psycopg's error for a server that does not accept connections yet."""
+    import psycopg
+
+    return psycopg.OperationalError
+
+
+class PostgresServer(DaemonServer):
     """One PostgreSQL server in its own temporary directory; ``close()`` stops and removes it."""
+
+    NAME = "PostgreSQL"
+    STOP_SIGNAL = signal.SIGINT  # fast shutdown: rolls back open transactions
+    STOP_TIMEOUT_S = 15.0
+    START_TIMEOUT_S = START_TIMEOUT_S
 
     def __init__(self, port: int | None = None) -> None:
         self.bin_dir = postgres_bin_dir()
@@ -94,7 +105,6 @@ class PostgresServer:
         self.data_dir = self.root / "data"
         self.log_path = self.root / "postgres.log"
         self.process: subprocess.Popen[bytes] | None = None
-        self._initialized = False
         atexit.register(self.close)
 
     # -- connection details --------------------------------------------------------------------
@@ -128,7 +138,8 @@ class PostgresServer:
             return {}
         return {"user": self.account.pw_uid, "group": self.account.pw_gid, "extra_groups": []}
 
-    def _initdb(self) -> None:
+    def _prepare(self) -> None:
+        """``initdb`` the data directory."""
         self.data_dir.mkdir()
         password_file = self.root / "password"
         password_file.write_text(self.password + "\n")
@@ -160,16 +171,10 @@ class PostgresServer:
         password_file.unlink()
         if done.returncode != 0:
             raise RuntimeError(f"initdb failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-        self._initialized = True
 
-    def start(self) -> None:
-        """Start (or restart after ``stop``/``kill``) and wait until it accepts connections."""
-        if self.process is not None and self.process.poll() is None:
-            return
-        if not self._initialized:
-            self._initdb()
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
+    def _run(self) -> None:
+        """Start the server and wait until it accepts connections."""
+        self._launch(
             [
                 str(self.bin_dir / "postgres"),
                 "-D",
@@ -194,64 +199,12 @@ class PostgresServer:
                 "-c",
                 "shared_buffers=32MB",
             ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: kill() takes the backends too
             **self._run_as(),
-        )
-        log.close()
-        self._wait_ready()
+        )  # in its own process group: kill() takes the backends too
+        self._wait_ready(self._accepts, _refused(), 0.1, f"{self.host}:{self.port}")
 
-    def _wait_ready(self) -> None:
+    def _accepts(self) -> bool:
         import psycopg
 
-        deadline = time.monotonic() + START_TIMEOUT_S
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"PostgreSQL exited with {self.process.returncode} on start: {self.log_tail()}"
-                )
-            try:
-                with psycopg.connect(**self.params(), connect_timeout=2):
-                    return
-            except psycopg.OperationalError as error:
-                last = error
-                time.sleep(0.1)
-        raise RuntimeError(f"PostgreSQL not ready in {START_TIMEOUT_S}s: {last}; {self.log_tail()}")
-
-    def kill(self) -> None:
-        """SIGKILL the postmaster and every backend at once (an outage, not a shutdown)."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(30)
-
-    def stop(self) -> None:
-        """Fast shutdown (rolls back open transactions); SIGKILL if it takes over 15s."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def close(self) -> None:
-        """Stop and remove the data directory."""
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return " | ".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def __enter__(self) -> PostgresServer:
-        self.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
+        with psycopg.connect(**self.params(), connect_timeout=2):
+            return True

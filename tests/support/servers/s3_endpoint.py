@@ -12,14 +12,13 @@ upload) and ``await_stopped()`` waits for that; ``close()`` ends the process.
 from __future__ import annotations
 
 import atexit
-import queue
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 from tests.support.paths import REPO
 from tests.support.servers.ports import free_port
+from tests.support.servers.processes import LineServer
 
 S3A_JARS = REPO / "build" / "storage" / "s3a"
 SERVER = Path(__file__).resolve().parent / "s3_server.py"
@@ -43,15 +42,18 @@ def s3a_jars() -> list[Path]:
     return jars
 
 
-class S3Endpoint:
+class S3Endpoint(LineServer):
     """moto's S3 server on a free port of 127.0.0.1, with ``bucket`` created."""
+
+    NAME = "the S3 endpoint"
+    COMMAND_TIMEOUT_S = 30.0
+    CLOSE_TIMEOUT_S = 15.0
 
     def __init__(self, bucket: str = "keyedstate-checkpoints") -> None:
         s3a_jars()  # fail before starting anything
         self.bucket = bucket
         self.port = free_port()
         self.process: subprocess.Popen[str] | None = None
-        self._lines: queue.Queue[str] = queue.Queue()
         atexit.register(self.close)
 
     @property
@@ -94,38 +96,9 @@ class S3Endpoint:
 
     def start(self) -> None:
         """Start the server process and create the bucket."""
-        self.process = subprocess.Popen(
-            [sys.executable, str(SERVER), str(self.port)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        threading.Thread(target=self._read_stdout, daemon=True).start()
+        self._launch([sys.executable, str(SERVER), str(self.port)], stderr=subprocess.DEVNULL)
         self._expect("READY", START_TIMEOUT_S)
         self.client().create_bucket(Bucket=self.bucket)
-
-    def _read_stdout(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            self._lines.put(line.strip())
-        self._lines.put("EOF")
-
-    def _expect(self, prefix: str, timeout: float) -> str:
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise RuntimeError(f"the S3 endpoint did not answer in {timeout}s") from None
-        if not line.startswith(prefix):
-            raise RuntimeError(f"the S3 endpoint answered {line!r}, expected {prefix}")
-        return line
-
-    def _command(self, command: str, timeout: float = 30.0) -> str:
-        if self.process is None or self.process.stdin is None:
-            raise RuntimeError("the S3 endpoint is not running")
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-        return self._expect("OK", timeout)
 
     def stop(self) -> None:
         """Take the endpoint down: new connections are refused, open ones reset."""
@@ -147,16 +120,7 @@ class S3Endpoint:
         return answer.split("down at ", 1)[1]
 
     def close(self) -> None:
-        if self.process is None:
-            return
-        process, self.process = self.process, None
-        try:
-            if process.stdin is not None:
-                process.stdin.close()  # the server exits at end of stdin
-            process.wait(timeout=15)
-        except (OSError, subprocess.TimeoutExpired):
-            process.kill()
-            process.wait(timeout=15)
+        self._end()  # the server exits at the end of its stdin
 
     # -- inspection ------------------------------------------------------------------------------
 

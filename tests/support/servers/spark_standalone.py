@@ -16,11 +16,13 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pyspark
+from pyspark.sql import SparkSession
 
 from tests.support.servers.ports import free_port
 
@@ -53,6 +55,20 @@ def executor_pids() -> list[int]:
         check=False,
     )
     return [int(pid) for pid in out.stdout.split()]
+
+
+def job_builder(master: str, app_name: str) -> SparkSession.Builder:
+    """A driver's session on a cluster at ``master``: executors of one core and 768m, 4 shuffle
+    partitions, no UI, the driver on 127.0.0.1, the executors' Python workers on this Python."""
+    return (
+        SparkSession.builder.master(master).appName(app_name)
+        .config("spark.executor.memory", "768m")
+        .config("spark.executor.cores", "1")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.pyspark.python", sys.executable)
+    )
 
 
 class StandaloneCluster:

@@ -1,7 +1,6 @@
 package io.keyedstate
 
 import java.io.File
-import java.net.URI
 import java.util.concurrent.{ConcurrentLinkedQueue, CountDownLatch, CyclicBarrier, TimeUnit}
 import java.util.concurrent.atomic.AtomicInteger
 
@@ -9,9 +8,7 @@ import scala.jdk.CollectionConverters._
 import scala.util.Try
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{FSDataInputStream, FSDataOutputStream, FileStatus, Path, RawLocalFileSystem}
-import org.apache.hadoop.fs.permission.FsPermission
-import org.apache.hadoop.util.Progressable
+import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.execution.streaming.state._
 import org.scalatest.funsuite.AnyFunSuite
 
@@ -42,12 +39,7 @@ class ConcurrentAttemptsSuite extends AnyFunSuite with ProviderFixture {
   private val contentA = Map(("b", 0) -> 2L, ("c", 0) -> 20L)
   private val contentB = Map(("a", 0) -> 1L, ("b", 0) -> 3L, ("d", 0) -> 30L)
 
-  private def lockstepConf(): Configuration = {
-    val c = new Configuration()
-    c.set("fs.lockstep.impl", classOf[LockstepFileSystem].getName)
-    c.setBoolean("fs.lockstep.impl.disable.cache", true)
-    c
-  }
+  private def lockstepConf(): Configuration = TestFileSystems.conf("lockstep", classOf[LockstepFileSystem])
 
   private def provider(root: File, changelog: Boolean): KeyedStateStoreProvider = {
     val p = new KeyedStateStoreProvider
@@ -62,6 +54,17 @@ class ConcurrentAttemptsSuite extends AnyFunSuite with ProviderFixture {
     p.init(StateStoreId(s"lockstep://${root.getAbsolutePath}", 0, 0), keySchema, valueSchema,
       NoPrefixKeyStateEncoderSpec(keySchema), useColumnFamilies = false, conf, lockstepConf(), false, None)
     p
+  }
+
+  /** A new checkpoint whose version 1 holds a = 1, and two providers on it: the two attempts. */
+  private def twoAttempts(changelog: Boolean): (File, KeyedStateStoreProvider, KeyedStateStoreProvider) = {
+    val root = tempDir()
+    val base = provider(root, changelog)
+    val s0 = base.getStore(0)
+    s0.put(key("a"), value(1))
+    s0.commit()
+    base.close()
+    (root, provider(root, changelog), provider(root, changelog))
   }
 
   private def load(root: File, changelog: Boolean, version: Long): Map[(String, Int), Long] = {
@@ -95,14 +98,7 @@ class ConcurrentAttemptsSuite extends AnyFunSuite with ProviderFixture {
    * (false: A made fewer calls, it committed wholly before B started).
    */
   private def race(mode: Mode, holdAt: Int): Boolean = {
-    val root = tempDir()
-    val base = provider(root, mode.changelog)
-    val s0 = base.getStore(0)
-    s0.put(key("a"), value(1))
-    s0.commit()
-    base.close()
-
-    val (a, b) = (provider(root, mode.changelog), provider(root, mode.changelog))
+    val (root, a, b) = twoAttempts(mode.changelog)
     val sA = a.getStore(1, None, mode.forceSnapshot, false)
     val sB = b.getStore(1)
     write(sA, contentA)
@@ -157,13 +153,7 @@ class ConcurrentAttemptsSuite extends AnyFunSuite with ProviderFixture {
 
     test(s"two attempts commit one version at the same moment (${mode.name})") {
       (1 to 10).foreach { round =>
-        val root = tempDir()
-        val base = provider(root, mode.changelog)
-        val s0 = base.getStore(0)
-        s0.put(key("a"), value(1))
-        s0.commit()
-        base.close()
-        val (a, b) = (provider(root, mode.changelog), provider(root, mode.changelog))
+        val (root, a, b) = twoAttempts(mode.changelog)
         val stores = Seq(a.getStore(1, None, mode.forceSnapshot, false) -> contentA, b.getStore(1) -> contentB)
         stores.foreach { case (s, c) => write(s, c) }
         val start = new CyclicBarrier(2)
@@ -185,13 +175,7 @@ class ConcurrentAttemptsSuite extends AnyFunSuite with ProviderFixture {
   }
 
   test("a replaced attempt's background snapshot, finished late, is never the base of the other's version") {
-    val root = tempDir()
-    val base = provider(root, changelog = true)
-    val s0 = base.getStore(0)
-    s0.put(key("a"), value(1))
-    s0.commit()
-    base.close()
-    val (a, b) = (provider(root, changelog = true), provider(root, changelog = true))
+    val (root, a, b) = twoAttempts(changelog = true)
     val sA = a.getStore(1, None, true, false)
     val sB = b.getStore(1)
     write(sA, contentA)
@@ -272,27 +256,7 @@ object Lockstep {
 }
 
 /** A local file system on `lockstep://` whose calls go through [[Lockstep]]. */
-class LockstepFileSystem extends RawLocalFileSystem {
-  override def getUri: URI = URI.create("lockstep:///")
-
-  private def held[T](what: String, path: Path)(call: => T): T = {
-    Lockstep.before(what, path)
-    call
-  }
-
-  override def create(f: Path, permission: FsPermission, overwrite: Boolean, bufferSize: Int, replication: Short,
-      blockSize: Long, progress: Progressable): FSDataOutputStream =
-    held("create", f)(super.create(f, permission, overwrite, bufferSize, replication, blockSize, progress))
-  override def create(f: Path, overwrite: Boolean, bufferSize: Int, replication: Short, blockSize: Long,
-      progress: Progressable): FSDataOutputStream =
-    held("create", f)(super.create(f, overwrite, bufferSize, replication, blockSize, progress))
-  override def open(f: Path, bufferSize: Int): FSDataInputStream = held("open", f)(super.open(f, bufferSize))
-  override def rename(src: Path, dst: Path): Boolean = held("rename", dst) {
-    val done = super.rename(src, dst)
-    if (done) Lockstep.renamed(dst)
-    done
-  }
-  override def delete(p: Path, recursive: Boolean): Boolean = held("delete", p)(super.delete(p, recursive))
-  override def mkdirs(p: Path, permission: FsPermission): Boolean = held("mkdirs", p)(super.mkdirs(p, permission))
-  override def listStatus(p: Path): Array[FileStatus] = held("listStatus", p)(super.listStatus(p))
+class LockstepFileSystem extends InterceptedFileSystem("lockstep") {
+  override protected def before(what: String, path: Path): Unit = Lockstep.before(what, path)
+  override protected def renamed(dst: Path): Unit = Lockstep.renamed(dst)
 }

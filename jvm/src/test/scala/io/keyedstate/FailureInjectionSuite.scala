@@ -8,9 +8,7 @@ import scala.collection.mutable
 import scala.util.{Failure, Success, Try}
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{FSDataInputStream, FSDataOutputStream, FileStatus, Path, RawLocalFileSystem}
-import org.apache.hadoop.fs.permission.FsPermission
-import org.apache.hadoop.util.Progressable
+import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.execution.streaming.state._
 import org.scalatest.funsuite.AnyFunSuite
 
@@ -28,12 +26,7 @@ import io.keyedstate.conf.KeyedStateConf
  */
 class FailureInjectionSuite extends AnyFunSuite with ProviderFixture {
 
-  private def faultyConf(): Configuration = {
-    val c = new Configuration()
-    c.set("fs.faulty.impl", classOf[FaultyFileSystem].getName)
-    c.setBoolean("fs.faulty.impl.disable.cache", true)
-    c
-  }
+  private def faultyConf(): Configuration = TestFileSystems.conf("faulty", classOf[FaultyFileSystem])
 
   private def provider(root: File, changelog: Boolean, local: File): KeyedStateStoreProvider = {
     val p = new KeyedStateStoreProvider
@@ -233,25 +226,8 @@ object FaultyFileSystem {
 }
 
 /** A local file system on `faulty://` whose calls fail when [[FaultyFileSystem]] says so. */
-class FaultyFileSystem extends RawLocalFileSystem {
-  override def getUri: URI = URI.create("faulty:///")
-
-  private def checked[T](what: String, path: Path)(call: => T): T = {
-    FaultyFileSystem.call(what, path)
-    call
-  }
-
-  override def create(f: Path, permission: FsPermission, overwrite: Boolean, bufferSize: Int, replication: Short,
-      blockSize: Long, progress: Progressable): FSDataOutputStream =
-    checked("create", f)(super.create(f, permission, overwrite, bufferSize, replication, blockSize, progress))
-  override def create(f: Path, overwrite: Boolean, bufferSize: Int, replication: Short, blockSize: Long,
-      progress: Progressable): FSDataOutputStream =
-    checked("create", f)(super.create(f, overwrite, bufferSize, replication, blockSize, progress))
-  override def open(f: Path, bufferSize: Int): FSDataInputStream = checked("open", f)(super.open(f, bufferSize))
-  override def rename(src: Path, dst: Path): Boolean = checked("rename", dst)(super.rename(src, dst))
-  override def delete(p: Path, recursive: Boolean): Boolean = checked("delete", p)(super.delete(p, recursive))
-  override def mkdirs(p: Path, permission: FsPermission): Boolean = checked("mkdirs", p)(super.mkdirs(p, permission))
-  override def listStatus(p: Path): Array[FileStatus] = checked("listStatus", p)(super.listStatus(p))
+class FaultyFileSystem extends InterceptedFileSystem("faulty") {
+  override protected def before(what: String, path: Path): Unit = FaultyFileSystem.call(what, path)
 }
 
 /**

@@ -137,12 +137,7 @@ class LocalDiskSuite extends AnyFunSuite with ProviderFixture {
 object ChangelogUploadFails {
   @volatile var failing = false
 
-  def conf(): Configuration = {
-    val c = new Configuration()
-    c.set("fs.nochangelog.impl", classOf[ChangelogUploadFails].getName)
-    c.setBoolean("fs.nochangelog.impl.disable.cache", true)
-    c
-  }
+  def conf(): Configuration = TestFileSystems.conf("nochangelog", classOf[ChangelogUploadFails])
 }
 
 class ChangelogUploadFails extends RawLocalFileSystem {

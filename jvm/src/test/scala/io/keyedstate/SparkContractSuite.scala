@@ -121,26 +121,30 @@ class SparkContractSuite extends AnyFunSuite with BeforeAndAfterAll with Provide
     Option(storeDir.listFiles()).getOrElse(Array.empty[File]).map(_.getName)
       .filter(n => n.endsWith(".manifest") && !n.startsWith(".")).map(_.stripSuffix(".manifest").toLong).toSet
 
+  /** Spark's maintenance every 100 ms (as Spark's own maintenance tests run it), 2 versions retained. */
+  private def maintenanceConf(): StateStoreConf = storeConf(
+    "spark.sql.streaming.stateStore.providerClass" -> provider,
+    "spark.sql.streaming.stateStore.maintenanceInterval" -> "100ms",
+    "spark.sql.streaming.minBatchesToRetain" -> "2",
+    KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath)
+
+  /** Two stores of one run: partition 0 on the local file system at `localRoot`, 1 at `otherRoot` on `scheme://`. */
+  private def twoStores(localRoot: File, scheme: String, otherRoot: File): (StateStoreProviderId, StateStoreProviderId) = {
+    val runId = UUID.randomUUID()
+    (StateStoreProviderId(StateStoreId(localRoot.getAbsolutePath, 0, 0), runId),
+      StateStoreProviderId(StateStoreId(s"$scheme://${otherRoot.getAbsolutePath}", 0, 1), runId))
+  }
+
   test("a maintenance run that throws unloads only its own store; the others keep serving and cleaning up") {
     val healthyRoot = tempDir()
     val failingRoot = tempDir()
-    val conf = storeConf(
-      "spark.sql.streaming.stateStore.providerClass" -> provider,
-      // Spark's maintenance every 100 ms, as Spark's own maintenance tests run it.
-      "spark.sql.streaming.stateStore.maintenanceInterval" -> "100ms",
-      "spark.sql.streaming.minBatchesToRetain" -> "2",
-      KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath)
-    val hadoopConf = new Configuration()
-    hadoopConf.set(s"fs.${ListingFailsFileSystem.Scheme}.impl", classOf[ListingFailsFileSystem].getName)
-    hadoopConf.setBoolean(s"fs.${ListingFailsFileSystem.Scheme}.impl.disable.cache", true)
+    val conf = maintenanceConf()
+    val hadoopConf = TestFileSystems.conf(ListingFailsFileSystem.Scheme, classOf[ListingFailsFileSystem])
     ListingFailsFileSystem.failing = false
 
-    val runId = UUID.randomUUID()
-    val healthy = StateStoreProviderId(StateStoreId(healthyRoot.getAbsolutePath, 0, 0), runId)
     // The other store's checkpoint is on a file system that can be told to fail every listing:
     // retention lists the store directory first, so its maintenance then throws.
-    val failing = StateStoreProviderId(
-      StateStoreId(s"${ListingFailsFileSystem.Scheme}://${failingRoot.getAbsolutePath}", 0, 1), runId)
+    val (healthy, failing) = twoStores(healthyRoot, ListingFailsFileSystem.Scheme, failingRoot)
 
     def commit(id: StateStoreProviderId, version: Long): Unit = commitOneKey(id, version, conf, hadoopConf)
     (0L until 4L).foreach { v => commit(healthy, v); commit(failing, v) }
@@ -182,20 +186,11 @@ class SparkContractSuite extends AnyFunSuite with BeforeAndAfterAll with Provide
   test("a store whose commit hangs on its file system does not hold up the cleanup of the others") {
     val healthyRoot = tempDir()
     val stuckRoot = tempDir()
-    val conf = storeConf(
-      "spark.sql.streaming.stateStore.providerClass" -> provider,
-      "spark.sql.streaming.stateStore.maintenanceInterval" -> "100ms",
-      "spark.sql.streaming.minBatchesToRetain" -> "2",
-      KeyedStateConf.Prefix + "localDir" -> tempDir().getAbsolutePath)
-    val hadoopConf = new Configuration()
-    hadoopConf.set(s"fs.${CommitHoldingFileSystem.Scheme}.impl", classOf[CommitHoldingFileSystem].getName)
-    hadoopConf.setBoolean(s"fs.${CommitHoldingFileSystem.Scheme}.impl.disable.cache", true)
+    val conf = maintenanceConf()
+    val hadoopConf = TestFileSystems.conf(CommitHoldingFileSystem.Scheme, classOf[CommitHoldingFileSystem])
     CommitHoldingFileSystem.reset()
 
-    val runId = UUID.randomUUID()
-    val healthy = StateStoreProviderId(StateStoreId(healthyRoot.getAbsolutePath, 0, 0), runId)
-    val stuck = StateStoreProviderId(
-      StateStoreId(s"${CommitHoldingFileSystem.Scheme}://${stuckRoot.getAbsolutePath}", 0, 1), runId)
+    val (healthy, stuck) = twoStores(healthyRoot, CommitHoldingFileSystem.Scheme, stuckRoot)
     def commit(id: StateStoreProviderId, version: Long): Unit = commitOneKey(id, version, conf, hadoopConf)
     (0L until 4L).foreach { v => commit(healthy, v); commit(stuck, v) }
 

@@ -156,9 +156,7 @@ class StoreErrorsSuite extends AnyFunSuite with ProviderSuiteHelpers {
 
   test("a file system whose rename reports failure fails the commit with CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT") {
     val dir = tempDir()
-    val hadoopConf = new org.apache.hadoop.conf.Configuration()
-    hadoopConf.set("fs.renamefails.impl", classOf[RenameReturnsFalseFileSystem].getName)
-    hadoopConf.setBoolean("fs.renamefails.impl.disable.cache", true)
+    val hadoopConf = TestFileSystems.conf("renamefails", classOf[RenameReturnsFalseFileSystem])
     val p = new KeyedStateStoreProvider
     p.init(StateStoreId(s"renamefails://${dir.getAbsolutePath}", 0, 0), keySchema, valueSchema,
       NoPrefixKeyStateEncoderSpec(keySchema), useColumnFamilies = false, storeConf(), hadoopConf, false, None)

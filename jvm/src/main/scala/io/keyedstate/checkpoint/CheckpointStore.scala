@@ -130,15 +130,9 @@ final class CheckpointStore(val root: Path, val hadoopConf: Configuration) exten
     readManifest(manifestPath(version, checkpointId), version)
 
   def readManifest(path: Path, version: Long): VersionManifest = {
-    val json =
-      try {
-        val in = fs.open(path)
-        try new String(in.readAllBytes(), UTF_8) finally in.close()
-      } catch {
-        case e: java.io.FileNotFoundException =>
-          throw KeyedStateErrors.fileMissing(
-            s"State version $version is missing: manifest $path does not exist", e, file = path)
-      }
+    val json = CheckpointStore.readText(fs, path) { e =>
+      KeyedStateErrors.fileMissing(s"State version $version is missing: manifest $path does not exist", e, file = path)
+    }
     val manifest =
       try VersionManifest.fromJson(json)
       catch {
@@ -185,15 +179,25 @@ final class CheckpointStore(val root: Path, val hadoopConf: Configuration) exten
   /** On an object store with abortable streams: the object is published by `close` only. */
   private def writeInPlace(path: Path, bytes: Array[Byte], version: Long): Unit = {
     val out = creatingManifest(path, version)(fs.create(path, true))
+    writeAndClose(out, path, bytes, version) { e =>
+      try out.abort() catch { case NonFatal(abortFailure) => e.addSuppressed(abortFailure) }
+    }
+  }
+
+  /**
+   * Writes a manifest's `bytes` to its stream and closes it, which publishes it; a failure
+   * `discard`s the stream (the failure at hand, to add its own to) and names the manifest.
+   */
+  private def writeAndClose(out: OutputStream, path: Path, bytes: Array[Byte], version: Long)(
+      discard: Throwable => Unit): Unit =
     try {
       out.write(bytes)
       out.close()
     } catch {
       case NonFatal(e) =>
-        try out.abort() catch { case NonFatal(abortFailure) => e.addSuppressed(abortFailure) }
+        discard(e)
         throw manifestWriteFailed(path, version, e)
     }
-  }
 
   /**
    * Opens a manifest's stream; a failure names the manifest and the version like a failed write.
@@ -227,14 +231,7 @@ final class CheckpointStore(val root: Path, val hadoopConf: Configuration) exten
   /** Spark's CheckpointFileManager picks the atomic write each file system supports. */
   private def writeAtomically(path: Path, bytes: Array[Byte], version: Long): Unit = {
     val out = creatingManifest(path, version)(fileManager.createAtomic(path, true))
-    try {
-      out.write(bytes)
-      out.close()
-    } catch {
-      case NonFatal(e) =>
-        out.cancel()
-        throw manifestWriteFailed(path, version, e)
-    }
+    writeAndClose(out, path, bytes, version)(_ => out.cancel())
     if (!renameReportsFailure) checkPublished(path, bytes, version)
   }
 
@@ -416,6 +413,15 @@ object CheckpointStore {
         case Array(v, id) => v.toLongOption.map(_ -> Some(id))
         case _ => None
       }
+    }
+
+  /** The file at `path` as UTF-8 text; a missing file throws `missing`'s error. */
+  def readText(fs: FileSystem, path: Path)(missing: java.io.FileNotFoundException => Throwable): String =
+    try {
+      val in = fs.open(path)
+      try new String(in.readAllBytes(), UTF_8) finally in.close()
+    } catch {
+      case e: java.io.FileNotFoundException => throw missing(e)
     }
 
   /** Copies `in` to `out`, adding the bytes to `crc`; returns how many were copied. */

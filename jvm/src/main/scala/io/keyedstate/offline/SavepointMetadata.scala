@@ -1,7 +1,5 @@
 package io.keyedstate.offline
 
-import java.nio.charset.StandardCharsets.UTF_8
-
 import scala.util.control.NonFatal
 
 import org.apache.hadoop.fs.{FileSystem, Path}
@@ -80,15 +78,10 @@ object SavepointMetadata {
   /** The metadata of the savepoint at `root`: missing or unreadable, an error naming the file. */
   def read(fs: FileSystem, root: Path): SavepointMetadata = {
     val file = path(root)
-    val text =
-      try {
-        val in = fs.open(file)
-        try new String(in.readAllBytes(), UTF_8) finally in.close()
-      } catch {
-        case e: java.io.FileNotFoundException =>
-          throw KeyedStateErrors.fileMissing(s"No savepoint at $root: $file does not exist (not a savepoint, or " +
-            "one whose creation did not finish)", e)
-      }
+    val text = CheckpointStore.readText(fs, file) { e =>
+      KeyedStateErrors.fileMissing(s"No savepoint at $root: $file does not exist (not a savepoint, or " +
+        "one whose creation did not finish)", e)
+    }
     val m =
       try Serialization.read[SavepointMetadata](text)
       catch {

@@ -7,6 +7,7 @@ import java.util.zip.CRC32C
 import org.apache.hadoop.conf.Configuration
 import org.scalatest.funsuite.AnyFunSuite
 
+import io.keyedstate.TestFileSystems
 import io.keyedstate.errors.CheckpointFileException
 
 /**
@@ -125,9 +126,7 @@ class CheckpointStoreSuite extends AnyFunSuite with CheckpointLayerFixture {
     val f = new File(dir, "shared/000001-a.sst")
     store.upload(localFile(Array[Byte](1)), "000001.sst", "shared/000001-a.sst")
 
-    val refusing = new Configuration()
-    refusing.set("fs.refusing.impl", classOf[RefusingFileSystem].getName)
-    refusing.setBoolean("fs.refusing.impl.disable.cache", true)
+    val refusing = TestFileSystems.conf("refusing", classOf[RefusingFileSystem])
     val viaRefusing = new CheckpointStore(new org.apache.hadoop.fs.Path(s"refusing://${dir.getAbsolutePath}"), refusing)
     RefusingFileSystem.refuseDeletes = true
     try viaRefusing.delete(viaRefusing.resolve("shared/000001-a.sst"))

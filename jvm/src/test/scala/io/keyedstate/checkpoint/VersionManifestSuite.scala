@@ -7,11 +7,10 @@ import java.util.zip.CRC32C
 
 import scala.util.Try
 
-import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.scalatest.funsuite.AnyFunSuite
 
-import io.keyedstate.{FaultyFileSystem, RenameReturnsFalseFileSystem}
+import io.keyedstate.{FaultyFileSystem, RenameReturnsFalseFileSystem, TestFileSystems}
 import io.keyedstate.errors.CheckpointFileException
 
 /**
@@ -73,9 +72,7 @@ class VersionManifestSuite extends AnyFunSuite with CheckpointLayerFixture {
   test("a publish whose rename the file system refuses fails naming the manifest and the version; the old one stays") {
     val dir = tempDir()
     storeAt(dir).writeManifest(manifest(5, "first"), checkpointIdsEnabled = false)
-    val conf = new Configuration()
-    conf.set("fs.renamefails.impl", classOf[RenameReturnsFalseFileSystem].getName)
-    conf.setBoolean("fs.renamefails.impl.disable.cache", true)
+    val conf = TestFileSystems.conf("renamefails", classOf[RenameReturnsFalseFileSystem])
     val store = new CheckpointStore(new Path(s"renamefails://${dir.getAbsolutePath}"), conf)
     val e = intercept[Exception](store.writeManifest(manifest(5, "second"), checkpointIdsEnabled = false))
     assert(messages(e).contains("5.manifest") && messages(e).contains("version 5"), messages(e))
@@ -88,9 +85,7 @@ class VersionManifestSuite extends AnyFunSuite with CheckpointLayerFixture {
   test("a fault at every file-system call of a manifest publish: the old manifest or the new one, whole; the error names it") {
     val dir = tempDir()
     storeAt(dir).writeManifest(manifest(5, "old"), checkpointIdsEnabled = false)
-    val conf = new Configuration()
-    conf.set("fs.faulty.impl", classOf[FaultyFileSystem].getName)
-    conf.setBoolean("fs.faulty.impl.disable.cache", true)
+    val conf = TestFileSystems.conf("faulty", classOf[FaultyFileSystem])
     val store = new CheckpointStore(new Path(s"faulty://${dir.getAbsolutePath}"), conf)
     FaultyFileSystem.countOnly()
     store.writeManifest(manifest(5, "counted"), checkpointIdsEnabled = false)

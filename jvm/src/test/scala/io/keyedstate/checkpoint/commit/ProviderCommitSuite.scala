@@ -7,7 +7,7 @@ import org.scalatest.funsuite.AnyFunSuite
 
 import io.keyedstate.checkpoint
 import io.keyedstate.conf.KeyedStateConf
-import io.keyedstate.{KeyedStateStoreProvider, ProviderSuiteHelpers}
+import io.keyedstate.{KeyedStateStoreProvider, ProviderSuiteHelpers, TestFileSystems}
 
 /**
  * The commit path through the provider: changelog and snapshot checkpointing agree, snapshots
@@ -173,9 +173,7 @@ class ProviderCommitSuite extends AnyFunSuite with ProviderSuiteHelpers {
 
   test("on an object store (abortable streams, no atomic rename) a rewritten manifest is replaced in place, never removed first") {
     val dir = tempDir()
-    val hadoopConf = new org.apache.hadoop.conf.Configuration()
-    hadoopConf.set("fs.objstore.impl", classOf[ObjectStoreLikeFileSystem].getName)
-    hadoopConf.setBoolean("fs.objstore.impl.disable.cache", true)
+    val hadoopConf = TestFileSystems.conf("objstore", classOf[ObjectStoreLikeFileSystem])
     def provider(): KeyedStateStoreProvider = {
       val p = new KeyedStateStoreProvider
       p.init(StateStoreId(s"objstore://${dir.getAbsolutePath}", 0, 0), keySchema, valueSchema,

@@ -3,10 +3,10 @@ package io.keyedstate.checkpoint.retention
 import java.io.File
 import java.nio.file.Files
 
-import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.scalatest.funsuite.AnyFunSuite
 
+import io.keyedstate.TestFileSystems
 import io.keyedstate.checkpoint.retention.RetentionCleaner
 import io.keyedstate.errors.CheckpointFileException
 import io.keyedstate.checkpoint.CheckpointLayerFixture
@@ -129,9 +129,7 @@ class RetentionCleanerSuite extends AnyFunSuite with CheckpointLayerFixture {
     val conf = layerConf(retain = 2)
     val w = new LayerWriter(storeAt(dir), conf)
     try w.commitSome(6) finally w.close()
-    val hadoop = new Configuration()
-    hadoop.set("fs.refusing.impl", classOf[RefusingFileSystem].getName)
-    hadoop.setBoolean("fs.refusing.impl.disable.cache", true)
+    val hadoop = TestFileSystems.conf("refusing", classOf[RefusingFileSystem])
     val refusing = new CheckpointStore(new Path(s"refusing://${dir.getAbsolutePath}"), hadoop)
     val before = storeAt(dir).listDataFiles().size
     RefusingFileSystem.refuseDeletes = true
