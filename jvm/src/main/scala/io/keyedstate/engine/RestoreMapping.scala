@@ -16,7 +16,7 @@ import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.{JsonMethods, Serialization}
 
 import io.keyedstate.TaskStateStore
-import io.keyedstate.checkpoint.BootstrappedState
+import io.keyedstate.checkpoint.{BootstrappedState, CheckpointStore}
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 
 /** A keyed function of the savepoint a checkpoint was restored from: its operator id there. */
@@ -65,8 +65,7 @@ object RestoreMapping {
   }
 
   private def read(fs: FileSystem, file: Path): PendingRestore = {
-    val in = fs.open(file)
-    val text = try new String(in.readAllBytes(), UTF_8) finally in.close()
+    val text = readText(fs, file)
     try Serialization.read[PendingRestore](text)
     catch { case NonFatal(e) => throw KeyedStateErrors.fileCorrupt(s"$file is corrupt: ${e.getMessage}", e) }
   }
@@ -153,7 +152,7 @@ object RestoreMapping {
     val unfinished = new Path(root, UnfinishedMarker)
     if (fs.exists(unfinished)) {
       throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid, s"$root holds an unfinished restore of the " +
-        s"savepoint ${firstLine(fs, unfinished)} ($unfinished): run the restore again, which replaces it")
+        s"savepoint ${readText(fs, unfinished).trim} ($unfinished): run the restore again, which replaces it")
     }
     val file = new Path(root, FileName)
     if (!fs.exists(file)) return
@@ -178,10 +177,8 @@ object RestoreMapping {
     }
   }
 
-  private def firstLine(fs: FileSystem, file: Path): String = {
-    val in = fs.open(file)
-    try new String(in.readAllBytes(), UTF_8).linesIterator.nextOption().getOrElse("") finally in.close()
-  }
+  private def readText(fs: FileSystem, file: Path): String =
+    CheckpointStore.readText(fs, file)(e => KeyedStateErrors.fileMissing(s"$file is missing", e))
 
   private def rename(fs: FileSystem, from: Path, to: Path): Unit =
     if (!fs.rename(from, to)) {

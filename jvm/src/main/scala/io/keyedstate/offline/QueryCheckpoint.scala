@@ -57,8 +57,9 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
     try new String(in.readAllBytes(), UTF_8).split("\n", -1).toSeq finally in.close()
   }
 
-  def writeFile(path: Path, text: String): Unit = {
-    val out = fs.create(path, true)
+  /** `overwrite` false: the file must be new (a second writer fails). */
+  def writeFile(path: Path, text: String, overwrite: Boolean = true): Unit = {
+    val out = fs.create(path, overwrite)
     try out.write(text.getBytes(UTF_8)) finally out.close()
   }
 
@@ -92,12 +93,12 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
    * The commit log entry of `batch` without its state checkpoint ids: what a savepoint keeps, so
    * that the store versions it holds load by version alone (`<version>.manifest`) whatever
    * format the restored query runs with (under format v2 Spark loads a version its last commit
-   * records no id for by version, and records ids again from its next commit).
+   * records no id for by version, and records ids again from its next commit). None: it has none.
    */
-  def commitWithoutCheckpointIds(batch: Long): String = {
+  def commitWithoutCheckpointIds(batch: Long): Option[String] = {
     val lines = readLines(commitPath(batch))
-    if (lines.size < 2) lines.mkString("\n")
-    else lines.updated(1, compact(render(parse(lines(1)).removeField(_._1 == "stateUniqueIds")))).mkString("\n")
+    if (lines.size < 2 || !hasIds(parse(lines(1)) \ "stateUniqueIds")) None
+    else Some(lines.updated(1, compact(render(parse(lines(1)).removeField(_._1 == "stateUniqueIds")))).mkString("\n"))
   }
 
   /** The commit log entry of `batch`'s `stateUniqueIds` (checkpoint format v2), or JNothing. */

@@ -173,8 +173,14 @@ object StateTables {
       if (listed.nonEmpty) listed else if (found.nonEmpty) found else Seq(StateStoreId.DEFAULT_STORE_NAME)
     })
 
-  /** The tables of a canonical savepoint: its operators, declarations and schemas as its metadata records them. */
-  def apply(root: QueryCheckpoint, metadata: SavepointMetadata): StateTables = {
+  /**
+   * The tables of a savepoint: a native one's as a checkpoint's at its batch, a canonical one's
+   * (its operators, declarations and schemas) as its metadata records them.
+   */
+  def apply(root: QueryCheckpoint, metadata: SavepointMetadata): StateTables =
+    if (metadata.format == SavepointMetadata.Canonical) canonical(root, metadata) else apply(root, metadata.batchId)
+
+  private def canonical(root: QueryCheckpoint, metadata: SavepointMetadata): StateTables = {
     val byId = metadata.operators.map(o => o.operatorId -> o).toMap
     val source = SavepointMetadata.path(root.root).toString
     def declared(op: Int) = byId(op).declaration.map { json =>

@@ -6,7 +6,7 @@ import org.apache.spark.sql.{DataFrame, SparkSession}
 import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.json4s.jackson.JsonMethods
 
-import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
+import io.keyedstate.errors.KeyedStateErrors
 import io.keyedstate.offline.{CheckpointWriter, QueryCheckpoint, SavepointFile, SavepointMetadata, SavepointOperator,
   SavepointTable, StateReader, StateTable, StateTables}
 
@@ -28,8 +28,7 @@ final class CanonicalFormat(spark: SparkSession, hadoopConf: Configuration, prog
 
   def name: String = SavepointMetadata.Canonical
 
-  def check(src: QueryCheckpoint, batch: Long, usesCheckpointIds: Boolean): Unit =
-    NativeFormat.refuseSeveralStoresWithIds(src, usesCheckpointIds)
+  def check(src: QueryCheckpoint, batch: Long): Unit = ()
 
   def write(src: QueryCheckpoint, dst: QueryCheckpoint, batch: Long, partitions: Int,
       usesCheckpointIds: Boolean): (Seq[SavepointOperator], Seq[SavepointFile]) = {

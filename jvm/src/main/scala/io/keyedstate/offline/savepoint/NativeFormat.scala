@@ -3,7 +3,6 @@ package io.keyedstate.offline.savepoint
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.execution.streaming.state.StateStoreId
 
 import io.keyedstate.checkpoint.CheckpointStore
 import io.keyedstate.conf.KeyedStateConf
@@ -31,9 +30,8 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
 
   def name: String = SavepointMetadata.Native
 
-  def check(src: QueryCheckpoint, batch: Long, usesCheckpointIds: Boolean): Unit = {
+  def check(src: QueryCheckpoint, batch: Long): Unit = {
     src.requireKeyedStateProvider(batch, "native savepoint")
-    refuseSeveralStoresWithIds(src, usesCheckpointIds)
   }
 
   def write(src: QueryCheckpoint, dst: QueryCheckpoint, batch: Long, partitions: Int,
@@ -95,17 +93,6 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
 }
 
 object NativeFormat {
-  /**
-   * Under format v2 a commit records one id per store of an operator, in an order Spark does not
-   * publish for a stream-stream join's four stores: such a query is refused, not guessed at.
-   */
-  def refuseSeveralStoresWithIds(src: QueryCheckpoint, usesCheckpointIds: Boolean): Unit =
-    if (usesCheckpointIds && src.operators.exists(op => src.storeNames(op, 0).exists(_ != StateStoreId.DEFAULT_STORE_NAME))) {
-      throw KeyedStateErrors.unsupported(ErrorId.QueryCheckpointInvalid, s"${src.root} keeps several state stores " +
-        "per operator (a stream-stream join) and its commits record state checkpoint ids (checkpoint format v2): " +
-        "a savepoint reads such a query with format v1 only")
-    }
-
   /** Executor side: copies one store partition's version and its manifest, each file checked. */
   def copyStore(task: StoreCopy, hadoopSettings: Map[String, String]): CopiedStore = {
     val hadoopConf: Configuration = OfflineJob.hadoopConf(hadoopSettings)

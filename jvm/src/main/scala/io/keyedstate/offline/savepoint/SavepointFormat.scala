@@ -12,7 +12,7 @@ trait SavepointFormat {
   def name: String
 
   /** Refuses, before anything is written, a checkpoint this format cannot take. */
-  def check(src: QueryCheckpoint, batch: Long, usesCheckpointIds: Boolean): Unit
+  def check(src: QueryCheckpoint, batch: Long): Unit
 
   /** Writes the state of `src` at committed `batch` into `dst`: its operators and files. */
   def write(src: QueryCheckpoint, dst: QueryCheckpoint, batch: Long, partitions: Int,

@@ -31,7 +31,7 @@ final class SavepointTransform(spark: SparkSession, progress: String => Unit) {
     val m = SavepointMetadata.read(sp.fs, sp.root)
     val dst = new SavepointTarget(QueryCheckpoint.at(target, hadoopConf), progress)
     dst.refuseOverlap(sp)
-    val tables = if (m.format == SavepointMetadata.Canonical) StateTables(sp, m) else StateTables(sp, m.batchId)
+    val tables = StateTables(sp, m)
     def keyedFunction(operator: String): (Int, Seq[StateTable]) = {
       val (op, ts) = tables.operatorOf(operator)
       if (!ts.exists(_.isKeyedFunction)) {
@@ -79,7 +79,7 @@ final class SavepointTransform(spark: SparkSession, progress: String => Unit) {
       }
       val other = QueryCheckpoint.at(from, hadoopConf)
       val om = SavepointMetadata.read(other.fs, other.root)
-      val otherTables = if (om.format == SavepointMetadata.Canonical) StateTables(other, om) else StateTables(other, om.batchId)
+      val otherTables = StateTables(other, om)
       val (op, ts) = otherTables.operators.find(_._2.exists(t => t.isKeyedFunction && t.uid == uid)).getOrElse(
         throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid, s"the savepoint $from has no keyed " +
           s"function with uid '$uid' (its keyed functions: ${otherTables.operators.flatMap(_._2.headOption)
