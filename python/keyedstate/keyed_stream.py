@@ -325,16 +325,12 @@ class _WithState(_Adapter):
 
 class _MapWithState(_WithState, MapFunction):
     verb = "map_with_state"
-
-    def map(self, value: Any) -> Any:  # noqa: ANN401
-        return self._apply(value)
+    map = _WithState._apply  # the method itself: no extra call per element
 
 
 class _FlatMapWithState(_WithState, FlatMapFunction):
     verb = "flat_map_with_state"
-
-    def flat_map(self, value: Any) -> Iterable[Any] | None:  # noqa: ANN401
-        return self._apply(value)
+    flat_map = _WithState._apply
 
 
 class _FilterWithState(_WithState, FilterFunction):

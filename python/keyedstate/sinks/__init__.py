@@ -5,8 +5,8 @@ from __future__ import annotations
 
 # Eager: the kafka module and the postgres package import their clients (psycopg, py4j) only
 # when used, and a lazy __getattr__ would lose to the submodule once anything imported
-# keyedstate.sinks.kafka. The functions shadow their (sub)modules as attributes:
-# keyedstate.sinks.postgres is the function, so import from the modules with
+# keyedstate.sinks.kafka. The factories shadow their (sub)modules as attributes (kafka is the
+# KafkaSink class, postgres a function), so import from the modules with
 # ``from keyedstate.sinks.postgres.sink import ...``, never ``import keyedstate.sinks.postgres.x``.
 from keyedstate.errors import BatchAlreadyCommitted
 from keyedstate.sinks.kafka import KafkaSink, KafkaSinkError, kafka

@@ -315,6 +315,6 @@ def _config_value(value: object) -> str:
     return str(value)
 
 
-# The factory users call (``keyedstate.sinks.kafka(...)``, as ``sinks.postgres(...)``): the
-# class itself, so its signature and defaults are written once.
+# The name users call (``keyedstate.sinks.kafka(...)``, beside the ``sinks.postgres(...)``
+# function) is the class itself, so its signature and defaults are written once.
 kafka = KafkaSink
