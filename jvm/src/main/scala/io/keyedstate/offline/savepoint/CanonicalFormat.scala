@@ -31,18 +31,19 @@ final class CanonicalFormat(spark: SparkSession, hadoopConf: Configuration, prog
   def check(src: QueryCheckpoint, batch: Long): Unit = ()
 
   def write(src: QueryCheckpoint, dst: QueryCheckpoint, batch: Long, partitions: Int,
-      usesCheckpointIds: Boolean): (Seq[SavepointOperator], Seq[SavepointFile]) = {
+      usesCheckpointIds: Boolean, gaps: BatchGaps): (Seq[SavepointOperator], Seq[SavepointFile]) = {
     // A bootstrap's savepoint holds no logs to read a pinned copy by: its own checkpoint is read.
     val pin = src.pinnedConf(batch).get(QueryCheckpoint.ProviderKey).contains(QueryCheckpoint.OurProvider) &&
       dst.fs.exists(dst.commitPath(batch))
     val pinned = if (pin) {
       progress("pinning the state (a native copy, read and then removed)")
-      native.write(src, dst, batch, partitions, usesCheckpointIds)._2
+      native.write(src, dst, batch, partitions, usesCheckpointIds, gaps)._2
     } else Nil
     val from = if (pin) dst else src
     val tables = StateTables(from, batch)
     val operators = tables.operators.map { case (op, opTables) =>
       val written = opTables.zipWithIndex.map { case (table, i) =>
+        gaps.await()
         progress(s"writing ${table.describe}")
         CanonicalFormat.writeTable(spark, dst, i, table, StateReader.read(spark, from, batch, table, flatten = false))
       }

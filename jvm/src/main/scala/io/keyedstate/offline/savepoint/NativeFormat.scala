@@ -35,9 +35,14 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
   }
 
   def write(src: QueryCheckpoint, dst: QueryCheckpoint, batch: Long, partitions: Int,
-      usesCheckpointIds: Boolean): (Seq[SavepointOperator], Seq[SavepointFile]) = {
+      usesCheckpointIds: Boolean, gaps: BatchGaps): (Seq[SavepointOperator], Seq[SavepointFile]) = {
     val stores = for (op <- src.operators; store <- src.storeNames(op, 0)) yield op -> store
-    val copied = copy(src, dst, stores, batch, partitions, usesCheckpointIds, "savepoint", verify = false)
+    // On the driver, one file at a time, each in a gap between the query's batches: a savepoint
+    // links files and writes manifests (streams them where the file system has no links), work too
+    // small for a Spark job, whose tasks would take the running query's task slots.
+    val copied = copyTasks(src, dst, stores, batch, partitions, usesCheckpointIds, verify = false)
+      .map(t => copyStore(t, hadoopConf, beforeEachFile = gaps.await))
+    progress(s"copied ${copied.size} store partitions")
     val operators = stores.groupBy(_._1).toSeq.sortBy(_._1).map { case (op, s) =>
       val first = copied.find(c => c.store.operatorId == op && c.store.partition == 0)
       SavepointOperator(op, src.operatorName(op), s.map(_._2), first.map(_.function).getOrElse(""),
@@ -59,8 +64,10 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
         .bytesWritten
     } else {
       val stores = for (op <- metadata.operators; store <- op.stores) yield op.operatorId -> store
-      val copied = copy(sp, dst, stores, metadata.batchId, metadata.partitions, usesIds = false, "restore",
-        verify = true)
+      // A restore checks every file's CRC32C: a Spark job, spread over the executors.
+      val tasks = copyTasks(sp, dst, stores, metadata.batchId, metadata.partitions, usesIds = false, verify = true)
+      val copied = OfflineJob.run(spark, "restore", "copy", tasks, OfflineJob.hadoopSettings(hadoopConf), conf,
+        progress)((t: StoreCopy, h, _) => copyStore(t, OfflineJob.hadoopConf(h)))
       val stateFiles = copied.flatMap(_.files).map(_.path).toSet
       val logs = metadata.files.filterNot(f => stateFiles(f.path)).map(f => Savepoints.copyFile(sp, dst, f.path))
       // Spark's operator metadata names schema files by absolute path: the new checkpoint's own.
@@ -72,14 +79,14 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
   }
 
   /**
-   * Links or copies every store partition's version `batch + 1` from `from` to `to`; under format v2 by
+   * The copies of every store partition's version `batch + 1` from `from` to `to`; under format v2 by
    * the checkpoint ids the commit of `batch` records (read once per operator). The copy is saved
    * under the version's name alone (`<version>.manifest`), as the savepoint's commits keep no ids:
    * a savepoint, and every checkpoint restored from it, is independent of the source's format.
    */
-  private def copy(from: QueryCheckpoint, to: QueryCheckpoint, stores: Seq[(Int, String)], batch: Long,
-      partitions: Int, usesIds: Boolean, operation: String, verify: Boolean): Seq[CopiedStore] = {
-    val tasks = stores.flatMap { case (op, store) =>
+  private def copyTasks(from: QueryCheckpoint, to: QueryCheckpoint, stores: Seq[(Int, String)], batch: Long,
+      partitions: Int, usesIds: Boolean, verify: Boolean): Seq[StoreCopy] =
+    stores.flatMap { case (op, store) =>
       val ids = if (usesIds) from.defaultStoreCheckpointIds(batch, op, 0 until partitions) else Map.empty[Int, String]
       (0 until partitions).map { p =>
         val ref = StoreRef(op, store, p)
@@ -87,22 +94,26 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
           verify)
       }
     }
-    OfflineJob.run(spark, operation, "copy", tasks, OfflineJob.hadoopSettings(hadoopConf), conf,
-      progress)((t: StoreCopy, h, _) => copyStore(t, h))
-  }
 }
 
 object NativeFormat {
-  /** Executor side: copies one store partition's version and its manifest, each file checked. */
-  def copyStore(task: StoreCopy, hadoopSettings: Map[String, String]): CopiedStore = {
-    val hadoopConf: Configuration = OfflineJob.hadoopConf(hadoopSettings)
+  /**
+   * Copies one store partition's version and its manifest, each file checked (driver or executor
+   * side), calling `beforeEachFile` first (a savepoint's yield to the running query).
+   */
+  def copyStore(task: StoreCopy, hadoopConf: Configuration, beforeEachFile: () => Unit = () => ()): CopiedStore = {
+    beforeEachFile()
     val source = new CheckpointStore(new Path(task.sourceDir), hadoopConf)
     val target = new CheckpointStore(new Path(task.targetDir), hadoopConf)
     val manifest = source.readManifest(task.version, task.checkpointId)
     target.ensureRoot()
     // A savepoint links the checkpoint's files (checked by size), a restore links or copies
     // the savepoint's (checked by CRC32C): a damaged file is found before a query loads it.
-    manifest.allFiles.foreach(f => source.linkOrCopyTo(f, task.version, target, verify = task.verify))
+    manifest.allFiles.foreach { f =>
+      beforeEachFile()
+      source.linkOrCopyTo(f, task.version, target, verify = task.verify)
+    }
+    beforeEachFile()
     target.writeManifest(manifest, checkpointIdsEnabled = false)
     val manifestPath = target.manifestPath(task.version, None)
     val dir = task.store.describe // state/<op>/<partition>[/<store>], relative to the root

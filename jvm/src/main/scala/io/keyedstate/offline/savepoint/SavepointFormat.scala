@@ -14,9 +14,12 @@ trait SavepointFormat {
   /** Refuses, before anything is written, a checkpoint this format cannot take. */
   def check(src: QueryCheckpoint, batch: Long): Unit
 
-  /** Writes the state of `src` at committed `batch` into `dst`: its operators and files. */
+  /**
+   * Writes the state of `src` at committed `batch` into `dst`: its operators and files; each unit
+   * of work waits for a gap between the batches of the query that may be running on `src`.
+   */
   def write(src: QueryCheckpoint, dst: QueryCheckpoint, batch: Long, partitions: Int,
-      usesCheckpointIds: Boolean): (Seq[SavepointOperator], Seq[SavepointFile])
+      usesCheckpointIds: Boolean, gaps: BatchGaps): (Seq[SavepointOperator], Seq[SavepointFile])
 
   /**
    * Writes a new checkpoint at `dst` from the savepoint `sp` (already verified), at `partitions`,

@@ -7,6 +7,7 @@ import scala.util.control.NonFatal
 import org.apache.hadoop.fs.{FileSystem, Path}
 import org.apache.spark.SPARK_VERSION
 import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper
 import org.apache.spark.sql.execution.streaming.state.StateStoreId
 
 import io.keyedstate.checkpoint.CheckpointStore
@@ -51,6 +52,9 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     val strategy = formatOf(format)
     val src = QueryCheckpoint.at(checkpoint, hadoopConf)
     val batch = src.lastCommit()
+    // Every step from here waits for a gap between the running query's batches (if one runs).
+    val gaps = new BatchGaps(src, batch, () => triggerActive(src), progress = progress)
+    gaps.await()
     val partitions = src.pinnedConf(batch).get(QueryCheckpoint.PartitionsKey).flatMap(_.toIntOption).getOrElse(
       throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
         s"${src.offsetPath(batch)} does not pin ${QueryCheckpoint.PartitionsKey}"))
@@ -68,10 +72,11 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     progress(s"${strategy.name} savepoint of ${src.root} at batch $batch (state version $version, " +
       s"$partitions partitions) to ${dst.folder.root}")
     dst.writing(src.root) {
+      gaps.await()
       val upTo = src.batches("offsets").find(_ > batch).getOrElse(batch)
       if (!bootstrap) progress("copying the query's logs")
       val logs = if (bootstrap) Nil else src.metadataFiles().filter(keepsLog(_, batch, upTo))
-        .flatMap(rel => copyLog(src, dst.folder, rel, batch))
+        .flatMap { rel => gaps.await(); copyLog(src, dst.folder, rel, batch) }
       val needed = if (bootstrap) Nil else Seq("metadata", s"offsets/$batch", s"commits/$batch") ++
         (if (batch > 0) Seq(s"offsets/${batch - 1}") else Nil)
       val missing = needed.filterNot(n => logs.exists(_.path == n))
@@ -80,7 +85,8 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
           s"$batch is missing: the query's retention (spark.sql.streaming.minBatchesToRetain) may have deleted it " +
           "as the savepoint started; take the savepoint again")
       }
-      val (operators, stateFiles) = strategy.write(src, dst.folder, batch, partitions, usesIds)
+      val (operators, stateFiles) = strategy.write(src, dst.folder, batch, partitions, usesIds, gaps)
+      if (gaps.totalWaitMs > 0) progress(s"waited ${gaps.totalWaitMs} ms in all for the query's batches")
       // A bootstrap's state is version 0: the state before a new query's first batch.
       val (savedBatch, savedVersion) = if (bootstrap) (-1L, 0L) else (batch, version)
       SavepointMetadata(strategy.name, SavepointMetadata.FormatVersion, KeyedstateVersion, SPARK_VERSION,
@@ -89,6 +95,14 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
         operators, stateFiles ++ logs)
     }
   }
+
+  /** A query of this application on the checkpoint is running a trigger (reading its sources, or a batch). */
+  private def triggerActive(src: QueryCheckpoint): Boolean =
+    spark.streams.active.exists {
+      case q: StreamingQueryWrapper => q.status.isTriggerActive &&
+        QueryCheckpoint.qualify(q.streamingQuery.resolvedCheckpointRoot, hadoopConf) == src.root
+      case _ => false
+    }
 
   /**
    * A new checkpoint at `checkpoint` from the savepoint at `savepoint`, from which the query
