@@ -15,13 +15,14 @@ CLI's own processes):
 6. reads the whole state (every row's key and value hashed and summed) with ``state.read`` and
    with Spark's ``statestore`` reader, and checks both give the same sum;
 7. runs the query again on its checkpoint with small processing-time batches (1000 new keys
-   each) and reports its median batch time before any savepoint, while native savepoints of it
-   are taken one after the other for 20 s, and for the batches that overlap one of 10 single
-   native savepoints, or one of 3 canonical ones, taken 2.5 s apart (the same two cores serve
-   the query and the savepoints), and for the batches that overlap one of 3 savepoints of each
-   format taken by the CLI in another process (``keyedstate savepoint create``, at its default
-   low CPU priority and at ``--priority normal``), from its start to its exit. Each is compared
-   with the batches of the same run that overlapped no savepoint (median, p90 and max).
+   each) and reports its median batch time before any savepoint, and for the batches that
+   overlap one of 15 single native savepoints, or one of 3 canonical ones, taken in the query's
+   application 2.5 s apart (the same two cores serve the query and the savepoints); of 5 native
+   savepoints the CLI takes (``keyedstate savepoint create``: it asks the query's application
+   through the query service), and of 5 it takes in a Spark application of its own
+   (``--in-this-process``, at its default low CPU priority), each from the CLI's start to its
+   exit. Each is compared with the batches of the same run that overlapped no savepoint
+   (median, p90 and max). Last, native savepoints taken one after the other for 20 s.
 
 Prints a table and the load average (the machine is shared). Usage:
 
@@ -248,38 +249,40 @@ def main() -> int:
                 shutil.rmtree(target)
                 time.sleep(pause)
 
-        def cli_savepoints(count: int, pause: float, fmt: str, priority: str) -> None:
-            """Savepoints of the running query by the CLI, another process (another Spark
-            application), one at a time: its whole run, start to exit, is the window."""
+        def cli_savepoints(count: int, pause: float, fmt: str, where: str) -> None:
+            """Savepoints of the running query by the CLI, one at a time, its whole run (start
+            to exit) the window: by default the CLI asks the query's application (the query
+            service); ``--in-this-process`` starts a Spark application of its own (at its
+            default low CPU priority) beside the query."""
             for i in range(count):
-                target = work / f"cli-{fmt}-{priority}-{i}"
+                target = work / f"cli-{fmt}-{where}-{i}"
                 began = time.time()
-                subprocess.run(
+                done = subprocess.run(
                     [sys.executable, "-m", "keyedstate.tools.cli", "savepoint", "create",
                      "--checkpoint", str(checkpoint), "--target", str(target), "--format", fmt,
-                     "--master", "local[2]", "--priority", priority],
-                    check=True, capture_output=True, timeout=600,
-                )
-                spaced[f"cli {fmt} {priority}"].append((began, time.time()))
+                     "--master", "local[2]",
+                     *(["--in-this-process"] if where == "own process" else [])],
+                    check=True, capture_output=True, text=True, timeout=600,
+                )  # fmt: skip
+                asked = "the savepoint is taken there" in done.stdout
+                assert asked == (where == "query's app"), done.stdout
+                spaced[f"CLI {fmt}, {where}"].append((began, time.time()))
                 shutil.rmtree(target)
                 time.sleep(pause)
 
-        cli_runs = [(fmt, p) for p in ("low", "normal") for fmt in ("native", "canonical")]
-        for fmt, priority in cli_runs:
-            spaced[f"cli {fmt} {priority}"] = []
-        before_ms, (during, *spaced_runs) = batch_times_while(
+        cli_runs = [("native", "query's app"), ("native", "own process")]
+        for fmt, where in cli_runs:
+            spaced[f"CLI {fmt}, {where}"] = []
+        before_ms, (*spaced_runs, during) = batch_times_while(
             spark,
             inputs,
             checkpoint,
             args.keys * 2,
             [
-                lambda: savepoints_for(20),
-                lambda: one_savepoint_at_a_time(10, 2.5, "native"),
+                lambda: one_savepoint_at_a_time(15, 2.5, "native"),
                 lambda: one_savepoint_at_a_time(3, 2.5, "canonical"),
-                *[
-                    lambda f=fmt, p=priority: cli_savepoints(3, 2.5, f, p)
-                    for fmt, priority in cli_runs
-                ],
+                *[lambda f=fmt, w=where: cli_savepoints(5, 2.5, f, w) for fmt, where in cli_runs],
+                lambda: savepoints_for(20),
             ],
         )
         before = statistics.median(before_ms)
@@ -334,7 +337,7 @@ def main() -> int:
             if hit:
                 single = statistics.median(hit)
                 print(
-                    f"the batches that overlap one of {len(windows)} single {name} savepoints "
+                    f"the batches that overlap one of {len(windows)} single savepoints ({name}) "
                     f"(2.5 s apart): median {single:.0f} ms ({single / baseline:.2f}x), "
                     f"p90 {p90(hit):.0f} ms ({p90(hit) / p90(quiet):.2f}x), max {max(hit):.0f} "
                     f"ms; {len(hit)} batches: {', '.join(f'{ms:.0f}' for ms in hit)}"

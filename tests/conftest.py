@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,9 @@ from tests.support.streaming_harness import (  # noqa: E402
 # Python workers (applyInPandasWithState) must run the interpreter that runs the tests.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# The query services of the tests' applications are named in a registry of the run's own, not
+# the user's (the JVMs and the CLI processes the tests start inherit it).
+os.environ["KEYEDSTATE_SERVICE_REGISTRY"] = tempfile.mkdtemp(prefix="keyedstate-services-")
 
 
 def pytest_report_header() -> list[str]:

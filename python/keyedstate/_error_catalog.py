@@ -62,6 +62,12 @@ class BatchAlreadyCommitted(KeyedStateError):  # noqa: N818 - a signal, not an e
     the batch."""
 
 
+class QueryServiceError(KeyedStateError):
+    """A request to the query service (the driver's HTTP API, docs/query-service.md) it refused or
+    could not answer: a bad request, a missing or wrong token, an unknown query or request, a
+    service that does not answer."""
+
+
 CHECKPOINT_FILE_MISSING = "KEYEDSTATE_CHECKPOINT_FILE_MISSING"
 CHECKPOINT_FILE_CORRUPT = "KEYEDSTATE_CHECKPOINT_FILE_CORRUPT"
 CHECKPOINT_WRITE_FAILED = "KEYEDSTATE_CHECKPOINT_WRITE_FAILED"
@@ -89,6 +95,10 @@ KEYED_FUNCTION_PIPELINED_RUNNER = "KEYED_FUNCTION_PIPELINED_RUNNER"
 KAFKA_SINK_FAILED = "KEYEDSTATE_KAFKA_SINK_FAILED"
 KAFKA_INVALID_RECORD = "KEYEDSTATE_KAFKA_INVALID_RECORD"
 KAFKA_BATCH_ALREADY_COMMITTED = "KEYEDSTATE_KAFKA_BATCH_ALREADY_COMMITTED"
+SERVICE_BAD_REQUEST = "KEYEDSTATE_SERVICE_BAD_REQUEST"
+SERVICE_UNAUTHORIZED = "KEYEDSTATE_SERVICE_UNAUTHORIZED"
+SERVICE_NOT_FOUND = "KEYEDSTATE_SERVICE_NOT_FOUND"
+SERVICE_UNAVAILABLE = "KEYEDSTATE_SERVICE_UNAVAILABLE"
 
 # Shown, pickled and caught as keyedstate.errors' classes (that module exports them).
 for _class in (
@@ -102,6 +112,7 @@ for _class in (
     KeyedFunctionError,
     KafkaSinkError,
     BatchAlreadyCommitted,
+    QueryServiceError,
 ):
     _class.__module__ = "keyedstate.errors"
 
@@ -134,4 +145,8 @@ ERROR_CLASSES: dict[str, type[KeyedStateError]] = {
     KAFKA_SINK_FAILED: KafkaSinkError,
     KAFKA_INVALID_RECORD: KafkaSinkError,
     KAFKA_BATCH_ALREADY_COMMITTED: BatchAlreadyCommitted,
+    SERVICE_BAD_REQUEST: QueryServiceError,
+    SERVICE_UNAUTHORIZED: QueryServiceError,
+    SERVICE_NOT_FOUND: QueryServiceError,
+    SERVICE_UNAVAILABLE: QueryServiceError,
 }

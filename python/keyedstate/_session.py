@@ -18,6 +18,8 @@ PROVIDER_CLASS = "io.keyedstate.KeyedStateStoreProvider"
 PROVIDER_CLASS_KEY = "spark.sql.streaming.stateStore.providerClass"
 # Plans the Python API's keyed functions (io.keyedstate.engine): a static setting.
 EXTENSIONS_CLASS = "io.keyedstate.engine.KeyedStateExtensions"
+# The query service (docs/query-service.md): started with the application's first streaming query.
+SERVICE_EXTENSIONS_CLASS = "io.keyedstate.service.ServiceExtensions"
 EXTENSIONS_KEY = "spark.sql.extensions"
 OPTION_PREFIX = "spark.sql.streaming.stateStore.keyedstate."
 
@@ -59,8 +61,9 @@ def jar_path() -> str:
 
 
 def _with_extensions(builder: SparkSession.Builder) -> str:
+    ours = [EXTENSIONS_CLASS, SERVICE_EXTENSIONS_CLASS]
     existing = [e.strip() for e in str(builder._options.get(EXTENSIONS_KEY, "")).split(",")]
-    return ",".join([e for e in existing if e and e != EXTENSIONS_CLASS] + [EXTENSIONS_CLASS])
+    return ",".join([e for e in existing if e and e not in ours] + ours)
 
 
 def _option_value(name: str, value: Any) -> str:  # noqa: ANN401 - any option's value

@@ -48,6 +48,7 @@ __all__ = [
     "KeyedStateError",
     "LocalDiskError",
     "QueryCheckpointError",
+    "QueryServiceError",
     "RescaleError",
     "StateSchemaError",
     "StateStoreError",
@@ -57,6 +58,7 @@ __all__ = [
     "python_causes",
     "first_line",
     "keyedstate_errors",
+    "operation_error",
     "state_error",
 ]
 
@@ -70,6 +72,7 @@ from keyedstate._error_catalog import (
     KeyedStateError,
     LocalDiskError,
     QueryCheckpointError,
+    QueryServiceError,
     RescaleError,
     StateStoreError,
 )
@@ -128,6 +131,14 @@ def _operation_class(cls: type[KeyedStateError]) -> type[CheckpointOperationErro
         "__module__": __name__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
     })
     return combined  # type: ignore[return-value]
+
+
+def operation_error(error_id: str | None, message: str) -> CheckpointOperationError:
+    """The error a tool raises for a failure known by its identifier and message (the query
+    service's answer): its family's class that is also a ``CheckpointOperationError``."""
+    if error_id is None:
+        return CheckpointOperationError(message)
+    return _operation_class(error_class(error_id))(message, error_id)
 
 
 # ---- the JVM side, read through py4j ----

@@ -27,6 +27,7 @@ PY_LAYERS = [
     {"functions", "elements"},
     {"keyed_stream"},
     {"engine", "offline", "runtime", "sinks"},
+    {"service"},  # the query service's client: savepoints through the query's application
     {"tools", "examples"},
 ]
 # Upward imports allowed inside a function only, run when used (never at import time).
@@ -253,6 +254,8 @@ JVM_LAYERS = [
     {"offline"},
     {"offline.inspect", "offline.rescale"},
     {"offline.savepoint"},
+    # The query service on the driver, over the running queries and the offline operations.
+    {"service"},
 ]
 # Outside the layers: packages that import no other keyedstate package but the error
 # identifiers, and that none imports (the Kafka sink's writer needs nothing of the store).

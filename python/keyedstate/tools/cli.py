@@ -221,13 +221,47 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _savepoint_by_the_query(args: argparse.Namespace) -> object | None:
+    """A native savepoint of a running query taken by the query's own application, asked through
+    the query service this machine's registry names for the checkpoint (Flink's CLI asks the
+    JobManager): no second Spark application beside the query, and the savepoint yields to the
+    query's batches. None when no live service serves a query on the checkpoint: the CLI takes
+    it itself."""
+    from keyedstate.errors import QueryServiceError
+    from keyedstate.service import QueryServiceClient, service_address
+
+    address = service_address(args.checkpoint)
+    if address is None:
+        return None
+    client = QueryServiceClient(address.url, address.token)
+    try:
+        serving = any(q.run_id == address.run_id for q in client.queries())
+    except QueryServiceError:
+        return None  # the application is gone, or another one listens there now
+    if not serving:
+        return None
+    print(
+        f"the query {address.query_id} runs in application {address.application_id}: the "
+        f"savepoint is taken there (query service {address.url})"
+    )
+    return client.savepoint(address.query_id, args.target, format=args.format)
+
+
 def _savepoint(args: argparse.Namespace) -> int:
     from keyedstate.offline import savepoints as ops
 
-    spark = _spark(args, f"keyedstate savepoint {args.action}")
+    by_the_query = None
+    # A canonical savepoint reads every key in Spark jobs, which would hold the query's task
+    # slots in its application: it is taken here, in an application of its own.
+    if args.action == "create" and args.format == "native" and not args.in_this_process:
+        by_the_query = _savepoint_by_the_query(args)
+    app = f"keyedstate savepoint {args.action}"
+    spark = None if by_the_query is not None else _spark(args, app)
     try:
-        if args.action == "create":
-            result: object = ops.savepoint(spark, args.checkpoint, args.target, format=args.format)
+        if by_the_query is not None:
+            result: object = by_the_query
+        elif args.action == "create":
+            result = ops.savepoint(spark, args.checkpoint, args.target, format=args.format)
         elif args.action == "restore":
             result = ops.restore_savepoint(
                 spark,
@@ -244,7 +278,8 @@ def _savepoint(args: argparse.Namespace) -> int:
         else:
             result = ops.dispose_savepoint(spark, args.savepoint)
     finally:
-        spark.stop()
+        if spark is not None:
+            spark.stop()
     if args.json:
         rows = result if isinstance(result, list) else [result]
         print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))  # type: ignore[call-overload]
@@ -313,6 +348,13 @@ def main(argv: list[str] | None = None) -> int:
         default="native",
         help="native: the provider's files (default); canonical: Parquet tables",
     )
+    create.add_argument(
+        "--in-this-process",
+        action="store_true",
+        help="take a native savepoint of a running query in this process's own Spark "
+        "application, not in the query's (by default the CLI asks the query's application "
+        "through its query service, docs/query-service.md)",
+    )
     restore = actions.add_parser("restore", help="a new checkpoint from a savepoint")
     restore.add_argument("--savepoint", required=True)
     restore.add_argument("--checkpoint", required=True, help="the new checkpoint location")
@@ -342,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "jar":
         print(_session.jar_path())
         return 0
-    from keyedstate.errors import CheckpointOperationError
+    from keyedstate.errors import CheckpointOperationError, QueryServiceError
 
     run = {"rescale": _rescale, "inspect": _inspect, "savepoint": _savepoint}.get(args.command)
     if run is None:
@@ -366,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f" (Spark's log: {log.path})" if log else ""
         try:
             code = run(args)
-        except CheckpointOperationError as e:
+        except (CheckpointOperationError, QueryServiceError) as e:
             print(f"keyedstate {args.command}: {e}{where}", file=sys.stderr)
             return 2
         except Exception as e:  # noqa: BLE001 - a bug or an environment problem: one line too

@@ -50,9 +50,13 @@ object ErrorFamily {
     "A signal, not a failure: a sink's ``begin_transaction``/``invoke``/``pre_commit`` found, inside its " +
       "transaction, that another attempt committed the same batch meanwhile (a race ``is_committed`` could not " +
       "see). The two-phase commit template aborts the transaction and skips the batch.")
+  case object Service extends ErrorFamily("query service", "QueryServiceError", Nil,
+    "A request to the query service (the driver's HTTP API, docs/query-service.md) it refused or could not " +
+      "answer: a bad request, a missing or wrong token, an unknown query or request, a service that does not " +
+      "answer.")
 
-  val all: Seq[ErrorFamily] =
-    Seq(Checkpoint, LocalDisk, Configuration, Rescale, QueryCheckpoint, Store, KeyedFunction, Kafka, BatchCommitted)
+  val all: Seq[ErrorFamily] = Seq(Checkpoint, LocalDisk, Configuration, Rescale, QueryCheckpoint, Store, KeyedFunction,
+    Kafka, BatchCommitted, Service)
 }
 
 object ErrorId {
@@ -138,6 +142,17 @@ object ErrorId {
   case object KafkaBatchAlreadyCommitted extends ErrorId("KEYEDSTATE_KAFKA_BATCH_ALREADY_COMMITTED", BatchCommitted,
     "a signal, not a failure: another attempt committed the batch meanwhile (the sink skips the batch)")
 
+  case object ServiceBadRequest extends ErrorId("KEYEDSTATE_SERVICE_BAD_REQUEST", Service,
+    "a request the query service cannot take: a body that is not the JSON it expects, a field missing or of a " +
+      "value it does not allow (named with what is allowed), a method the path does not serve")
+  case object ServiceUnauthorized extends ErrorId("KEYEDSTATE_SERVICE_UNAUTHORIZED", Service,
+    "a request without the service's bearer token, or with another (`spark.keyedstate.service.token`)")
+  case object ServiceNotFound extends ErrorId("KEYEDSTATE_SERVICE_NOT_FOUND", Service,
+    "a path the service does not have, a query that does not run in the application, a request id it does not know")
+  case object ServiceUnavailable extends ErrorId("KEYEDSTATE_SERVICE_UNAVAILABLE", Service,
+    "the client could not reach the service (its address, and the operating system's reason), or its answer was " +
+      "not the service's")
+
   /** Every identifier, in the order docs/errors.md lists them (`ErrorCatalogSuite` checks none is left out). */
   val all: Seq[ErrorId] = Seq(CheckpointFileMissing, CheckpointFileCorrupt, CheckpointWriteFailed,
     StateLoadFailed, CommitFailed, LocalDiskWriteFailed, InvalidOption, RescaleRefused, RescaleInProgress,
@@ -145,7 +160,7 @@ object ErrorId {
     KeyedFunctionKeyChanged, KeyedFunctionStateChanged, KeyedFunctionCompleteMode, KeyedFunctionUidChanged,
     KeyedFunctionDuplicateUid, KeyedFunctionStateNotRestored, KeyedFunctionDeclarationMissing,
     KeyedFunctionUnsupportedProvider, KeyedFunctionPipelinedRunner, KafkaSinkFailed, KafkaInvalidRecord,
-    KafkaBatchAlreadyCommitted)
+    KafkaBatchAlreadyCommitted, ServiceBadRequest, ServiceUnauthorized, ServiceNotFound, ServiceUnavailable)
 
   def named(name: String): Option[ErrorId] = all.find(_.name == name)
 }

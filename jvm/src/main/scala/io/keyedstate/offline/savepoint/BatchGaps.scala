@@ -21,7 +21,8 @@ final class BatchGaps(ckpt: QueryCheckpoint, committed: Long, triggerActive: () 
   private var lastCommitted = committed
   private var yielding = true
   private var waitedNs = 0L
-  private var logsSeenIdleNs = Long.MinValue
+  // Until then the logs were seen idle and are not looked at again (nanoTime, compared by difference).
+  private var logsIdleUntilNs = System.nanoTime()
 
   /** How long the units of work have waited in all; for the savepoint's report. */
   def totalWaitMs: Long = synchronized(waitedNs / 1000000)
@@ -53,14 +54,14 @@ final class BatchGaps(ckpt: QueryCheckpoint, committed: Long, triggerActive: () 
    * trigger in the query's own application, or once it has offsets and no commit.
    */
   private def inProgress(now: Long): Option[Long] = {
-    val next = if (triggerActive()) Some(lastCommitted + 1)
-    else if (now - logsSeenIdleNs < pollMs * 1000000) None
+    if (triggerActive()) Some(lastCommitted + 1)
+    else if (now - logsIdleUntilNs < 0) None
     else {
       while (ckpt.fs.exists(ckpt.commitPath(lastCommitted + 1))) lastCommitted += 1
-      Some(lastCommitted + 1).filter(b => ckpt.fs.exists(ckpt.offsetPath(b)))
+      val running = Some(lastCommitted + 1).filter(b => ckpt.fs.exists(ckpt.offsetPath(b)))
+      if (running.isEmpty) logsIdleUntilNs = now + pollMs * 1000000
+      running
     }
-    if (next.isEmpty && now - logsSeenIdleNs >= pollMs * 1000000) logsSeenIdleNs = now
-    next
   }
 }
 

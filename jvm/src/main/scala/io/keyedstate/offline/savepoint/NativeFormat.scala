@@ -41,7 +41,7 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
     // links files and writes manifests (streams them where the file system has no links), work too
     // small for a Spark job, whose tasks would take the running query's task slots.
     val copied = copyTasks(src, dst, stores, batch, partitions, usesCheckpointIds, verify = false)
-      .map(t => copyStore(t, hadoopConf, beforeEachFile = gaps.await))
+      .map(t => copyStore(t, hadoopConf, beforeEachFile = () => gaps.await()))
     progress(s"copied ${copied.size} store partitions")
     val operators = stores.groupBy(_._1).toSeq.sortBy(_._1).map { case (op, s) =>
       val first = copied.find(c => c.store.operatorId == op && c.store.partition == 0)

@@ -1,0 +1,254 @@
+package io.keyedstate.service
+
+import java.net.InetSocketAddress
+import java.nio.charset.StandardCharsets.UTF_8
+import java.security.MessageDigest
+import java.util.{Collections, UUID, WeakHashMap}
+import java.util.concurrent.{ConcurrentHashMap, Executors, ThreadFactory}
+
+import scala.jdk.CollectionConverters._
+import scala.util.control.NonFatal
+
+import com.sun.net.httpserver.{HttpExchange, HttpServer}
+import org.apache.spark.SparkContext
+import org.apache.spark.internal.Logging
+import org.apache.spark.scheduler.{SparkListener, SparkListenerApplicationEnd}
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.execution.streaming.runtime.{StreamExecution, StreamingQueryWrapper}
+import org.apache.spark.sql.streaming.StreamingQueryListener
+import org.apache.spark.sql.streaming.StreamingQueryListener.{QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent}
+import org.json4s.{DefaultFormats, Formats, JObject, JValue}
+import org.json4s.JsonDSL._
+import org.json4s.jackson.JsonMethods
+
+import io.keyedstate.errors.{ErrorId, KeyedStateError}
+import io.keyedstate.offline.SavepointMetadata
+
+/**
+ * The query service (docs/query-service.md): an HTTP server with JSON on the driver, one per
+ * application, over the application's running streaming queries. Today it lists them and takes
+ * savepoints of them in the application itself (Flink's REST trigger: `POST
+ * /jobs/:id/savepoints`), where a savepoint yields to the query's batches; a tool given a running
+ * query's checkpoint finds the service in this machine's [[ServiceRegistry]]. Every request
+ * carries the application's bearer token. Requests are served on a small pool of their own
+ * threads; a savepoint runs on one thread of its own, one at a time, while its request id
+ * answers how it goes.
+ */
+final class QueryService private (sc: SparkContext, settings: ServiceSettings) extends Logging {
+  import QueryService._
+
+  private val server = HttpServer.create(new InetSocketAddress(settings.host, settings.port), 0)
+  private val handlers = Executors.newFixedThreadPool(HandlerThreads, daemon("keyedstate-service"))
+  private val savepointRunner = Executors.newSingleThreadExecutor(daemon("keyedstate-service-savepoint"))
+  private val queries = new ConcurrentHashMap[UUID, RunningQuery]()
+  private val savepoints = new SavepointRequests(savepointRunner)
+
+  server.createContext("/", (exchange: HttpExchange) => serve(exchange))
+  server.setExecutor(handlers)
+  server.start()
+
+  val url: String = s"http://${hostForUrl(settings.host)}:${server.getAddress.getPort}"
+  logInfo(s"keyedstate query service at $url")
+
+  /** Serves `query` (its latest run) until it terminates; this machine's registry names the service. */
+  private[service] def register(query: StreamExecution): Unit = {
+    queries.put(query.id, RunningQuery(query))
+    ServiceRegistry.publish(ServiceEntry(url, settings.token, query.id.toString, query.runId.toString,
+      query.resolvedCheckpointRoot, sc.applicationId, ProcessHandle.current().pid(), System.currentTimeMillis()))
+  }
+
+  private[service] def unregister(id: UUID, runId: UUID): Unit =
+    Option(queries.get(id)).filter(_.query.runId == runId).foreach { running =>
+      queries.remove(id, running)
+      ServiceRegistry.withdraw(id.toString, runId.toString)
+    }
+
+  private def stop(): Unit = {
+    server.stop(0)
+    handlers.shutdownNow()
+    savepointRunner.shutdownNow()
+  }
+
+  private def serve(exchange: HttpExchange): Unit =
+    try {
+      val response = try route(exchange) catch {
+        case e: ServiceRefusal => Response(e.status, error(e.id, e.getMessage))
+        case NonFatal(e) =>
+          logWarning(s"keyedstate query service: ${exchange.getRequestMethod} ${exchange.getRequestURI} failed", e)
+          Response(500, errorOf(e))
+      }
+      val body = JsonMethods.compact(JsonMethods.render(response.body)).getBytes(UTF_8)
+      exchange.getResponseHeaders.set("Content-Type", "application/json; charset=utf-8")
+      exchange.sendResponseHeaders(response.status, body.length.toLong)
+      exchange.getResponseBody.write(body)
+    } catch {
+      case NonFatal(e) => logWarning(s"keyedstate query service: cannot answer ${exchange.getRequestURI}", e)
+    } finally exchange.close()
+
+  private def route(exchange: HttpExchange): Response = {
+    authorize(exchange)
+    val method = exchange.getRequestMethod
+    val parts = exchange.getRequestURI.getPath.split("/").filter(_.nonEmpty).toList
+    parts match {
+      case List("v1", "queries") => only(method, "GET")(Response(200, "queries" -> queries.values.asScala.toList
+        .sortBy(_.query.id.toString).map(_.toJson)))
+      case List("v1", "queries", id, "savepoints") => only(method, "POST") {
+        val query = running(id)
+        val body = readBody(exchange)
+        val target = field(body, "target").getOrElse(throw badRequest("the body needs \"target\": the savepoint's folder"))
+        val format = field(body, "format").getOrElse(SavepointMetadata.Native)
+        if (!SavepointMetadata.Formats.contains(format)) {
+          throw badRequest(s"Invalid savepoint format '$format': allowed are ${SavepointMetadata.Formats.mkString(", ")}")
+        }
+        Response(202, "request_id" -> savepoints.trigger(query, target, format))
+      }
+      case List("v1", "queries", id, "savepoints", requestId) => only(method, "GET") {
+        running(id)
+        Response(200, savepoints.status(id, requestId).getOrElse(throw new ServiceRefusal(404, ErrorId.ServiceNotFound,
+          s"No savepoint request $requestId of query $id (the service keeps the last ${SavepointRequests.Kept})")))
+      }
+      case _ => throw new ServiceRefusal(404, ErrorId.ServiceNotFound, s"No path ${exchange.getRequestURI.getPath}: " +
+        "the service serves GET /v1/queries, POST /v1/queries/<id>/savepoints and GET " +
+        "/v1/queries/<id>/savepoints/<request id>")
+    }
+  }
+
+  private def authorize(exchange: HttpExchange): Unit = {
+    val presented = Option(exchange.getRequestHeaders.getFirst("Authorization")).map(_.stripPrefix("Bearer ").trim)
+      .getOrElse("")
+    if (!MessageDigest.isEqual(presented.getBytes(UTF_8), settings.token.getBytes(UTF_8))) {
+      throw new ServiceRefusal(401, ErrorId.ServiceUnauthorized, "The request has no bearer token or another than " +
+        s"the service's (${ServiceSettings.TokenKey}, or the token in the query's entry in ${ServiceRegistry.folder})")
+    }
+  }
+
+  private def running(id: String): StreamExecution = {
+    val uuid = try UUID.fromString(id) catch {
+      case _: IllegalArgumentException => throw badRequest(s"Invalid query id '$id': allowed is a query's UUID")
+    }
+    Option(queries.get(uuid)).map(_.query).filter(_.isActive).getOrElse(throw new ServiceRefusal(404,
+      ErrorId.ServiceNotFound, s"No running query $id in application ${sc.applicationId} (running: " +
+        s"${queries.keySet.asScala.toSeq.map(_.toString).sorted.mkString(", ")})"))
+  }
+}
+
+object QueryService extends Logging {
+  private implicit val jsonFormats: Formats = DefaultFormats
+  private val HandlerThreads = 4
+  private val MaxBodyBytes = 64 * 1024
+
+  private val services = Collections.synchronizedMap(new WeakHashMap[SparkContext, Option[QueryService]]())
+  private val listening = Collections.synchronizedMap(new WeakHashMap[SparkSession, java.lang.Boolean]())
+
+  /** The service of `sc`, if it runs. */
+  def of(sc: SparkContext): Option[QueryService] = Option(services.get(sc)).flatten
+
+  /**
+   * Starts the application's service if it is enabled and not started, and serves `session`'s
+   * queries; called where a streaming query is analysed (as [[io.keyedstate.QueryLeaseListener]]
+   * is installed). A bad setting fails the query's start; an address that cannot be bound is logged
+   * and the queries run without the service.
+   */
+  def installOn(session: SparkSession): Unit =
+    if (session.sparkContext.getLocalProperty(StreamExecution.QUERY_ID_KEY) == null) {
+      val sc = session.sparkContext
+      val service = services.synchronized {
+        if (!services.containsKey(sc)) services.put(sc, start(sc))
+        services.get(sc)
+      }
+      service.foreach { s =>
+        if (listening.putIfAbsent(session, java.lang.Boolean.TRUE) == null) session.streams.addListener(new Listener(session, s))
+      }
+    }
+
+  private def start(sc: SparkContext): Option[QueryService] = {
+    val settings = ServiceSettings.from(sc.getConf)
+    if (!settings.enabled) None
+    else try {
+      val service = new QueryService(sc, settings)
+      sc.addSparkListener(new SparkListener {
+        override def onApplicationEnd(end: SparkListenerApplicationEnd): Unit = service.stop()
+      })
+      Some(service)
+    } catch {
+      case NonFatal(e) =>
+        logWarning(s"keyedstate query service: cannot listen on ${settings.host}:${settings.port} " +
+          s"(${e.getMessage}); queries run without it", e)
+        None
+    }
+  }
+
+  /** Registers each query of `session` with the service while it runs; the registry's writes run off Spark's listener bus. */
+  private final class Listener(session: SparkSession, service: QueryService) extends StreamingQueryListener {
+    override def onQueryStarted(event: QueryStartedEvent): Unit =
+      Option(session.streams.get(event.id)).collect { case w: StreamingQueryWrapper => w.streamingQuery }
+        .filter(_.runId == event.runId)
+        .foreach(q => background(s"register query ${event.id}")(service.register(q)))
+
+    override def onQueryProgress(event: QueryProgressEvent): Unit = ()
+
+    override def onQueryTerminated(event: QueryTerminatedEvent): Unit =
+      background(s"unregister query ${event.id}")(service.unregister(event.id, event.runId))
+  }
+
+  private val registrations = Executors.newSingleThreadExecutor(daemon("keyedstate-service-registry"))
+
+  private def background(what: String)(f: => Unit): Unit = registrations.execute { () =>
+    try f catch { case NonFatal(e) => logWarning(s"keyedstate query service: cannot $what: ${e.getMessage}", e) }
+  }
+
+  private def daemon(name: String): ThreadFactory = (r: Runnable) => {
+    val t = new Thread(r, name)
+    t.setDaemon(true)
+    t
+  }
+
+  private def hostForUrl(host: String): String = if (host.contains(":") && !host.startsWith("[")) s"[$host]" else host
+
+  private final case class Response(status: Int, body: JValue)
+
+  /** A request the service refuses, with its HTTP status. */
+  private final class ServiceRefusal(val status: Int, val id: ErrorId, message: String) extends Exception(message)
+
+  private def badRequest(message: String) = new ServiceRefusal(400, ErrorId.ServiceBadRequest, message)
+
+  private def only(method: String, allowed: String)(response: => Response): Response =
+    if (method == allowed) response
+    else throw badRequest(s"Method $method is not served on this path: allowed is $allowed")
+
+  private def readBody(exchange: HttpExchange): JValue = {
+    val bytes = exchange.getRequestBody.readNBytes(MaxBodyBytes + 1)
+    if (bytes.length > MaxBodyBytes) throw badRequest(s"The body has more than $MaxBodyBytes bytes")
+    try JsonMethods.parse(new String(bytes, UTF_8)) catch {
+      case NonFatal(e) => throw badRequest(s"The body is not JSON: ${e.getMessage.linesIterator.nextOption().getOrElse("")}")
+    }
+  }
+
+  private def field(body: JValue, name: String): Option[String] = body match {
+    case o: JObject => (o \ name) match {
+      case org.json4s.JNothing | org.json4s.JNull => None
+      case org.json4s.JString(s) if s.trim.nonEmpty => Some(s.trim)
+      case other => throw badRequest(s"\"$name\" must be a non-empty string, not ${JsonMethods.compact(other)}")
+    }
+    case _ => throw badRequest("The body must be a JSON object")
+  }
+
+  private[service] def error(id: ErrorId, message: String): JValue =
+    ("error_id" -> id.name) ~ ("message" -> message)
+
+  /** The error of a failure: keyedstate's identifier when it carries one (in its causes), its first line. */
+  private[service] def errorOf(e: Throwable): JValue = {
+    val ours = Iterator.iterate(e)(_.getCause).takeWhile(_ != null).collectFirst { case k: KeyedStateError => k }
+    val message = Option(ours.getOrElse(e).getMessage).getOrElse(e.getClass.getName).linesIterator.nextOption()
+      .getOrElse("")
+    ("error_id" -> ours.map(_.errorId)) ~ ("message" -> message)
+  }
+
+  private final case class RunningQuery(query: StreamExecution) {
+    def toJson: JValue =
+      ("id" -> query.id.toString) ~ ("run_id" -> query.runId.toString) ~ ("name" -> Option(query.name)) ~
+        ("checkpoint" -> query.resolvedCheckpointRoot) ~
+        ("last_committed_batch" -> query.commitLog.getLatestBatchId().map(Long.box).map(_.longValue)) ~
+        ("trigger_active" -> query.status.isTriggerActive)
+  }
+}

@@ -1,0 +1,81 @@
+package io.keyedstate.offline.savepoint
+
+import java.nio.file.{Files, Path => NioPath}
+
+import org.apache.hadoop.conf.Configuration
+import org.scalatest.funsuite.AnyFunSuite
+
+import io.keyedstate.offline.QueryCheckpoint
+
+/** A savepoint's wait for the gaps between a running query's batches, read from a real checkpoint's logs. */
+class BatchGapsSuite extends AnyFunSuite {
+  private def checkpoint(): (NioPath, QueryCheckpoint) = {
+    val root = Files.createTempDirectory("batch-gaps")
+    Files.createDirectories(root.resolve("offsets"))
+    Files.createDirectories(root.resolve("commits"))
+    for (b <- 0 to 2) {
+      Files.writeString(root.resolve(s"offsets/$b"), "v1")
+      Files.writeString(root.resolve(s"commits/$b"), "v1")
+    }
+    (root, QueryCheckpoint.at(root.toUri.toString, new Configuration()))
+  }
+
+  private def timedMs(f: => Unit): Long = {
+    val began = System.nanoTime()
+    f
+    (System.nanoTime() - began) / 1000000
+  }
+
+  test("between batches nothing is waited for") {
+    val (_, ckpt) = checkpoint()
+    val gaps = new BatchGaps(ckpt, committed = 2)
+    assert(timedMs((1 to 100).foreach(_ => gaps.await())) < 1000)
+    assert(gaps.totalWaitMs < 1000)
+  }
+
+  test("a batch with offsets and no commit is waited for until it commits, then the next one too") {
+    val (root, ckpt) = checkpoint()
+    val gaps = new BatchGaps(ckpt, committed = 2)
+    Files.writeString(root.resolve("offsets/3"), "v1")
+    val committer = new Thread(() => {
+      Thread.sleep(400)
+      Files.writeString(root.resolve("commits/3"), "v1")
+    })
+    committer.start()
+    assert(timedMs(gaps.await()) >= 350)
+    committer.join()
+    Files.writeString(root.resolve("offsets/4"), "v1")
+    Thread.sleep(2 * BatchGaps.PollMs) // the logs, seen idle a moment ago, are looked at again after PollMs
+    val second = new Thread(() => {
+      Thread.sleep(300)
+      Files.writeString(root.resolve("commits/4"), "v1")
+    })
+    second.start()
+    assert(timedMs(gaps.await()) >= 250)
+    second.join()
+    assert(gaps.totalWaitMs >= 600)
+  }
+
+  test("the query's trigger in its own application is waited for before its offsets exist") {
+    val (_, ckpt) = checkpoint()
+    @volatile var active = true
+    val gaps = new BatchGaps(ckpt, committed = 2, triggerActive = () => active)
+    val ender = new Thread(() => {
+      Thread.sleep(300)
+      active = false
+    })
+    ender.start()
+    assert(timedMs(gaps.await()) >= 250)
+    ender.join()
+  }
+
+  test("a batch that does not commit in the longest wait ends the yielding, once") {
+    val (root, ckpt) = checkpoint()
+    Files.writeString(root.resolve("offsets/3"), "v1") // a query that stopped mid-batch
+    val said = Seq.newBuilder[String]
+    val gaps = new BatchGaps(ckpt, committed = 2, maxWaitMs = 300, progress = said += _)
+    assert(timedMs(gaps.await()) >= 300)
+    assert(timedMs((1 to 10).foreach(_ => gaps.await())) < 200)
+    assert(said.result().exists(_.contains("batch 3")) && said.result().size == 1)
+  }
+}
