@@ -131,7 +131,7 @@ def batch_times_while(
     )
     feeder.start()
     try:
-        time.sleep(25)  # warm-up and a baseline
+        time.sleep(40)  # warm-up (the query settles on its restored state) and a baseline
         before = [
             p["durationMs"]["triggerExecution"]
             for p in query.recentProgress

@@ -98,8 +98,9 @@ def test_the_running_query_s_checkpoint_names_the_service_that_lists_it(
     assert address.url.startswith("http://127.0.0.1:")
     assert address.application_id == spark.sparkContext.applicationId
     assert address.checkpoint.rstrip("/").endswith(str(running.checkpoint))
-    entry = registry_folder() / f"{address.query_id}.json"
+    entry = registry_folder() / f"{address.run_id}.json"
     assert entry.stat().st_mode & 0o777 == 0o600  # it holds the token
+    assert registry_folder().stat().st_mode & 0o777 == 0o700
     assert not list(running.checkpoint.glob(".keyedstate*"))  # the checkpoint is not written to
     [listed] = [q for q in running.client().queries() if q.id == address.query_id]
     assert listed.run_id == address.run_id
@@ -143,6 +144,16 @@ def test_the_cli_given_the_checkpoint_asks_the_query_s_application(
     assert f"savepoint written: {target} (native, batch " in done.stdout
     metadata = json.loads((target / "_savepoint.json").read_text())
     assert metadata["source"].rstrip("/").endswith(str(running.checkpoint))
+    # A relative target is the CLI's (not the driver's working directory); --json prints JSON only.
+    done = subprocess.run(
+        [sys.executable, "-m", "keyedstate.tools.cli", "savepoint", "create",
+         "--checkpoint", str(running.checkpoint), "--target", "relative", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [info] = json.loads(done.stdout)
+    assert info["path"] == str(tmp_path / "relative") and info["format"] == "native"
+    assert (tmp_path / "relative" / "_savepoint.json").is_file()
 
 
 def test_bad_requests_get_their_error_ids_and_the_service_keeps_serving(
@@ -180,6 +191,22 @@ def test_bad_requests_get_their_error_ids_and_the_service_keeps_serving(
     )
     refused(lambda: client._request("GET", "/v2/elsewhere"), "KEYEDSTATE_SERVICE_NOT_FOUND")
     refused(lambda: client._request("DELETE", "/v1/queries"), "KEYEDSTATE_SERVICE_BAD_REQUEST")
+    wrong_method = urllib.request.Request(
+        f"{running.address.url}/v1/queries",
+        method="DELETE",
+        headers={"Authorization": f"Bearer {running.address.token}"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(wrong_method, timeout=10)
+    assert (caught.value.code, caught.value.headers["Allow"]) == (405, "GET")
+    head = urllib.request.Request(
+        f"{running.address.url}/v1/queries",
+        method="HEAD",
+        headers={"Authorization": f"Bearer {running.address.token}"},
+    )
+    with urllib.request.urlopen(head, timeout=10) as answered:
+        assert answered.status == 200 and answered.read() == b""
+
     refused(
         lambda: client._request("POST", f"/v1/queries/{query_id}/savepoints", {"target": 7}),
         "KEYEDSTATE_SERVICE_BAD_REQUEST",
@@ -231,12 +258,19 @@ def test_a_stopped_query_leaves_no_service_behind(spark: SparkSession, tmp_path:
         time.sleep(0.05)
     address = service_address(str(checkpoint))
     assert address is not None
+    client = QueryServiceClient(address.url, address.token)
+    while not committed_batches(checkpoint):
+        assert query.isActive and time.monotonic() < deadline, query.exception()
+        time.sleep(0.05)
+    request_id = client.trigger_savepoint(address.query_id, str(tmp_path / "before-stop"))
+    client.await_savepoint(address.query_id, request_id, str(tmp_path / "before-stop"), timeout=60)
     query.stop()
     while service_address(str(checkpoint)) is not None:
         assert time.monotonic() < deadline, "the stopped query's registry entry stayed"
         time.sleep(0.05)
-    client = QueryServiceClient(address.url, address.token)
     assert address.query_id not in [q.id for q in client.queries()]
+    # A request's status outlives its query.
+    assert client.savepoint_status(address.query_id, request_id)["status"] == "completed"
     with pytest.raises(QueryServiceError) as caught:
         client.trigger_savepoint(address.query_id, str(tmp_path / "sp"))
     assert caught.value.error_id == "KEYEDSTATE_SERVICE_NOT_FOUND"

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from keyedstate._error_catalog import SERVICE_UNAVAILABLE
-from keyedstate.errors import error_class, operation_error
+from keyedstate.errors import QueryServiceError, error_class, operation_error
 
 REGISTRY_VARIABLE = "KEYEDSTATE_SERVICE_REGISTRY"
 
@@ -94,6 +94,9 @@ def service_address(checkpoint: str) -> ServiceAddress | None:
         return None
     for entry in sorted(folder.glob("*.json")):
         try:
+            owner = entry.stat()
+            if owner.st_uid != os.getuid() or owner.st_mode & 0o077:
+                continue  # not written by this user's applications, or readable by others
             raw = json.loads(entry.read_text(encoding="utf-8"))
             address = ServiceAddress(
                 url=str(raw["url"]),
@@ -136,14 +139,16 @@ class QueryServiceClient:
         except urllib.error.HTTPError as refused:
             try:
                 answer = json.loads(refused.read())
-                error_id, message = str(answer["error_id"]), str(answer["message"])
-            except (ValueError, KeyError, TypeError):
+                error_id, message = answer.get("error_id"), str(answer["message"])
+            except (ValueError, KeyError, TypeError, AttributeError):
                 raise error_class(SERVICE_UNAVAILABLE)(
                     f"{self.url}{path} answered HTTP {refused.code} without the service's error: "
                     "is this a keyedstate query service?",
                     SERVICE_UNAVAILABLE,
                 ) from refused
-            raise error_class(error_id)(message, error_id) from None
+            if error_id is None:  # a failure of the service itself (HTTP 500), logged on the driver
+                raise QueryServiceError(f"HTTP {refused.code}: {message}") from None
+            raise error_class(str(error_id))(message, str(error_id)) from None
         except (urllib.error.URLError, OSError, ValueError) as unreachable:
             reason = getattr(unreachable, "reason", unreachable)
             raise error_class(SERVICE_UNAVAILABLE)(
@@ -189,9 +194,24 @@ class QueryServiceClient:
     ) -> Any:  # noqa: ANN401 - keyedstate.offline.savepoints.SavepointInfo
         """Take a savepoint of the running query in its application and wait for it (at most
         ``timeout`` seconds, if given): its ``SavepointInfo``."""
+        request_id = self.trigger_savepoint(query_id, target, format=format)
+        return self.await_savepoint(
+            query_id, request_id, target, timeout=timeout, poll_interval=poll_interval
+        )
+
+    def await_savepoint(
+        self,
+        query_id: str,
+        request_id: str,
+        target: str,
+        *,
+        timeout: float | None = None,
+        poll_interval: float = 0.1,
+    ) -> Any:  # noqa: ANN401 - keyedstate.offline.savepoints.SavepointInfo
+        """Wait for a savepoint request (at most ``timeout`` seconds, if given): the
+        ``SavepointInfo`` of the savepoint at ``target``, or its failure raised."""
         from keyedstate.offline.savepoints import savepoint_info
 
-        request_id = self.trigger_savepoint(query_id, target, format=format)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             status = self.savepoint_status(query_id, request_id)

@@ -227,6 +227,7 @@ def _savepoint_by_the_query(args: argparse.Namespace) -> object | None:
     JobManager): no second Spark application beside the query, and the savepoint yields to the
     query's batches. None when no live service serves a query on the checkpoint: the CLI takes
     it itself."""
+    from keyedstate._error_catalog import SERVICE_NOT_FOUND, SERVICE_UNAVAILABLE
     from keyedstate.errors import QueryServiceError
     from keyedstate.service import QueryServiceClient, service_address
 
@@ -234,17 +235,26 @@ def _savepoint_by_the_query(args: argparse.Namespace) -> object | None:
     if address is None:
         return None
     client = QueryServiceClient(address.url, address.token)
-    try:
-        serving = any(q.run_id == address.run_id for q in client.queries())
-    except QueryServiceError:
-        return None  # the application is gone, or another one listens there now
-    if not serving:
-        return None
-    print(
-        f"the query {address.query_id} runs in application {address.application_id}: the "
-        f"savepoint is taken there (query service {address.url})"
+    # The target as this process names it: the query's driver runs in another directory.
+    target = args.target if "://" in args.target or ":/" in args.target else os.path.abspath(
+        args.target
     )
-    return client.savepoint(address.query_id, args.target, format=args.format)
+    try:
+        if not any(q.run_id == address.run_id for q in client.queries()):
+            return None
+        request_id = client.trigger_savepoint(address.query_id, target, format=args.format)
+    except QueryServiceError as refused:
+        # The application is gone, or another one listens there now, or the query stopped
+        # meanwhile: the CLI takes the savepoint itself. Any other refusal is the user's to see.
+        if refused.error_id in (SERVICE_UNAVAILABLE, SERVICE_NOT_FOUND):
+            return None
+        raise
+    if not args.json:
+        print(
+            f"the query {address.query_id} runs in application {address.application_id}: the "
+            f"savepoint is taken there (query service {address.url})"
+        )
+    return client.await_savepoint(address.query_id, request_id, target)
 
 
 def _savepoint(args: argparse.Namespace) -> int:

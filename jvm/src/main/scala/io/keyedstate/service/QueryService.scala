@@ -45,7 +45,15 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
 
   server.createContext("/", (exchange: HttpExchange) => serve(exchange))
   server.setExecutor(handlers)
-  server.start()
+  startAsDaemon()
+
+  /** The server's dispatcher thread takes its daemon flag from the thread that starts it: never keep a JVM alive. */
+  private def startAsDaemon(): Unit = {
+    val starter = new Thread(() => server.start(), "keyedstate-service-start")
+    starter.setDaemon(true)
+    starter.start()
+    starter.join()
+  }
 
   val url: String = s"http://${hostForUrl(settings.host)}:${server.getAddress.getPort}"
   logInfo(s"keyedstate query service at $url")
@@ -57,30 +65,36 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
       query.resolvedCheckpointRoot, sc.applicationId, ProcessHandle.current().pid(), System.currentTimeMillis()))
   }
 
-  private[service] def unregister(id: UUID, runId: UUID): Unit =
-    Option(queries.get(id)).filter(_.query.runId == runId).foreach { running =>
-      queries.remove(id, running)
-      ServiceRegistry.withdraw(id.toString, runId.toString)
-    }
+  private[service] def unregister(id: UUID, runId: UUID): Unit = {
+    Option(queries.get(id)).filter(_.query.runId == runId).foreach(queries.remove(id, _))
+    ServiceRegistry.withdraw(runId.toString)
+  }
 
-  private def stop(): Unit = {
+  /** Stops serving, and withdraws the registry entries of the queries it still served. */
+  private[service] def stop(): Unit = {
     server.stop(0)
     handlers.shutdownNow()
     savepointRunner.shutdownNow()
+    queries.values.asScala.foreach(q => ServiceRegistry.withdraw(q.query.runId.toString))
+    queries.clear()
   }
 
   private def serve(exchange: HttpExchange): Unit =
     try {
       val response = try route(exchange) catch {
-        case e: ServiceRefusal => Response(e.status, error(e.id, e.getMessage))
+        case e: ServiceRefusal => Response(e.status, error(e.id, e.getMessage), e.allow)
         case NonFatal(e) =>
           logWarning(s"keyedstate query service: ${exchange.getRequestMethod} ${exchange.getRequestURI} failed", e)
           Response(500, errorOf(e))
       }
       val body = JsonMethods.compact(JsonMethods.render(response.body)).getBytes(UTF_8)
       exchange.getResponseHeaders.set("Content-Type", "application/json; charset=utf-8")
-      exchange.sendResponseHeaders(response.status, body.length.toLong)
-      exchange.getResponseBody.write(body)
+      response.allow.foreach(a => exchange.getResponseHeaders.set("Allow", a))
+      if (exchange.getRequestMethod == "HEAD") exchange.sendResponseHeaders(response.status, -1)
+      else {
+        exchange.sendResponseHeaders(response.status, body.length.toLong)
+        exchange.getResponseBody.write(body)
+      }
     } catch {
       case NonFatal(e) => logWarning(s"keyedstate query service: cannot answer ${exchange.getRequestURI}", e)
     } finally exchange.close()
@@ -91,7 +105,7 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
     val parts = exchange.getRequestURI.getPath.split("/").filter(_.nonEmpty).toList
     parts match {
       case List("v1", "queries") => only(method, "GET")(Response(200, "queries" -> queries.values.asScala.toList
-        .sortBy(_.query.id.toString).map(_.toJson)))
+        .filter(_.query.isActive).sortBy(_.query.id.toString).map(_.toJson)))
       case List("v1", "queries", id, "savepoints") => only(method, "POST") {
         val query = running(id)
         val body = readBody(exchange)
@@ -103,7 +117,7 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
         Response(202, "request_id" -> savepoints.trigger(query, target, format))
       }
       case List("v1", "queries", id, "savepoints", requestId) => only(method, "GET") {
-        running(id)
+        queryId(id) // a request's status outlives its query (a query stopped once its savepoint was asked)
         Response(200, savepoints.status(id, requestId).getOrElse(throw new ServiceRefusal(404, ErrorId.ServiceNotFound,
           s"No savepoint request $requestId of query $id (the service keeps the last ${SavepointRequests.Kept})")))
       }
@@ -122,10 +136,13 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
     }
   }
 
-  private def running(id: String): StreamExecution = {
-    val uuid = try UUID.fromString(id) catch {
+  private def queryId(id: String): UUID =
+    try UUID.fromString(id) catch {
       case _: IllegalArgumentException => throw badRequest(s"Invalid query id '$id': allowed is a query's UUID")
     }
+
+  private def running(id: String): StreamExecution = {
+    val uuid = queryId(id)
     Option(queries.get(uuid)).map(_.query).filter(_.isActive).getOrElse(throw new ServiceRefusal(404,
       ErrorId.ServiceNotFound, s"No running query $id in application ${sc.applicationId} (running: " +
         s"${queries.keySet.asScala.toSeq.map(_.toString).sorted.mkString(", ")})"))
@@ -167,8 +184,13 @@ object QueryService extends Logging {
     else try {
       val service = new QueryService(sc, settings)
       sc.addSparkListener(new SparkListener {
-        override def onApplicationEnd(end: SparkListenerApplicationEnd): Unit = service.stop()
+        override def onApplicationEnd(end: SparkListenerApplicationEnd): Unit = {
+          services.remove(sc) // a stopped context's service must not keep it (nor be found)
+          service.stop()
+        }
       })
+      // A JVM that exits without stopping its context still withdraws its registry entries.
+      sys.addShutdownHook(service.stop())
       Some(service)
     } catch {
       case NonFatal(e) =>
@@ -205,16 +227,18 @@ object QueryService extends Logging {
 
   private def hostForUrl(host: String): String = if (host.contains(":") && !host.startsWith("[")) s"[$host]" else host
 
-  private final case class Response(status: Int, body: JValue)
+  private final case class Response(status: Int, body: JValue, allow: Option[String] = None)
 
-  /** A request the service refuses, with its HTTP status. */
-  private final class ServiceRefusal(val status: Int, val id: ErrorId, message: String) extends Exception(message)
+  /** A request the service refuses, with its HTTP status (and, for a method it does not serve, the allowed one). */
+  private final class ServiceRefusal(val status: Int, val id: ErrorId, message: String,
+      val allow: Option[String] = None) extends Exception(message)
 
   private def badRequest(message: String) = new ServiceRefusal(400, ErrorId.ServiceBadRequest, message)
 
   private def only(method: String, allowed: String)(response: => Response): Response =
-    if (method == allowed) response
-    else throw badRequest(s"Method $method is not served on this path: allowed is $allowed")
+    if (method == allowed || (method == "HEAD" && allowed == "GET")) response
+    else throw new ServiceRefusal(405, ErrorId.ServiceBadRequest,
+      s"Method $method is not served on this path: allowed is $allowed", Some(allowed))
 
   private def readBody(exchange: HttpExchange): JValue = {
     val bytes = exchange.getRequestBody.readNBytes(MaxBodyBytes + 1)

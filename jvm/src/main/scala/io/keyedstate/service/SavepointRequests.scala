@@ -1,7 +1,7 @@
 package io.keyedstate.service
 
 import java.util.UUID
-import java.util.concurrent.ExecutorService
+import java.util.concurrent.{ExecutorService, RejectedExecutionException}
 
 import scala.collection.mutable
 import scala.util.control.NonFatal
@@ -29,14 +29,20 @@ private[service] final class SavepointRequests(runner: ExecutorService) {
     val request = new Request(query.id.toString, target, format)
     requests.synchronized {
       requests.put(id, request)
-      while (requests.size > SavepointRequests.Kept) requests.remove(requests.head._1)
+      // The oldest finished requests go first; those in progress are always answered.
+      val finished = requests.iterator.filter(_._2.status != InProgress).map(_._1).toSeq
+      finished.take(requests.size - SavepointRequests.Kept).foreach(requests.remove)
     }
-    runner.execute { () =>
-      request.status = try {
-        Completed(SavepointCommands.create(query.sparkSession, query.resolvedCheckpointRoot, target, format))
-      } catch {
-        case NonFatal(e) => Failed(QueryService.errorOf(e))
+    try {
+      runner.execute { () =>
+        request.status = try {
+          Completed(SavepointCommands.create(query.sparkSession, query.resolvedCheckpointRoot, target, format))
+        } catch {
+          case NonFatal(e) => Failed(QueryService.errorOf(e))
+        }
       }
+    } catch {
+      case e: RejectedExecutionException => request.status = Failed(QueryService.errorOf(e)) // the service stopped
     }
     id
   }

@@ -1,6 +1,5 @@
 package io.keyedstate.service
 
-import java.io.IOException
 import java.nio.charset.StandardCharsets.UTF_8
 import java.nio.file.{Files, Path, Paths, StandardCopyOption}
 import java.nio.file.attribute.PosixFilePermissions
@@ -13,12 +12,13 @@ import org.json4s.jackson.Serialization
 /**
  * Where the running queries of this machine's applications are served, so that a tool given only a
  * query's checkpoint (`keyedstate savepoint create --checkpoint C`) asks the query's application
- * instead of doing the work in another. One file per running query in a folder of the user's
- * (`~/.keyedstate/services`, or `$KEYEDSTATE_SERVICE_REGISTRY`), readable by the user only, as
- * it holds the token; the checkpoint itself is not written to. A service bound to loopback (the
- * default) is reachable from this machine only, which is where this registry is read. An entry
- * of an application that died stays until its query's next run replaces it: a reader asks the
- * service before it trusts one.
+ * instead of doing the work in another. One file per query run in a folder of the user's
+ * (`~/.keyedstate/services`, or `$KEYEDSTATE_SERVICE_REGISTRY`), both readable by the user only,
+ * as the files hold the token; the checkpoint itself is not written to (and a checkpoint restored
+ * from a savepoint has the same query id: runs are unique). A service bound to loopback (the
+ * default) is reachable from this machine only, which is where this registry is read. The entry
+ * goes when the run stops, or the service, or the JVM; one of a process killed outright stays: a
+ * reader checks the process and asks the service before it trusts one.
  */
 final case class ServiceEntry(url: String, token: String, queryId: String, runId: String, checkpoint: String,
     applicationId: String, pid: Long, writtenAtMs: Long)
@@ -30,30 +30,29 @@ object ServiceRegistry {
   def folder: Path = Option(System.getenv(EnvVariable)).filter(_.nonEmpty).map(Paths.get(_))
     .getOrElse(Paths.get(System.getProperty("user.home"), ".keyedstate", "services"))
 
-  private def entryPath(queryId: String): Path = folder.resolve(s"$queryId.json")
+  private def entryPath(runId: String): Path = folder.resolve(s"$runId.json")
 
-  /** Publishes `entry` (replacing its query's previous run), by a rename: a reader never sees half a file. */
+  /** Publishes `entry` by a rename: a reader never sees half a file. */
   def publish(entry: ServiceEntry): Unit = {
     val dir = folder
-    Files.createDirectories(dir)
-    val tmp = Files.createTempFile(dir, s".${entry.queryId}", ".tmp")
+    if (!Files.isDirectory(dir)) {
+      Files.createDirectories(dir)
+      ownerOnly(dir, "rwx------")
+    }
+    val tmp = Files.createTempFile(dir, s".${entry.runId}", ".tmp")
     try {
-      ownerOnly(tmp)
+      ownerOnly(tmp, "rw-------")
       Files.write(tmp, Serialization.write(entry).getBytes(UTF_8))
-      Files.move(tmp, entryPath(entry.queryId), StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE)
+      Files.move(tmp, entryPath(entry.runId), StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE)
     } finally Files.deleteIfExists(tmp)
   }
 
-  /** Removes the query's entry if it still is of `runId` (a restarted run may have published its own). */
-  def withdraw(queryId: String, runId: String): Unit = {
-    val path = entryPath(queryId)
-    val current = try Some(new String(Files.readAllBytes(path), UTF_8)) catch { case _: IOException => None }
-    current.filter(text => try Serialization.read[ServiceEntry](text).runId == runId catch { case NonFatal(_) => true })
-      .foreach(_ => Files.deleteIfExists(path))
-  }
+  /** Removes the run's entry (none: nothing to do). */
+  def withdraw(runId: String): Unit =
+    try Files.deleteIfExists(entryPath(runId)) catch { case NonFatal(_) => () } // a registry that went: nothing to withdraw
 
-  private def ownerOnly(path: Path): Unit =
-    try Files.setPosixFilePermissions(path, PosixFilePermissions.fromString("rw-------")) catch {
+  private def ownerOnly(path: Path, permissions: String): Unit =
+    try Files.setPosixFilePermissions(path, PosixFilePermissions.fromString(permissions)) catch {
       case _: UnsupportedOperationException => () // not a POSIX file system: its own rules apply
     }
 }

@@ -37,12 +37,12 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
   def write(src: QueryCheckpoint, dst: QueryCheckpoint, batch: Long, partitions: Int,
       usesCheckpointIds: Boolean, gaps: BatchGaps): (Seq[SavepointOperator], Seq[SavepointFile]) = {
     val stores = for (op <- src.operators; store <- src.storeNames(op, 0)) yield op -> store
-    // On the driver, one file at a time, each in a gap between the query's batches: a savepoint
-    // links files and writes manifests (streams them where the file system has no links), work too
-    // small for a Spark job, whose tasks would take the running query's task slots.
-    val copied = copyTasks(src, dst, stores, batch, partitions, usesCheckpointIds, verify = false)
-      .map(t => copyStore(t, hadoopConf, beforeEachFile = () => gaps.await()))
-    progress(s"copied ${copied.size} store partitions")
+    // On the driver, each file in a gap between the query's batches: no Spark job, whose tasks
+    // would take the running query's task slots. A savepoint links files and writes manifests on a
+    // local disk; elsewhere it streams the files, `transferThreads` store partitions at a time.
+    val tasks = copyTasks(src, dst, stores, batch, partitions, usesCheckpointIds, verify = false)
+    val copied = DriverCopies.run(tasks, conf.transferThreads, progress)(t =>
+      copyStore(t, hadoopConf, beforeEachFile = () => gaps.await()))
     val operators = stores.groupBy(_._1).toSeq.sortBy(_._1).map { case (op, s) =>
       val first = copied.find(c => c.store.operatorId == op && c.store.partition == 0)
       SavepointOperator(op, src.operatorName(op), s.map(_._2), first.map(_.function).getOrElse(""),

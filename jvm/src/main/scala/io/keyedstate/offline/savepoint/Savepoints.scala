@@ -52,9 +52,8 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     val strategy = formatOf(format)
     val src = QueryCheckpoint.at(checkpoint, hadoopConf)
     val batch = src.lastCommit()
-    // Every step from here waits for a gap between the running query's batches (if one runs).
+    // Each step of the writing waits for a gap between the running query's batches (if one runs).
     val gaps = new BatchGaps(src, batch, () => triggerActive(src), progress = progress)
-    gaps.await()
     val partitions = src.pinnedConf(batch).get(QueryCheckpoint.PartitionsKey).flatMap(_.toIntOption).getOrElse(
       throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
         s"${src.offsetPath(batch)} does not pin ${QueryCheckpoint.PartitionsKey}"))

@@ -45,7 +45,7 @@ class BatchGapsSuite extends AnyFunSuite {
     assert(timedMs(gaps.await()) >= 350)
     committer.join()
     Files.writeString(root.resolve("offsets/4"), "v1")
-    Thread.sleep(2 * BatchGaps.PollMs) // the logs, seen idle a moment ago, are looked at again after PollMs
+    Thread.sleep(20) // the logs, seen idle a moment ago, are looked at again after 10 ms on a local disk
     val second = new Thread(() => {
       Thread.sleep(300)
       Files.writeString(root.resolve("commits/4"), "v1")
@@ -69,13 +69,47 @@ class BatchGapsSuite extends AnyFunSuite {
     ender.join()
   }
 
-  test("a batch that does not commit in the longest wait ends the yielding, once") {
+  test("a unit waits for the batch it found running, not for the next one that follows it at once") {
     val (root, ckpt) = checkpoint()
-    Files.writeString(root.resolve("offsets/3"), "v1") // a query that stopped mid-batch
+    Files.writeString(root.resolve("offsets/3"), "v1")
+    val gaps = new BatchGaps(ckpt, committed = 2)
+    val backToBack = new Thread(() => {
+      Thread.sleep(300)
+      Files.writeString(root.resolve("offsets/4"), "v1") // planned before 3's commit is seen
+      Files.writeString(root.resolve("commits/3"), "v1")
+    })
+    backToBack.start()
+    val waited = timedMs(gaps.await())
+    backToBack.join()
+    assert(waited >= 250 && waited < 2000, s"waited $waited ms")
+  }
+
+  test("offsets older than the longest wait without a commit are a stopped query's: not waited for") {
+    val (root, ckpt) = checkpoint()
+    val planned = root.resolve("offsets/3")
+    Files.writeString(planned, "v1")
+    Files.setLastModifiedTime(planned, java.nio.file.attribute.FileTime.fromMillis(System.currentTimeMillis() - 60000))
+    val gaps = new BatchGaps(ckpt, committed = 2)
+    assert(timedMs((1 to 20).foreach(_ => gaps.await())) < 500)
+  }
+
+  test("a batch that does not commit in the longest wait ends the yielding, once") {
+    val (_, ckpt) = checkpoint()
     val said = Seq.newBuilder[String]
-    val gaps = new BatchGaps(ckpt, committed = 2, maxWaitMs = 300, progress = said += _)
+    // A trigger that stays active (a very long batch): waited for once, then no more.
+    val gaps = new BatchGaps(ckpt, committed = 2, triggerActive = () => true, maxWaitMs = 300, progress = said += _)
     assert(timedMs(gaps.await()) >= 300)
     assert(timedMs((1 to 10).foreach(_ => gaps.await())) < 200)
-    assert(said.result().exists(_.contains("batch 3")) && said.result().size == 1)
+    assert(said.result().size == 1 && said.result().head.contains("batch 3 of"), said.result())
   }
+
+  test("fresh offsets whose batch never commits are waited for until they are older than the longest wait") {
+    val (root, ckpt) = checkpoint()
+    Files.writeString(root.resolve("offsets/3"), "v1") // a query that died mid-batch a moment ago
+    val gaps = new BatchGaps(ckpt, committed = 2, maxWaitMs = 300)
+    val first = timedMs(gaps.await())
+    assert(first >= 250 && first < 2000, s"waited $first ms")
+    assert(timedMs((1 to 10).foreach(_ => gaps.await())) < 200)
+  }
+
 }
