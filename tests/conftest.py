@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -29,6 +31,7 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # The query services of the tests' applications are named in a registry of the run's own, not
 # the user's (the JVMs and the CLI processes the tests start inherit it).
 os.environ["KEYEDSTATE_SERVICE_REGISTRY"] = tempfile.mkdtemp(prefix="keyedstate-services-")
+atexit.register(shutil.rmtree, os.environ["KEYEDSTATE_SERVICE_REGISTRY"], True)
 
 
 def pytest_report_header() -> list[str]:

@@ -59,12 +59,11 @@ def _rows(batch: int) -> list[dict[str, Any]]:
     return [{"k": f"k{i % 7}", "v": batch * 10 + i} for i in range(20)]
 
 
-@pytest.fixture(scope="module")
-def running(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    work = tmp_path_factory.mktemp("query-service")
-    source = FileInput(work / "input", SCHEMA)
-    source.add_all(_rows(b) for b in range(3))
-    checkpoint = work / "checkpoint"
+def _start(
+    spark: SparkSession, source: FileInput, checkpoint: Path
+) -> tuple[StreamingQuery, ServiceAddress]:
+    """A running aggregation on keyedstate's provider, and its service once the registry names
+    it."""
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_UNDER_TEST)
     query = (
         source.read_stream(spark)
@@ -77,12 +76,19 @@ def running(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> It
         .start()
     )
     deadline = time.monotonic() + 60
-    address = None
-    while address is None:  # written on the driver right after the query starts
+    while (address := service_address(str(checkpoint))) is None:
         assert time.monotonic() < deadline, "the registry names no service of the query"
-        address = service_address(str(checkpoint))
-        time.sleep(0.05)
-    result = Running(query, checkpoint, source, address)
+        time.sleep(0.05)  # written on the driver right after the query starts
+    return query, address
+
+
+@pytest.fixture(scope="module")
+def running(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    work = tmp_path_factory.mktemp("query-service")
+    source = FileInput(work / "input", SCHEMA)
+    source.add_all(_rows(b) for b in range(3))
+    query, address = _start(spark, source, work / "checkpoint")
+    result = Running(query, work / "checkpoint", source, address)
     result.await_batches(3)
     try:
         yield result
@@ -242,22 +248,8 @@ def test_a_stopped_query_leaves_no_service_behind(spark: SparkSession, tmp_path:
     source = FileInput(tmp_path / "input", SCHEMA)
     source.add(_rows(0))
     checkpoint = tmp_path / "checkpoint"
-    query = (
-        source.read_stream(spark)
-        .groupBy("k")
-        .count()
-        .writeStream.outputMode("update")
-        .format("noop")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
+    query, address = _start(spark, source, checkpoint)
     deadline = time.monotonic() + 60
-    while service_address(str(checkpoint)) is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    address = service_address(str(checkpoint))
-    assert address is not None
     client = QueryServiceClient(address.url, address.token)
     while not committed_batches(checkpoint):
         assert query.isActive and time.monotonic() < deadline, query.exception()

@@ -20,6 +20,16 @@ class BatchGapsSuite extends AnyFunSuite {
     (root, QueryCheckpoint.at(root.toUri.toString, new Configuration()))
   }
 
+  /** Runs `f` on a thread of its own after `ms` milliseconds (a query's commit, say). */
+  private def after(ms: Long)(f: => Unit): Thread = {
+    val t = new Thread(() => {
+      Thread.sleep(ms)
+      f
+    })
+    t.start()
+    t
+  }
+
   private def timedMs(f: => Unit): Long = {
     val began = System.nanoTime()
     f
@@ -37,20 +47,12 @@ class BatchGapsSuite extends AnyFunSuite {
     val (root, ckpt) = checkpoint()
     val gaps = new BatchGaps(ckpt, committed = 2)
     Files.writeString(root.resolve("offsets/3"), "v1")
-    val committer = new Thread(() => {
-      Thread.sleep(400)
-      Files.writeString(root.resolve("commits/3"), "v1")
-    })
-    committer.start()
+    val committer = after(400)(Files.writeString(root.resolve("commits/3"), "v1"))
     assert(timedMs(gaps.await()) >= 350)
     committer.join()
     Files.writeString(root.resolve("offsets/4"), "v1")
     Thread.sleep(20) // the logs, seen idle a moment ago, are looked at again after 10 ms on a local disk
-    val second = new Thread(() => {
-      Thread.sleep(300)
-      Files.writeString(root.resolve("commits/4"), "v1")
-    })
-    second.start()
+    val second = after(300)(Files.writeString(root.resolve("commits/4"), "v1"))
     assert(timedMs(gaps.await()) >= 250)
     second.join()
     assert(gaps.totalWaitMs >= 600)
@@ -60,11 +62,7 @@ class BatchGapsSuite extends AnyFunSuite {
     val (_, ckpt) = checkpoint()
     @volatile var active = true
     val gaps = new BatchGaps(ckpt, committed = 2, triggerActive = () => active)
-    val ender = new Thread(() => {
-      Thread.sleep(300)
-      active = false
-    })
-    ender.start()
+    val ender = after(300) { active = false }
     assert(timedMs(gaps.await()) >= 250)
     ender.join()
   }
@@ -73,12 +71,10 @@ class BatchGapsSuite extends AnyFunSuite {
     val (root, ckpt) = checkpoint()
     Files.writeString(root.resolve("offsets/3"), "v1")
     val gaps = new BatchGaps(ckpt, committed = 2)
-    val backToBack = new Thread(() => {
-      Thread.sleep(300)
+    val backToBack = after(300) {
       Files.writeString(root.resolve("offsets/4"), "v1") // planned before 3's commit is seen
       Files.writeString(root.resolve("commits/3"), "v1")
-    })
-    backToBack.start()
+    }
     val waited = timedMs(gaps.await())
     backToBack.join()
     assert(waited >= 250 && waited < 2000, s"waited $waited ms")
