@@ -217,6 +217,10 @@ def test_bad_requests_get_their_error_ids_and_the_service_keeps_serving(
         lambda: client._request("POST", f"/v1/queries/{query_id}/savepoints", {"target": 7}),
         "KEYEDSTATE_SERVICE_BAD_REQUEST",
     )
+    message = refused(
+        lambda: client.trigger_savepoint(query_id, "relative/sp"), "KEYEDSTATE_SERVICE_BAD_REQUEST"
+    )
+    assert "'relative/sp'" in message and "absolute path or a URI" in message
     not_json = urllib.request.Request(
         f"{running.address.url}/v1/queries/{query_id}/savepoints",
         data=b"{target:",

@@ -10,6 +10,7 @@ import scala.jdk.CollectionConverters._
 import scala.util.control.NonFatal
 
 import com.sun.net.httpserver.{HttpExchange, HttpServer}
+import org.apache.hadoop.fs.Path
 import org.apache.spark.SparkContext
 import org.apache.spark.internal.Logging
 import org.apache.spark.scheduler.{SparkListener, SparkListenerApplicationEnd}
@@ -110,6 +111,10 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
         val query = running(id)
         val body = readBody(exchange)
         val target = field(body, "target").getOrElse(throw badRequest("the body needs \"target\": the savepoint's folder"))
+        // A relative path would be the driver's working directory's, which the client cannot know.
+        if (!new Path(target).isUriPathAbsolute) {
+          throw badRequest(s"Invalid target '$target': allowed is an absolute path or a URI (hdfs://..., s3a://...)")
+        }
         val format = field(body, "format").getOrElse(SavepointMetadata.Native)
         if (!SavepointMetadata.Formats.contains(format)) {
           throw badRequest(s"Invalid savepoint format '$format': allowed are ${SavepointMetadata.Formats.mkString(", ")}")
