@@ -57,6 +57,7 @@ __all__ = [
     "java_causes",
     "python_causes",
     "first_line",
+    "error_of",
     "keyedstate_errors",
     "operation_error",
     "state_error",
@@ -131,6 +132,12 @@ def _operation_class(cls: type[KeyedStateError]) -> type[CheckpointOperationErro
         "__module__": __name__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
     })
     return combined  # type: ignore[return-value]
+
+
+def error_of(error_id: str, message: str) -> KeyedStateError:
+    """The error of an identifier reported with a message (not raised in the JVM here: the query
+    service's answer, a client's own failure): its family's class, with ``error_id`` set."""
+    return error_class(error_id)(message, error_id)
 
 
 def operation_error(error_id: str | None, message: str) -> CheckpointOperationError:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from keyedstate._error_catalog import SERVICE_UNAVAILABLE
-from keyedstate.errors import QueryServiceError, error_class, operation_error
+from keyedstate.errors import QueryServiceError, error_of, operation_error
 
 REGISTRY_VARIABLE = "KEYEDSTATE_SERVICE_REGISTRY"
 
@@ -141,18 +141,18 @@ class QueryServiceClient:
                 answer = json.loads(refused.read())
                 error_id, message = answer.get("error_id"), str(answer["message"])
             except (ValueError, KeyError, TypeError, AttributeError):
-                raise error_class(SERVICE_UNAVAILABLE)(
+                raise error_of(
+                    SERVICE_UNAVAILABLE,
                     f"{self.url}{path} answered HTTP {refused.code} without the service's error: "
                     "is this a keyedstate query service?",
-                    SERVICE_UNAVAILABLE,
                 ) from refused
             if error_id is None:  # a failure of the service itself (HTTP 500), logged on the driver
                 raise QueryServiceError(f"HTTP {refused.code}: {message}") from None
-            raise error_class(str(error_id))(message, str(error_id)) from None
+            raise error_of(str(error_id), message) from None
         except (urllib.error.URLError, OSError, ValueError) as unreachable:
             reason = getattr(unreachable, "reason", unreachable)
-            raise error_class(SERVICE_UNAVAILABLE)(
-                f"The query service at {self.url} does not answer: {reason}", SERVICE_UNAVAILABLE
+            raise error_of(
+                SERVICE_UNAVAILABLE, f"The query service at {self.url} does not answer: {reason}"
             ) from unreachable
 
     def queries(self) -> list[RunningQuery]:

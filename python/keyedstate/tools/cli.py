@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 import traceback
+import urllib.parse
 from collections.abc import Iterator
 from typing import NoReturn
 
@@ -235,10 +236,10 @@ def _savepoint_by_the_query(args: argparse.Namespace) -> object | None:
     if address is None:
         return None
     client = QueryServiceClient(address.url, address.token)
-    # The target as this process names it: the query's driver runs in another directory.
-    target = args.target if "://" in args.target or ":/" in args.target else os.path.abspath(
-        args.target
-    )
+    # A local path as this process names it: the query's driver runs in another directory.
+    target = args.target
+    if not urllib.parse.urlparse(target).scheme:
+        target = os.path.abspath(target)
     try:
         if not any(q.run_id == address.run_id for q in client.queries()):
             return None

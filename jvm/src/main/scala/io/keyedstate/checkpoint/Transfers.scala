@@ -3,7 +3,7 @@ package io.keyedstate.checkpoint
 import java.util.concurrent.{Executors, ThreadFactory}
 import java.util.concurrent.atomic.AtomicInteger
 
-import scala.concurrent.{Await, ExecutionContext, Future}
+import scala.concurrent.{Await, ExecutionContext, ExecutionContextExecutorService, Future}
 import scala.concurrent.duration.Duration
 
 /** Parallel file transfers (uploads on commit, downloads on load), one pool per executor JVM. */
@@ -15,8 +15,8 @@ object Transfers {
     pool
   }
 
-  /** A fixed pool of daemon threads named `<prefix>-<n>`. */
-  def daemonPool(prefix: String, threads: Int): ExecutionContext = {
+  /** A fixed pool of daemon threads named `<prefix>-<n>` (shut down by its owner, if it has one). */
+  def daemonPool(prefix: String, threads: Int): ExecutionContextExecutorService = {
     val counter = new AtomicInteger()
     val factory: ThreadFactory = r => {
       val t = new Thread(r, s"$prefix-${counter.incrementAndGet()}")
@@ -28,11 +28,13 @@ object Transfers {
 
   /** Runs `f` on every item in parallel; the first failure is rethrown after all finished. */
   def parallel[A, B](items: Seq[A], threads: Int)(f: A => B): Seq[B] =
-    if (items.size <= 1 || threads <= 1) items.map(f)
-    else {
-      implicit val ec: ExecutionContext = executionContext(threads)
-      val futures = items.map(a => Future(f(a)))
-      val settled = futures.map(fu => Await.ready(fu, Duration.Inf).value.get)
-      settled.map(_.get)
-    }
+    if (items.size <= 1 || threads <= 1) items.map(f) else parallelOn(executionContext(threads), items)(f)
+
+  /** [[parallel]] on a pool of the caller's (work that may block, which the JVM's transfer pool must not wait for). */
+  def parallelOn[A, B](pool: ExecutionContext, items: Seq[A])(f: A => B): Seq[B] = {
+    implicit val ec: ExecutionContext = pool
+    val futures = items.map(a => Future(f(a)))
+    val settled = futures.map(fu => Await.ready(fu, Duration.Inf).value.get)
+    settled.map(_.get)
+  }
 }

@@ -4,6 +4,8 @@ import java.nio.charset.StandardCharsets.UTF_8
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileSystem, FileUtil, Path}
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper
 import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.apache.spark.sql.internal.SQLConf
 import org.json4s._
@@ -31,6 +33,12 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
   val stateRoot = new Path(root, "state")
 
   def exists: Boolean = fs.exists(root)
+
+  /** The queries of `spark`'s application that run on this checkpoint (a tool refuses or yields to them). */
+  def runningQueries(spark: SparkSession): Seq[StreamingQueryWrapper] =
+    spark.streams.active.toSeq.collect {
+      case q: StreamingQueryWrapper if QueryCheckpoint.qualify(q.streamingQuery.resolvedCheckpointRoot, hadoopConf) == root => q
+    }
 
   /** Refuses a location with no checkpoint, in the words every tool uses. */
   def requireExists(): Unit =

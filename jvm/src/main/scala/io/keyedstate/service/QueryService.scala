@@ -4,7 +4,7 @@ import java.net.InetSocketAddress
 import java.nio.charset.StandardCharsets.UTF_8
 import java.security.MessageDigest
 import java.util.{Collections, UUID, WeakHashMap}
-import java.util.concurrent.{ConcurrentHashMap, Executors, ThreadFactory}
+import java.util.concurrent.ConcurrentHashMap
 
 import scala.jdk.CollectionConverters._
 import scala.util.control.NonFatal
@@ -22,6 +22,7 @@ import org.json4s.{DefaultFormats, Formats, JObject, JValue}
 import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods
 
+import io.keyedstate.checkpoint.Transfers
 import io.keyedstate.errors.{ErrorId, KeyedStateError}
 import io.keyedstate.offline.SavepointMetadata
 
@@ -39,8 +40,8 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
   import QueryService._
 
   private val server = HttpServer.create(new InetSocketAddress(settings.host, settings.port), 0)
-  private val handlers = Executors.newFixedThreadPool(HandlerThreads, daemon("keyedstate-service"))
-  private val savepointRunner = Executors.newSingleThreadExecutor(daemon("keyedstate-service-savepoint"))
+  private val handlers = Transfers.daemonPool("keyedstate-service", HandlerThreads)
+  private val savepointRunner = Transfers.daemonPool("keyedstate-service-savepoint", 1)
   private val queries = new ConcurrentHashMap[UUID, RunningQuery]()
   private val savepoints = new SavepointRequests(savepointRunner)
 
@@ -218,16 +219,10 @@ object QueryService extends Logging {
       background(s"unregister query ${event.id}")(service.unregister(event.id, event.runId))
   }
 
-  private val registrations = Executors.newSingleThreadExecutor(daemon("keyedstate-service-registry"))
+  private val registrations = Transfers.daemonPool("keyedstate-service-registry", 1)
 
   private def background(what: String)(f: => Unit): Unit = registrations.execute { () =>
     try f catch { case NonFatal(e) => logWarning(s"keyedstate query service: cannot $what: ${e.getMessage}", e) }
-  }
-
-  private def daemon(name: String): ThreadFactory = (r: Runnable) => {
-    val t = new Thread(r, name)
-    t.setDaemon(true)
-    t
   }
 
   private def hostForUrl(host: String): String = if (host.contains(":") && !host.startsWith("[")) s"[$host]" else host

@@ -4,7 +4,6 @@ import scala.util.control.NonFatal
 
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper
 import org.apache.spark.sql.execution.streaming.state.{KeyedStateCoordinatorBridge, StateStoreId, StateStoreProviderId}
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
@@ -205,11 +204,9 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
 
   /** A query of this application on the checkpoint is running: refuse (others: see the batch check). */
   private def checkNotRunning(src: QueryCheckpoint): Unit =
-    spark.streams.active.foreach {
-      case q: StreamingQueryWrapper if qualify(q.streamingQuery.resolvedCheckpointRoot) == src.root =>
-        throw KeyedStateErrors.badState(ErrorId.RescaleRefused,
-          s"The query '${Option(q.name).getOrElse(q.id)}' (id ${q.id}) is running on ${src.root}; stop it, then rescale")
-      case _ => ()
+    src.runningQueries(spark).headOption.foreach { q =>
+      throw KeyedStateErrors.badState(ErrorId.RescaleRefused,
+        s"The query '${Option(q.name).getOrElse(q.id)}' (id ${q.id}) is running on ${src.root}; stop it, then rescale")
     }
 
   /**

@@ -1,10 +1,12 @@
 package io.keyedstate.offline.savepoint
 
+import java.util.concurrent.atomic.AtomicInteger
+
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.SparkSession
 
-import io.keyedstate.checkpoint.CheckpointStore
+import io.keyedstate.checkpoint.{CheckpointStore, Transfers}
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.offline.{CheckpointWriter, OfflineJob, QueryCheckpoint, SavepointFile, SavepointMetadata,
@@ -41,8 +43,16 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
     // would take the running query's task slots. A savepoint links files and writes manifests on a
     // local disk; elsewhere it streams the files, `transferThreads` store partitions at a time.
     val tasks = copyTasks(src, dst, stores, batch, partitions, usesCheckpointIds, verify = false)
-    val copied = DriverCopies.run(tasks, conf.transferThreads, progress)(t =>
-      copyStore(t, hadoopConf, beforeEachFile = () => gaps.await()))
+    // A pool of the savepoint's own: its copies wait in the query's batches, and the JVM's transfer
+    // pool serves the query's commits (in local mode, this JVM's).
+    val pool = Transfers.daemonPool("keyedstate-savepoint-copy", math.max(1, math.min(conf.transferThreads, tasks.size)))
+    val done = new AtomicInteger()
+    val copied = try Transfers.parallelOn(pool, tasks) { t =>
+      val copy = copyStore(t, hadoopConf, beforeEachFile = () => gaps.await())
+      val n = done.incrementAndGet()
+      if (n % ProgressEvery == 0 || n == tasks.size) progress(s"copy: $n/${tasks.size} store partitions done")
+      copy
+    } finally pool.shutdown()
     val operators = stores.groupBy(_._1).toSeq.sortBy(_._1).map { case (op, s) =>
       val first = copied.find(c => c.store.operatorId == op && c.store.partition == 0)
       SavepointOperator(op, src.operatorName(op), s.map(_._2), first.map(_.function).getOrElse(""),
@@ -97,6 +107,9 @@ final class NativeFormat(spark: SparkSession, hadoopConf: Configuration, conf: K
 }
 
 object NativeFormat {
+  /** A savepoint's copy reports its progress every this many store partitions. */
+  private val ProgressEvery = 16
+
   /**
    * Copies one store partition's version and its manifest, each file checked (driver or executor
    * side), calling `beforeEachFile` first (a savepoint's yield to the running query).

@@ -7,7 +7,6 @@ import scala.util.control.NonFatal
 import org.apache.hadoop.fs.{FileSystem, Path}
 import org.apache.spark.SPARK_VERSION
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper
 import org.apache.spark.sql.execution.streaming.state.StateStoreId
 
 import io.keyedstate.checkpoint.CheckpointStore
@@ -53,7 +52,8 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     val src = QueryCheckpoint.at(checkpoint, hadoopConf)
     val batch = src.lastCommit()
     // Each step of the writing waits for a gap between the running query's batches (if one runs).
-    val gaps = new BatchGaps(src, batch, () => triggerActive(src), progress = progress)
+    val gaps = new BatchGaps(src, batch, () => src.runningQueries(spark).exists(_.status.isTriggerActive),
+      progress = progress)
     val partitions = src.pinnedConf(batch).get(QueryCheckpoint.PartitionsKey).flatMap(_.toIntOption).getOrElse(
       throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid,
         s"${src.offsetPath(batch)} does not pin ${QueryCheckpoint.PartitionsKey}"))
@@ -71,7 +71,6 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
     progress(s"${strategy.name} savepoint of ${src.root} at batch $batch (state version $version, " +
       s"$partitions partitions) to ${dst.folder.root}")
     dst.writing(src.root) {
-      gaps.await()
       val upTo = src.batches("offsets").find(_ > batch).getOrElse(batch)
       if (!bootstrap) progress("copying the query's logs")
       val logs = if (bootstrap) Nil else src.metadataFiles().filter(keepsLog(_, batch, upTo))
@@ -94,14 +93,6 @@ final class Savepoints(spark: SparkSession, progress: String => Unit) {
         operators, stateFiles ++ logs)
     }
   }
-
-  /** A query of this application on the checkpoint is running a trigger (reading its sources, or a batch). */
-  private def triggerActive(src: QueryCheckpoint): Boolean =
-    spark.streams.active.exists {
-      case q: StreamingQueryWrapper => q.status.isTriggerActive &&
-        QueryCheckpoint.qualify(q.streamingQuery.resolvedCheckpointRoot, hadoopConf) == src.root
-      case _ => false
-    }
 
   /**
    * A new checkpoint at `checkpoint` from the savepoint at `savepoint`, from which the query
