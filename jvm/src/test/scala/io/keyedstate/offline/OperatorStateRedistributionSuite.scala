@@ -1,0 +1,61 @@
+package io.keyedstate.offline
+
+import scala.util.Random
+
+import org.scalatest.funsuite.AnyFunSuite
+
+import io.keyedstate.offline.OperatorStateRedistribution._
+
+/** Operator state moved to another partition count as Flink's round-robin repartitioner moves it. */
+class OperatorStateRedistributionSuite extends AnyFunSuite {
+  private def split[A](name: String, lists: Seq[A]*) = NamedState(name, EvenSplit, lists.toIndexedSeq)
+  private def union[A](name: String, lists: Seq[A]*) = NamedState(name, Union, lists.toIndexedSeq)
+
+  test("an even split cuts the joined lists into consecutive runs, the longer ones first") {
+    val Seq(("a", lists)) = redistribute(Seq(split("a", Seq(1, 2, 3), Seq(4, 5))), 3)
+    assert(lists == IndexedSeq(Seq(1, 2), Seq(3, 4), Seq(5)))
+    val Seq(("a", down)) = redistribute(Seq(split("a", Seq(1, 2), Seq(3), Seq(4, 5, 6))), 2)
+    assert(down == IndexedSeq(Seq(1, 2, 3), Seq(4, 5, 6)))
+    val Seq(("a", one)) = redistribute(Seq(split("a", Seq(1), Seq(2, 3))), 1)
+    assert(one == IndexedSeq(Seq(1, 2, 3)))
+  }
+
+  test("the next state's longer runs start where the previous state's ended (Flink's round robin)") {
+    val moved = redistribute(Seq(split("a", Seq(1, 2, 3), Seq(4, 5)), split("b", Seq(6, 7), Seq(8, 9))), 3).toMap
+    assert(moved("a") == IndexedSeq(Seq(1, 2), Seq(3, 4), Seq(5))) // 5 over 3: two longer runs, from 0
+    assert(moved("b") == IndexedSeq(Seq(8), Seq(9), Seq(6, 7))) // 4 over 3: one longer run, from 2
+  }
+
+  test("at the same count an even split keeps every list where it is; a union joins them everywhere") {
+    val moved = redistribute(Seq(split("a", Seq(1), Seq(2, 3)), union("u", Seq(7), Seq(8, 9))), 2).toMap
+    assert(moved("a") == IndexedSeq(Seq(1), Seq(2, 3)))
+    assert(moved("u") == IndexedSeq(Seq(7, 8, 9), Seq(7, 8, 9)))
+    val Seq(("u", up)) = redistribute(Seq(union("u", Seq(7), Seq(8, 9))), 3)
+    assert(up == IndexedSeq.fill(3)(Seq(7, 8, 9)))
+  }
+
+  test("any lists, any counts: nothing lost or repeated, sizes within one, order kept along the rotation") {
+    val random = new Random(7)
+    for (_ <- 1 to 500) {
+      val from = 1 + random.nextInt(6)
+      val to = 1 + random.nextInt(6)
+      var next = 0
+      val states = (0 until 1 + random.nextInt(3)).map { s =>
+        split(s"s$s", (0 until from).map(_ => Seq.fill(random.nextInt(5)) { next += 1; next }): _*)
+      }
+      val moved = redistribute(states, to)
+      moved.zip(states).foreach { case ((name, lists), state) =>
+        assert(lists.size == to)
+        val all = state.lists.flatten
+        if (from == to) assert(lists == state.lists, name)
+        else {
+          val sizes = lists.map(_.size)
+          assert(sizes.max - sizes.min <= 1, s"$name: $sizes")
+          // Read from the first partition given a longer run, the runs are the joined list in order.
+          val starts = (0 until to).filter(p => lists.indices.forall(q => lists(q) == Nil || lists(p) != Nil))
+          assert(starts.exists(p => (0 until to).flatMap(i => lists((p + i) % to)) == all), s"$name: $lists")
+        }
+      }
+    }
+  }
+}
