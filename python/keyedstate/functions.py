@@ -263,14 +263,19 @@ class KeyedProcessFunction(Function, Generic[IN, OUT]):
 
 
 class OperatorStateStore(ABC):
-    """Per-partition ("per parallel instance") list state."""
+    """Per-partition ("per parallel instance") list state, redistributed as Flink does when the
+    query restores: at a restart and at another partition count (docs/python-api.md, "Operator
+    state")."""
 
     @abstractmethod
-    def get_list_state(self, state_descriptor: ListStateDescriptor) -> ListState: ...
+    def get_list_state(self, state_descriptor: ListStateDescriptor) -> ListState:
+        """Even-split redistribution: at another partition count the partitions' lists are joined
+        and each new partition gets an even share; at a restart each keeps its own."""
 
+    @abstractmethod
     def get_union_list_state(self, state_descriptor: ListStateDescriptor) -> ListState:
-        """The same as ``get_list_state`` (operator state stays with its partition)."""
-        return self.get_list_state(state_descriptor)
+        """Union redistribution: at every restore (a restart, another partition count) every
+        partition gets the whole joined list of all partitions."""
 
 
 class FunctionInitializationContext(ABC):

@@ -14,13 +14,16 @@ from typing import Any
 import keyedstate
 import pytest
 from keyedstate import (
+    CheckpointedFunction,
+    FlatMapFunction,
     KeyedProcessFunction,
+    ListStateDescriptor,
     RuntimeContext,
     Types,
     ValueStateDescriptor,
     key_by,
 )
-from keyedstate.state.descriptors import KEYED_STATE_DESCRIPTORS, OPERATOR_LIST
+from keyedstate.state.descriptors import KEYED_STATE_DESCRIPTORS, OPERATOR_STATE_KINDS
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
@@ -296,14 +299,63 @@ def test_each_task_checks_its_own_partitions_declaration(
 
 
 def test_python_and_the_jvm_know_the_same_state_kinds(spark: SparkSession) -> None:
-    """The kinds Python declares states with (one descriptor each, plus operator list state) are
+    """The kinds Python declares states with (one descriptor each, plus the two operator states) are
     exactly the kinds the JVM parses (``io.keyedstate.engine.StateKind``), and it refuses others
     naming them."""
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     kinds = jvm.io.keyedstate.engine.StateKind
     names = kinds.names()
     assert {str(names.apply(i)) for i in range(names.size())} == {
-        *KEYED_STATE_DESCRIPTORS, OPERATOR_LIST
+        *KEYED_STATE_DESCRIPTORS, *OPERATOR_STATE_KINDS
     }
     with pytest.raises(Exception, match="unknown state kind 'broadcast'"):
         kinds.parse("broadcast")
+
+
+class OperatorCount(FlatMapFunction, CheckpointedFunction):
+    """Counts elements in operator state ``n``, created by ``method`` (``get_list_state`` or
+    ``get_union_list_state``; ``both`` asks for it with one, then the other)."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+
+    def initialize_state(self, context: Any) -> None:  # noqa: ANN401
+        store = context.get_operator_state_store()
+        descriptor = ListStateDescriptor("n", Types.LONG())
+        if self.method == "both":
+            store.get_list_state(descriptor)
+            store.get_union_list_state(descriptor)
+        self.n = getattr(store, self.method if self.method != "both" else "get_list_state")(
+            descriptor
+        )
+
+    def flat_map(self, value: Any) -> Any:  # noqa: ANN401
+        yield value.k, 1
+
+    def snapshot_state(self, context: Any) -> None:  # noqa: ANN401
+        self.n.update([1])
+
+
+def test_an_operator_state_is_redistributed_one_way(spark: SparkSession, tmp_path: Path) -> None:
+    """As Flink refuses an incompatible assignment mode: one name asked for with both methods is
+    refused when the query is planned, and a restart that switches a stored state from even split
+    to union is refused naming both kinds."""
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add([{"k": "a", "v": 1}])
+    with pytest.raises(keyedstate.StateUsageError, match=r"operator state 'n' was created with "
+                       r"get_list_state\(\) and is now asked for with get_union_list_state\(\)"):
+        key_by(source.read_stream(spark), "k").flat_map(OperatorCount("both"), OUT)
+    checkpoint = tmp_path / "checkpoint"
+    keyed = key_by(source.read_stream(spark), "k")
+    run(spark, keyed.flat_map(OperatorCount("get_list_state"), OUT, uid="counts"), checkpoint)
+    source.add([{"k": "a", "v": 2}])
+    error = refusal(
+        spark,
+        key_by(source.read_stream(spark), "k").flat_map(
+            OperatorCount("get_union_list_state"), OUT, uid="counts"
+        ),
+        checkpoint,
+    )
+    assert error.error_id == "KEYED_FUNCTION_STATE_CHANGED", error
+    assert "state 'n' (column family '$op_n')" in str(error)
+    assert "operator_list state of bigint and is now declared as operator_union_list" in str(error)

@@ -7,6 +7,7 @@ from typing import Any
 
 from keyedstate import (
     CheckpointedFunction,
+    FlatMapFunction,
     KeyedProcessFunction,
     ListStateDescriptor,
     RuntimeContext,
@@ -55,3 +56,33 @@ class CountsProcessed(CheckpointedFunction):
     def snapshot_state(self, context: Any) -> None:  # noqa: ANN401
         self.processed_state.clear()
         self.processed_state.add(self.processed)
+
+
+class RestoredOperatorLists(FlatMapFunction, CheckpointedFunction):
+    """The seeds' CheckpointCount with both of Flink's redistributions: ``counts`` (even split,
+    ``get_list_state``) holds the partition's element count, ``members`` (union,
+    ``get_union_list_state``) one ``"<partition>:<count>"`` entry per partition. The first element
+    of a micro-batch reports what the partition restored: ``(partition, counts, members)``."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.partition = runtime_context.get_index_of_this_subtask()
+
+    def initialize_state(self, context: Any) -> None:  # noqa: ANN401
+        store = context.get_operator_state_store()
+        self.counts = store.get_list_state(ListStateDescriptor("counts", Types.LONG()))
+        self.members = store.get_union_list_state(ListStateDescriptor("members", Types.STRING()))
+        restored = context.is_restored()
+        self.restored_counts = list(self.counts.get()) if restored else []
+        self.restored_members = list(self.members.get()) if restored else []
+        self.count = sum(self.restored_counts)
+        self.reported = False
+
+    def flat_map(self, value: Any):  # noqa: ANN001, ANN201, ANN401
+        self.count += 1
+        if not self.reported:
+            self.reported = True
+            yield self.partition, self.restored_counts, self.restored_members
+
+    def snapshot_state(self, context: Any) -> None:  # noqa: ANN401
+        self.counts.update([self.count])
+        self.members.update([f"{self.partition}:{self.count}"])

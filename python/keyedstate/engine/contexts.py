@@ -18,6 +18,8 @@ from keyedstate.functions import (
     TimerService,
 )
 from keyedstate.state.descriptors import (
+    OPERATOR_LIST,
+    OPERATOR_UNION_LIST,
     AggregatingStateDescriptor,
     ListStateDescriptor,
     MapStateDescriptor,
@@ -115,14 +117,17 @@ class ContextImpl(KeyedProcessFunction.OnTimerContext):
 
 
 class _OperatorListState(ListState):
-    """A list kept per partition (Flink's operator state of one parallel instance)."""
+    """A list kept per partition (Flink's operator state of one parallel instance); ``kind`` is
+    how it is redistributed on restore: ``operator_list`` (even split) or
+    ``operator_union_list`` (union)."""
 
-    __slots__ = ("_b", "_name", "_check", "descriptor")
+    __slots__ = ("_b", "_name", "_check", "descriptor", "kind")
 
-    def __init__(self, backend: KeyState, descriptor: ListStateDescriptor) -> None:
+    def __init__(self, backend: KeyState, descriptor: ListStateDescriptor, kind: str) -> None:
         self._b = backend
         self._name = descriptor.name
         self.descriptor = descriptor
+        self.kind = kind
         self._check = checker(descriptor, descriptor.element_type_info, "element")
 
     def _element(self, value: Any) -> Any:  # noqa: ANN401
@@ -195,13 +200,23 @@ class RuntimeContextImpl(RuntimeContext, FunctionInitializationContext, Function
         except Exception:  # noqa: BLE001 - outside a task
             return 0
 
-    def get_operator_list_state(self, state_descriptor: ListStateDescriptor) -> ListState:
+    def get_operator_list_state(
+        self, state_descriptor: ListStateDescriptor, kind: str = OPERATOR_LIST
+    ) -> ListState:
         if not isinstance(state_descriptor, ListStateDescriptor):
             raise StateUsageError("operator state needs a ListStateDescriptor")
         handle = self.operator_states.get(state_descriptor.name)
         if handle is None:
-            handle = _OperatorListState(self._b, state_descriptor)
+            handle = _OperatorListState(self._b, state_descriptor, kind)
             self.operator_states[state_descriptor.name] = handle
+        elif handle.kind != kind:
+            # Flink refuses it too ("incompatible assignment mode"): one name, one redistribution.
+            methods = {OPERATOR_LIST: "get_list_state", OPERATOR_UNION_LIST: "get_union_list_state"}
+            raise StateUsageError(
+                f"operator state '{state_descriptor.name}' was created with "
+                f"{methods[handle.kind]}() and is now asked for with {methods[kind]}(): a state "
+                "is redistributed one way (even split or union); use one method for it"
+            )
         return handle
 
     # FunctionInitializationContext
@@ -229,4 +244,7 @@ class _OperatorStore(OperatorStateStore):
         self._context = context
 
     def get_list_state(self, state_descriptor: ListStateDescriptor) -> ListState:
-        return self._context.get_operator_list_state(state_descriptor)
+        return self._context.get_operator_list_state(state_descriptor, OPERATOR_LIST)
+
+    def get_union_list_state(self, state_descriptor: ListStateDescriptor) -> ListState:
+        return self._context.get_operator_list_state(state_descriptor, OPERATOR_UNION_LIST)

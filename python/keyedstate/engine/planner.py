@@ -23,7 +23,7 @@ from keyedstate.engine.keyed_state import KeyState
 from keyedstate.engine.runner import KeyedRunner, RunnerPlan, StatePlan
 from keyedstate.functions import CheckpointedFunction, KeyedProcessFunction
 from keyedstate.state.descriptors import (
-    OPERATOR_LIST,
+    OPERATOR_STATE_KINDS,
     ListStateDescriptor,
     StateDescriptor,
     StateUsageError,
@@ -137,9 +137,12 @@ _REQUIRED = {
 }
 
 
-def _declared_states(function: Any) -> tuple[list[StateDescriptor], list[StateDescriptor]]:  # noqa: ANN401
+def _declared_states(
+    function: Any,  # noqa: ANN401
+) -> tuple[list[StateDescriptor], list[tuple[StateDescriptor, str]]]:
     """Runs ``open`` (and ``initialize_state``) once on the driver against a recording context:
-    the states it creates are the operator's column families. Returns (keyed, operator) states."""
+    the states it creates are the operator's column families. Returns the keyed states and the
+    operator states with their kinds (split or union redistribution)."""
     try:
         probe = cloudpickle.loads(cloudpickle.dumps(function))
     except Exception as error:  # noqa: BLE001 - any pickling failure
@@ -161,7 +164,7 @@ def _declared_states(function: Any) -> tuple[list[StateDescriptor], list[StateDe
             "runs open() once before the query starts to learn the states it creates (each is "
             "a column family of the state store), so open() must run outside a Spark task too"
         ) from error
-    operator = [handle.descriptor for handle in context.operator_states.values()]
+    operator = [(handle.descriptor, handle.kind) for handle in context.operator_states.values()]
     return [handle.descriptor for handle in state.handles.values()], operator  # type: ignore[misc]
 
 
@@ -196,7 +199,7 @@ def _state_json(descriptor: StateDescriptor, kind: str) -> dict[str, Any]:
     if kind == "map":
         value_type = descriptor.value_type_info.spark_type()  # type: ignore[attr-defined]
         key_type: T.DataType | None = descriptor.key_type_info.spark_type()  # type: ignore[attr-defined]
-    elif kind in (ListStateDescriptor.kind, OPERATOR_LIST):
+    elif kind == ListStateDescriptor.kind or kind in OPERATOR_STATE_KINDS:
         value_type = descriptor.element_type_info.spark_type()  # type: ignore[attr-defined]
         key_type = None
     else:
@@ -208,7 +211,7 @@ def _state_json(descriptor: StateDescriptor, kind: str) -> dict[str, Any]:
         "kind": kind,
         "type": json.loads(value_type.json()),
         "keyType": None if key_type is None else json.loads(key_type.json()),
-        "ttl": None if ttl is None or kind == OPERATOR_LIST else _ttl_options(ttl),
+        "ttl": None if ttl is None or kind in OPERATOR_STATE_KINDS else _ttl_options(ttl),
     }
 
 
@@ -420,7 +423,7 @@ def build(
     keyed, operator = _declared_states(function)
     states = [StatePlan(i, d.name, d.kind, d) for i, d in enumerate(keyed)]
     states += [
-        StatePlan(len(keyed) + i, d.name, OPERATOR_LIST, d) for i, d in enumerate(operator)
+        StatePlan(len(keyed) + i, d.name, kind, d) for i, (d, kind) in enumerate(operator)
     ]
     names = [s.name for s in states]
     clashing = sorted({n for n in names if names.count(n) > 1})

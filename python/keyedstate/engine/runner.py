@@ -27,7 +27,7 @@ from keyedstate.engine.contexts import ContextImpl, RuntimeContextImpl, TimerSer
 from keyedstate.engine.convert import OutputRows
 from keyedstate.engine.keyed_state import MIN_TIME, KeyState
 from keyedstate.functions import CheckpointedFunction, TimeDomain
-from keyedstate.state.descriptors import OPERATOR_LIST, StateDescriptor, StateUsageError
+from keyedstate.state.descriptors import OPERATOR_STATE_KINDS, StateDescriptor, StateUsageError
 
 __all__ = ["KeyedRunner", "RunnerPlan", "StatePlan"]
 
@@ -46,7 +46,7 @@ class StatePlan:
 
     index: int
     name: str
-    kind: str  # value, list, map, reducing, aggregating, operator_list
+    kind: str  # value, list, map, reducing, aggregating, operator_list, operator_union_list
     descriptor: StateDescriptor
 
 
@@ -164,7 +164,7 @@ class _Task:
             None if plan.event_time_column is None else names.index(plan.event_time_column)
         )
         self.codecs = {s.index: state_codec(_value_type(s), plan.time_zone) for s in plan.states}
-        self.keyed = [s for s in plan.states if s.kind != OPERATOR_LIST]
+        self.keyed = [s for s in plan.states if s.kind not in OPERATOR_STATE_KINDS]
         self.keyed_columns = [
             (s.name, s.index, self.codecs[s.index].decode, s.kind in ("list", "map"))
             for s in self.keyed
@@ -177,7 +177,7 @@ class _Task:
             for s in self.keyed
             if s.kind == "map"
         }
-        self.op_states = [s for s in plan.states if s.kind == OPERATOR_LIST]
+        self.op_states = [s for s in plan.states if s.kind in OPERATOR_STATE_KINDS]
         self.checkpointed = isinstance(self.function, CheckpointedFunction)
         self.opened = False
         self.closed = False

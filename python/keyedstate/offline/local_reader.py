@@ -58,6 +58,7 @@ from keyedstate.offline.local_changelog import (
     read_changelog,
     require,
 )
+from keyedstate.state.descriptors import OPERATOR_STATE_KINDS
 
 __all__ = [
     "INSTALL_HINT",
@@ -357,12 +358,15 @@ class LocalPartition:
                 QUERY_CHECKPOINT_INVALID,
             )
         kind = declared[name]["kind"]
-        column_family = OPERATOR_STATE_PREFIX + name if kind == "operator_list" else name
+        operator_state = kind in OPERATOR_STATE_KINDS
+        column_family = OPERATOR_STATE_PREFIX + name if operator_state else name
         if column_family not in self._families:
-            return [] if kind == "operator_list" else {}
+            return [] if operator_state else {}
         entries = self.items(column_family)
-        if kind == "operator_list":
-            return next((list(row[0] or []) for _, row in entries), [])
+        if operator_state:
+            # One list per partition that wrote it (several before a restored query's first
+            # batch joins them), joined in partition order.
+            return [v for _, row in sorted(entries, key=lambda e: e[0]) for v in row[0] or []]
         if kind == "list":
             return {key_of(key): [row[0] for row in rows] for key, rows in entries}
         if kind == "map":

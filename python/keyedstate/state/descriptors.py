@@ -187,7 +187,8 @@ class AggregatingStateDescriptor(StateDescriptor):
 
 # The kinds keyed state is declared with, each with its descriptor; the JVM parses the same names
 # (``io.keyedstate.engine.StateKind``, tests/engine/test_state_declaration.py checks they
-# agree), and OPERATOR_LIST for operator state.
+# agree), and the operator states' kinds: OPERATOR_LIST (even-split redistribution) and
+# OPERATOR_UNION_LIST (union redistribution).
 KEYED_STATE_DESCRIPTORS: dict[str, type[StateDescriptor]] = {
     d.kind: d
     for d in (
@@ -199,3 +200,5 @@ KEYED_STATE_DESCRIPTORS: dict[str, type[StateDescriptor]] = {
     )
 }
 OPERATOR_LIST = "operator_list"
+OPERATOR_UNION_LIST = "operator_union_list"
+OPERATOR_STATE_KINDS = (OPERATOR_LIST, OPERATOR_UNION_LIST)

@@ -1,7 +1,11 @@
 package io.keyedstate.checkpoint
 
+import java.util.Base64
+
 import org.json4s.{DefaultFormats, Formats, JString, JValue}
 import org.json4s.jackson.Serialization
+
+import io.keyedstate.rocks.{KeyGroups, LocalRocksDB}
 
 /** One file a version needs: its RocksDB name, where it lives under the store directory, and
  *  its size and CRC32C, checked when it is downloaded. */
@@ -16,6 +20,24 @@ final case class ChangelogFile(version: Long, checkpointId: String, records: Lon
  * it even when no manifest names it yet (the query stopped before its next commit).
  */
 final case class SnapshotDescriptor(version: Long, checkpointId: String, files: Seq[ManifestFile])
+
+/** A stored entry written inline in a manifest: its key and value bytes, base64. */
+final case class InlineEntry(key: String, value: String) {
+  def keyBytes: Array[Byte] = Base64.getDecoder.decode(key)
+  def valueBytes: Array[Byte] = Base64.getDecoder.decode(value)
+}
+
+object InlineEntry {
+  def apply(key: Array[Byte], value: Array[Byte]): InlineEntry =
+    InlineEntry(Base64.getEncoder.encodeToString(key), Base64.getEncoder.encodeToString(value))
+
+  /** Every entry of `db`'s partition-local column families (see `rocks.KeyGroups`), by family. */
+  def partitionLocal(db: LocalRocksDB): Map[String, Seq[InlineEntry]] =
+    db.columnFamilies.toSeq.filter(KeyGroups.isPartitionLocal).map { cf =>
+      val it = db.scan(cf, None, None)
+      cf -> (try it.map { case (k, v) => InlineEntry(k, v) }.toVector finally it.close())
+    }.filter(_._2.nonEmpty).toMap
+}
 
 /** A column family in a version, with what is needed to read it without Spark's metadata. */
 final case class ManifestColumnFamily(
@@ -38,6 +60,10 @@ final case class ManifestColumnFamily(
  * `checkpointId` is the unique id of this commit (Spark's checkpoint format v2 names versions by
  * it; v1 does not), `baseCheckpointId` the id of the version it was built on. `ttlCursors` holds
  * the incremental TTL cleanup's position per column family (hex of the last key checked).
+ * `partitionLocal` holds, per column family keyed by the partition that wrote it (a keyed
+ * function's operator state, `$op_<name>`, small by contract as Flink's), every stored entry
+ * inline, base64: all partitions' operator lists are read from their manifests alone when a query
+ * restores union state (`engine.UnionListRestore`), without opening any store.
  * `declaration` is what the operator that wrote the version declares about its state, kept with
  * the state so that the two cannot be lost apart (a keyed function: its key columns and each
  * state's kind and type, checked before the state is read; see `engine.OperatorDeclaration`);
@@ -59,7 +85,8 @@ final case class VersionManifest(
     files: Seq[ManifestFile],
     changelogs: Seq[ChangelogFile],
     ttlCursors: Map[String, String] = Map.empty,
-    declaration: Option[JValue] = None) {
+    declaration: Option[JValue] = None,
+    partitionLocal: Map[String, Seq[InlineEntry]] = Map.empty) {
 
   def sharedFiles: Seq[ManifestFile] = files.filter(f => VersionManifest.isShared(f.localName))
   /** Every durable file the version needs. */

@@ -35,8 +35,12 @@ final class KeyedStateExtensions extends (SparkSessionExtensions => Unit) {
   }
 }
 
-/** What a keyed function's nodes need from the micro-batch being planned. */
-final case class BatchContext(stateInfo: StatefulOperatorStateInfo, batchTimestampMs: Long, watermarkMs: Long)
+/**
+ * What a keyed function's nodes need from the micro-batch being planned; `firstOfRun`: the first
+ * batch of the query's run, where operator state is restored (see [[UnionListRestore]]).
+ */
+final case class BatchContext(stateInfo: StatefulOperatorStateInfo, batchTimestampMs: Long, watermarkMs: Long,
+    firstOfRun: Boolean)
 
 object KeyedProcessOperators {
   /** Spark numbers its own stateful operators 0..n-1 per query; keyed functions take 1000 + n. */
@@ -83,7 +87,8 @@ object KeyedProcessOperators {
         KeyedProcessSqlBridge.numStateStores(exec),
         None,
         exec.currentStateStoreCkptId.get(operatorId))
-      BatchContext(info, exec.offsetSeqMetadata.batchTimestampMs, exec.offsetSeqMetadata.batchWatermarkMs)
+      BatchContext(info, exec.offsetSeqMetadata.batchTimestampMs, exec.offsetSeqMetadata.batchWatermarkMs,
+        exec.isFirstBatch)
     }
 
   /** The keyed functions of a plan, inputs first: children before their parent, left to right. */

@@ -186,7 +186,7 @@ private final class MutationWriter(
     BoundReference(timeOrdinal, LongType, nullable = false) +:
       (0 until numKeys).map(i => BoundReference(keyOffset + i, outTypes(keyOffset + i), nullable = true)))
   private val timerValue = UnsafeProjection.create(Array[DataType](BooleanType))(InternalRow(true)).copy()
-  private val partitionKey = UnsafeProjection.create(Array[DataType](IntegerType))(InternalRow(partition)).copy()
+  private val partitionKey = OperatorLists.partitionKey(partition)
 
   // Per state variable: where its cells are, and projections to its stored rows. One small
   // writer per kind: each is compiled on its own when it gets hot.
@@ -297,12 +297,7 @@ private final class MutationWriter(
     def apply(op: Byte, key: UnsafeRow, row: InternalRow): Unit = op match {
       case Exchange.Put =>
         // The snapshot replaces every list the lookup merged (see KeyedStateLookupExec).
-        val it = store.iterator(cf)
-        val stored = try it.map(_.key.copy()).toVector finally it.close()
-        stored.foreach(store.remove(_, cf))
-        if (!row.isNullAt(dataOrdinal) && row.getArray(dataOrdinal).numElements() > 0) {
-          store.put(partitionKey, value(row), cf)
-        }
+        OperatorLists.replace(store, cf, partitionKey, value(row))
         updated += 1
       case _ => undefined(op)
     }
@@ -313,11 +308,11 @@ private final class MutationWriter(
       case StateKind.Value => new ValueWriter(v, i)
       case StateKind.List => new ListWriter(v, i)
       case StateKind.Map => new MapWriter(v, i)
-      case StateKind.OperatorList => new OperatorListWriter(v, i)
+      case StateKind.OperatorList | StateKind.OperatorUnionList => new OperatorListWriter(v, i)
     }
   }.toArray
-  private val keyedVars = vars.filter(_.v.kind != StateKind.OperatorList)
-  private val operatorVars = vars.filter(_.v.kind == StateKind.OperatorList)
+  private val keyedVars = vars.filterNot(_.v.kind.isOperatorState)
+  private val operatorVars = vars.filter(_.v.kind.isOperatorState)
 
   def apply(row: InternalRow): Unit = row.getByte(0) match {
     case Exchange.KeyChanges => changes(keyedVars, keyProjection(row), row)

@@ -77,6 +77,9 @@ final case class KeyedStateLookupExec(
     val inputTypes = inputSchema.fields.map(_.dataType)
     val childOutput = child.output
     val keyOrdinals = specCopy.keyColumns.map(c => inputSchema.fieldIndex(c))
+    val unionLists =
+      if (batch.firstOfRun) UnionListRestore.read(spec, info, KeyedProcessSqlBridge.hadoopConf(session))
+      else Map.empty[String, Array[Byte]]
 
     child.execute().mapPartitionsWithIndex { (partition, rows) =>
       val store = StoreAccess.open(info, partition, layout, declaration, storeConf, hadoopConf.value.value)
@@ -85,6 +88,11 @@ final case class KeyedStateLookupExec(
       task.addTaskCompletionListener[Unit] { _ =>
         StoreHandoff.drop(task.taskAttemptId(), info.operatorId)
         if (!store.hasCommitted) store.abort()
+      }
+      // A restore gives every partition the union lists before anything reads them.
+      if (unionLists.nonEmpty) {
+        val partitionKey = OperatorLists.partitionKey(partition)
+        unionLists.foreach { case (cf, bytes) => OperatorLists.replace(store, cf, partitionKey, UnionListRestore.row(bytes)) }
       }
       new LookupIterator(specCopy, layout, store, partition, info.numPartitions, batch.batchTimestampMs,
         watermark, exchange, inputTypes, keyOrdinals, childOutput, rows)
@@ -146,7 +154,7 @@ private final class LookupIterator(
   // (the input is sorted by key), so a write of this batch never concerns a key read after it.
   // A TTL'd family is read as usual: finding a live entry in it could scan many expired ones.
   private val storedAtStart: Array[Boolean] = spec.states.map { v =>
-    v.kind == StateKind.OperatorList || v.ttl.isDefined || {
+    v.kind.isOperatorState || v.ttl.isDefined || {
       val it = if (v.kind == StateKind.List) store.iteratorWithMultiValues(v.columnFamily)
         else store.iterator(v.columnFamily)
       try it.hasNext finally it.close()
@@ -193,8 +201,8 @@ private final class LookupIterator(
     if (spec.operatorStates.nonEmpty) {
       val ops = new GenericInternalRow(width)
       ops.update(0, Exchange.OperatorState)
-      // Every list stored in this partition: its own, and after a rescale those of the old
-      // partitions whose ids hash here (Flink's split redistribution, a whole list at a time).
+      // Every list stored in this partition: its own, one per old partition of a rescaled union
+      // state until the restore joins them (see UnionListRestore), joined in partition order.
       spec.operatorStates.foreach { case (v, i) =>
         val it = store.iterator(v.columnFamily)
         val lists = try it.map(p => (p.key.getInt(0), p.value.copy().getArray(0))).toVector finally it.close()
@@ -235,7 +243,7 @@ private final class LookupIterator(
         values += pair.value.copy().get(0, v.valueType)
       } finally it.close()
       if (keys.isEmpty) null else ArrayBasedMapData(keys.toArray, values.toArray)
-    case StateKind.OperatorList => null
+    case StateKind.OperatorList | StateKind.OperatorUnionList => null
   }
 
   private def timerRows(timers: Iterable[(Byte, Long)]): Unit = timers.foreach { case (kind, ts) =>

@@ -7,15 +7,22 @@ import org.json4s.jackson.JsonMethods
 
 import io.keyedstate.rocks.KeyGroups
 
-/** The kind of a declared state variable (Flink's state kinds; operator list state is per partition). */
-sealed abstract class StateKind(val name: String)
+/**
+ * The kind of a declared state variable (Flink's state kinds). Operator state is a list per
+ * partition, redistributed when a query restores: an even split (`get_list_state`) or the union
+ * (`get_union_list_state`), see `offline.OperatorStateRedistribution`.
+ */
+sealed abstract class StateKind(val name: String) {
+  def isOperatorState: Boolean = this == StateKind.OperatorList || this == StateKind.OperatorUnionList
+}
 object StateKind {
   case object Value extends StateKind("value")
   case object List extends StateKind("list")
   case object Map extends StateKind("map")
   case object OperatorList extends StateKind("operator_list")
+  case object OperatorUnionList extends StateKind("operator_union_list")
   // Reducing and aggregating state store one value per key, like value state.
-  private val byName = Seq(Value, List, Map, OperatorList).map(k => k.name -> k).toMap ++
+  private val byName = Seq(Value, List, Map, OperatorList, OperatorUnionList).map(k => k.name -> k).toMap ++
     Seq("reducing" -> Value, "aggregating" -> Value)
 
   /** The kinds Python declares states with (`keyedstate.state.descriptors`; a test checks both agree). */
@@ -41,7 +48,7 @@ final case class StateVar(
     ttl: Option[StateTtl]) {
 
   /** The column family holding it. User names cannot start with `$` (reserved for internals). */
-  def columnFamily: String = if (kind == StateKind.OperatorList) KeyGroups.PartitionLocalPrefix + name else name
+  def columnFamily: String = if (kind.isOperatorState) KeyGroups.PartitionLocalPrefix + name else name
 }
 
 /**
@@ -61,8 +68,9 @@ final case class ProcessSpec(
     outputSchema: StructType) {
 
   require(keyColumns.nonEmpty, "a keyed function needs at least one key column")
-  val keyedStates: Seq[(StateVar, Int)] = states.zipWithIndex.filter(_._1.kind != StateKind.OperatorList)
-  val operatorStates: Seq[(StateVar, Int)] = states.zipWithIndex.filter(_._1.kind == StateKind.OperatorList)
+  val keyedStates: Seq[(StateVar, Int)] = states.zipWithIndex.filterNot(_._1.kind.isOperatorState)
+  val operatorStates: Seq[(StateVar, Int)] = states.zipWithIndex.filter(_._1.kind.isOperatorState)
+  val unionStates: Seq[(StateVar, Int)] = states.zipWithIndex.filter(_._1.kind == StateKind.OperatorUnionList)
 }
 
 object ProcessSpec {
@@ -142,7 +150,7 @@ object Exchange {
     val states = spec.states.zipWithIndex.map { case (v, i) =>
       val t = v.kind match {
         case StateKind.Value => v.valueType
-        case StateKind.List | StateKind.OperatorList => ArrayType(v.valueType, containsNull = false)
+        case StateKind.List | StateKind.OperatorList | StateKind.OperatorUnionList => ArrayType(v.valueType, containsNull = false)
         case StateKind.Map => MapType(v.mapKeyType.get, v.valueType, valueContainsNull = true)
       }
       StructField(stateColumn(i), t, nullable = true)
@@ -164,7 +172,7 @@ object Exchange {
     val states = spec.states.zipWithIndex.flatMap { case (v, i) =>
       val data = v.kind match {
         case StateKind.Value => Seq(StructField(stateColumn(i), v.valueType))
-        case StateKind.List | StateKind.OperatorList =>
+        case StateKind.List | StateKind.OperatorList | StateKind.OperatorUnionList =>
           Seq(StructField(stateColumn(i), ArrayType(v.valueType, containsNull = false)))
         case StateKind.Map => Seq(
           StructField(stateColumn(i), MapType(v.mapKeyType.get, v.valueType, valueContainsNull = true)),
@@ -197,10 +205,7 @@ final class StateLayout(spec: ProcessSpec, input: StructType) extends Serializab
       val schema = StructType(keySchema.fields :+ StructField("user_map_key", v.mapKeyType.get, nullable = true))
       Family(v.columnFamily, schema, valueStruct(v.valueType),
         PrefixKeyScanStateEncoderSpec(schema, numKeyColumns), multipleValues = false)
-    case StateKind.OperatorList =>
-      val schema = StructType(Seq(StructField("partition", IntegerType, nullable = false)))
-      Family(v.columnFamily, schema, valueStruct(ArrayType(v.valueType, containsNull = false)),
-        NoPrefixKeyStateEncoderSpec(schema), multipleValues = false)
+    case StateKind.OperatorList | StateKind.OperatorUnionList => OperatorLists.family(v)
   }
 
   /** Timers ordered by time: the key is (timestamp, key columns), range-scanned by timestamp. */

@@ -2,8 +2,6 @@ package io.keyedstate.offline
 
 import java.util.UUID
 
-import scala.collection.mutable
-
 import org.apache.hadoop.fs.Path
 import org.apache.spark.Partitioner
 import org.apache.spark.rdd.ShuffledRDD
@@ -25,7 +23,7 @@ import io.keyedstate.{TaskStateStore, KeyedStateStoreProvider}
 import io.keyedstate.checkpoint.{BootstrappedState, CheckpointStore}
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
-import io.keyedstate.engine.StateKind
+import io.keyedstate.engine.{OperatorLists, StateKind}
 import io.keyedstate.rocks.{KeyGroupHasher, KeyGroups}
 
 /**
@@ -56,7 +54,7 @@ final class CheckpointWriter(spark: SparkSession, val target: QueryCheckpoint, v
    * entry per map key, operator lists joined per partition: rows, not entries, are counted).
    */
   def writeStore(op: Int, storeName: String, tables: Seq[(StateTable, DataFrame)],
-      declaration: Option[String], settings: Map[String, String]): Seq[Long] = {
+      declaration: Option[String], settings: Map[String, String], fromPartitions: Int): Seq[Long] = {
     require(tables.nonEmpty && tables.forall(t => t._1.operatorId == op && t._1.storeName == storeName))
     val pinned = if (batch < 0) Map.empty[String, String] else target.pinnedConf(batch)
     // Each written version is a full snapshot, committed with it: the restored query loads
@@ -71,7 +69,9 @@ final class CheckpointWriter(spark: SparkSession, val target: QueryCheckpoint, v
     val stateRoot = (if (batch < 0) BootstrappedState.stateRoot(target.root) else target.stateRoot).toString
     val specs = tables.map(_._1)
     val n = partitions
-    val rows = tables.zipWithIndex.map { case ((table, df), i) =>
+    val isOperatorState = specs.map(t => StateTable.isOperatorState(t.kind))
+    val (operatorLists, operatorRows) = placeOperatorLists(tables, isOperatorState, fromPartitions)
+    val rows = tables.zipWithIndex.filterNot(t => isOperatorState(t._2)).map { case ((table, df), i) =>
       KeyedProcessSqlBridge.internalRows(df).mapPartitions { it =>
         val encoder = new TableRowEncoder(table)
         it.flatMap(row => encoder.entries(row).zipWithIndex.map { case (entry, e) =>
@@ -82,14 +82,41 @@ final class CheckpointWriter(spark: SparkSession, val target: QueryCheckpoint, v
     val v = batch
     // Kryo, not the session's serializer: UnsafeRow writes itself with Kryo in one call.
     val routed = new ShuffledRDD[Int, (Int, StoredEntry, Boolean), (Int, StoredEntry, Boolean)](
-      spark.sparkContext.union(rows), new CheckpointWriter.ByPartition(n))
+      spark.sparkContext.union(rows :+ operatorLists), new CheckpointWriter.ByPartition(n))
       .setSerializer(new KryoSerializer(spark.sparkContext.getConf))
     val written = routed
       .mapPartitionsWithIndex { (p, entries) =>
         Iterator(CheckpointWriter.writePartition(stateRoot, op, storeName, p, v, specs, declaration, storeConf,
           hadoopConf.value, entries.map(_._2)))
       }.collect()
-    specs.indices.map(i => written.iterator.map(_(i)).sum)
+    specs.indices.map(i => if (isOperatorState(i)) operatorRows(i) else written.iterator.map(_(i)).sum)
+  }
+
+  /**
+   * Operator lists are small: read on the driver and placed as Flink redistributes them (see
+   * [[OperatorStateRedistribution.place]]; when a restore follows, the restored query's first batch
+   * joins union state). Returns the entries, routed to their partition, and the rows read per table.
+   */
+  private def placeOperatorLists(tables: Seq[(StateTable, DataFrame)], isOperatorState: Seq[Boolean],
+      from: Int): (org.apache.spark.rdd.RDD[(Int, (Int, StoredEntry, Boolean))], Seq[Long]) = {
+    val read = tables.zipWithIndex.filter(t => isOperatorState(t._2)).map { case ((table, df), i) =>
+      val codec = new OperatorLists.Codec(table.family.name,
+        table.family.valueSchema.head.dataType.asInstanceOf[ArrayType].elementType)
+      val lists = KeyedProcessSqlBridge.internalRows(df).map(_.copy()).collect().toSeq.map { row =>
+        row.getInt(0) -> (if (row.isNullAt(1)) Nil else row.getArray(1).toSeq[Any](codec.elementType))
+      }
+      (i, table, codec, lists)
+    }
+    val states = read.map { case (_, table, _, lists) =>
+      (table.state, OperatorStateRedistribution.modeOf(StateKind.parse(table.kind)), lists)
+    }
+    val byName = read.map { case (i, table, codec, _) => table.state -> (i, codec) }.toMap
+    val entries = OperatorStateRedistribution.place(states, from, partitions, restoreFollows = batch >= 0).map { p =>
+      val (i, codec) = byName(p.name)
+      p.target -> ((i, StoredEntry(OperatorLists.partitionKey(p.key), Array(codec.valueRow(p.elements)), null), false))
+    }
+    val rowsRead = tables.indices.map(i => read.find(_._1 == i).fold(0L)(_._4.size.toLong))
+    (spark.sparkContext.parallelize(entries, 1), rowsRead)
   }
 }
 
@@ -145,28 +172,15 @@ object CheckpointWriter {
                 other.getClass.getName)
           }
         }
-        // An operator's list state is one entry per partition: the lists landing here are joined.
-        val operatorLists = mutable.LinkedHashMap.empty[(Int, UnsafeRow), mutable.ArrayBuffer[Any]]
         entries.foreach { case (i, entry, startsRow) =>
           val t = tables(i)
           val cf = t.family.name
           if (startsRow) counts(i) += 1
-          if (t.kind == StateKind.OperatorList.name) {
-            val elementType = t.family.valueSchema.head.dataType.asInstanceOf[ArrayType].elementType
-            val array = entry.values.head.getArray(0)
-            operatorLists.getOrElseUpdate((i, entry.key), mutable.ArrayBuffer.empty) ++=
-              (0 until array.numElements()).map(e => array.get(e, elementType))
-          } else if (entry.stamps != null) {
+          if (entry.stamps != null) {
             // TTL'd state keeps its last-access times (the table is a keyed function's: our store).
             store.asInstanceOf[TaskStateStore].putStamped(entry.key, entry.values, entry.stamps, cf)
           } else if (t.family.multipleValues) store.putList(entry.key, entry.values, cf)
           else store.put(entry.key, entry.values.head, cf)
-        }
-        operatorLists.foreach { case ((i, key), elements) =>
-          val t = tables(i)
-          val value = UnsafeProjection.create(t.family.valueSchema)(
-            new GenericInternalRow(Array[Any](ArrayData.toArrayData(elements.toArray))))
-          store.put(key, value, t.family.name)
         }
         store.commit()
       } finally if (!store.hasCommitted) store.abort()
@@ -316,9 +330,8 @@ private final class TableRowEncoder(table: StateTable) {
                 if (table.lastAccess) Array(stampOf(i)) else null)
             }
           }
-        case StateKind.OperatorList =>
-          // Kept by the partition it was read from: a rescale's rule gives it to the one that id hashes to.
-          Seq(StoredEntry(key(Seq(row.getInt(0))), Array(value(row.getArray(1))), null))
+        case StateKind.OperatorList | StateKind.OperatorUnionList =>
+          throw new IllegalStateException(s"operator state ${table.describe} is placed on the driver")
       }
     }
   }

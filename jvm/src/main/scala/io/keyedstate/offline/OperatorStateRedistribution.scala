@@ -1,5 +1,7 @@
 package io.keyedstate.offline
 
+import io.keyedstate.engine.StateKind
+
 /**
  * How a keyed function's operator state (a list per state partition, `$op_<name>`) moves to another
  * partition count, exactly as Flink redistributes operator state on rescale
@@ -19,6 +21,13 @@ object OperatorStateRedistribution {
   sealed abstract class Mode(val name: String)
   case object EvenSplit extends Mode("even_split")
   case object Union extends Mode("union")
+
+  /** How a keyed function's operator state kind moves. */
+  def modeOf(kind: StateKind): Mode = kind match {
+    case StateKind.OperatorList => EvenSplit
+    case StateKind.OperatorUnionList => Union
+    case other => throw new IllegalArgumentException(s"${other.name} state is not operator state")
+  }
 
   /** One named state's lists, one per old partition in partition order, and how it moves. */
   final case class NamedState[A](name: String, mode: Mode, lists: IndexedSeq[Seq[A]])
@@ -43,6 +52,46 @@ object OperatorStateRedistribution {
       }
       state.name -> lists
     }
+  }
+
+  /** A list a new partition stores: in partition `target`, under the partition id `key`. */
+  final case class Placed[A](name: String, target: Int, key: Int, elements: Seq[A])
+
+  /**
+   * What each of `to` new partitions stores when operator state written by `from` partitions is
+   * rewritten (a rescale, a restored canonical savepoint, bootstrapped state); `states` give each
+   * stored list with the partition that wrote it. Even-split states are split now, each share
+   * stored under its new partition. Union states are joined by the restore that follows
+   * (`engine.UnionListRestore`), so each old list is kept whole under its own id, in partition
+   * `id % to`; where no restore follows (`restoreFollows` false: bootstrapped state, which the
+   * query's first batch starts from as it is) every new partition stores the joined list, as a
+   * restore would give it. Empty lists are not stored.
+   */
+  def place[A](states: Seq[(String, Mode, Seq[(Int, Seq[A])])], from: Int, to: Int,
+      restoreFollows: Boolean): Seq[Placed[A]] = {
+    val ordered = states.map { case (name, mode, lists) =>
+      val byId = lists.groupBy(_._1)
+      byId.collectFirst { case (id, several) if several.size > 1 =>
+        throw new IllegalArgumentException(s"operator state '$name' has ${several.size} lists of partition $id")
+      }
+      (name, mode, lists.sortBy(_._1))
+    }
+    val split = ordered.collect { case (name, EvenSplit, lists) =>
+      lists.collectFirst { case (id, _) if id < 0 || id >= from =>
+        throw new IllegalArgumentException(s"operator state '$name' has a list of partition $id, " +
+          s"written at $from partitions")
+      }
+      val byId = lists.toMap
+      NamedState(name, EvenSplit, IndexedSeq.tabulate(from)(i => byId.getOrElse(i, Nil)))
+    }
+    val splitPlaced = redistribute(split, to).flatMap { case (name, lists) =>
+      lists.zipWithIndex.map { case (elements, t) => Placed(name, t, t, elements) }
+    }
+    val unionPlaced = ordered.collect { case (name, Union, lists) =>
+      if (restoreFollows) lists.map { case (id, elements) => Placed(name, id % to, id, elements) }
+      else (0 until to).map(t => Placed(name, t, t, lists.flatMap(_._2)))
+    }.flatten
+    (splitPlaced ++ unionPlaced).filter(_.elements.nonEmpty)
   }
 
   /**

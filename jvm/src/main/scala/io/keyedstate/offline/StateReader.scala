@@ -82,7 +82,7 @@ object StateReader {
       case (StateKind.List, true) =>
         val zipped = explode(arrays_zip(col("value"), col(LastAccess))).as("e")
         df.select(keys :+ zipped: _*).select(keys :+ col("e.value").as("value") :+ col(s"e.$LastAccess").as(LastAccess): _*)
-      case (StateKind.List | StateKind.OperatorList, _) => df.select(keys :+ explode(col("value")).as("value"): _*)
+      case (StateKind.List | StateKind.OperatorList | StateKind.OperatorUnionList, _) => df.select(keys :+ explode(col("value")).as("value"): _*)
       case (StateKind.Map, stamped) =>
         val entries = df.select(keys ++ Seq(explode(col("value")).as(Seq("user_map_key", "value"))) ++
           (if (stamped) Seq(col(LastAccess).as("stamps")) else Nil): _*)
@@ -124,7 +124,7 @@ object StateReader {
           val mapKey = f.keySchema.last.dataType
           f.keySchema.fields.toSeq.dropRight(1) ++ Seq(StructField("value", MapType(mapKey, valueType(table)))) ++
             stamps(MapType(mapKey, LongType, valueContainsNull = false))
-        case StateKind.OperatorList =>
+        case StateKind.OperatorList | StateKind.OperatorUnionList =>
           Seq(StructField("value", if (flatten) elementType(table) else valueType(table)))
       }
     }
@@ -243,7 +243,7 @@ private final class PartitionRows(table: StateTable, partition: Int, flatten: Bo
     case StateTable.SparkStore => values.map(e => row(e.key.copy(), e.value.copy()))
     case StateTable.Timers => values.map(e => row(keyValues(e.key.copy(), keyTypes.length): _*))
     case kind => StateKind.parse(kind) match {
-      case StateKind.OperatorList =>
+      case StateKind.OperatorList | StateKind.OperatorUnionList =>
         values.flatMap { e =>
           val elements = value(e.value.copy()).asInstanceOf[ArrayData]
           if (flatten) {

@@ -52,6 +52,9 @@ object StateTable {
   /** The kind of a table of Spark's own operators: a key row and a value row per entry. */
   val SparkStore = "store"
   val Timers = "timers"
+
+  /** Whether a table of `kind` holds a keyed function's operator state (a list per partition). */
+  def isOperatorState(kind: String): Boolean = kind != SparkStore && kind != Timers && StateKind.parse(kind).isOperatorState
 }
 
 /**
@@ -90,7 +93,7 @@ final class StateTables private (
         StateStoreId.DEFAULT_STORE_NAME, family, layout.keySchema, layout.defaultValueSchema,
         NoPrefixKeyStateEncoderSpec(layout.keySchema), columnFamilies = true, ttl, lastAccess)
     d.states.zip(states).map { case (declared, v) =>
-      table(v.name, declared.kind, layout.family(v), lastAccess = v.ttl.isDefined && v.kind != StateKind.OperatorList)
+      table(v.name, declared.kind, layout.family(v), lastAccess = v.ttl.isDefined && !v.kind.isOperatorState)
     } ++
       (if (d.timers) Seq(table(StateLayout.EventTimers, Timers, layout.eventTimers),
         table(StateLayout.ProcTimers, Timers, layout.procTimers)) else Nil)

@@ -58,4 +58,28 @@ class OperatorStateRedistributionSuite extends AnyFunSuite {
       }
     }
   }
+
+  test("placed for a rewrite: split shares under the new partitions, union lists kept apart for the restore") {
+    val states = Seq(
+      ("counts", EvenSplit, Seq(2 -> Seq(5), 0 -> Seq(3), 1 -> Seq(4), 3 -> Seq(6))),
+      ("members", Union, Seq(0 -> Seq("a"), 3 -> Seq("d"), 1 -> Seq("b"))))
+    val placed = place(states, from = 4, to = 3, restoreFollows = true)
+    assert(placed.filter(_.name == "counts") ==
+      Seq(Placed("counts", 0, 0, Seq(3, 4)), Placed("counts", 1, 1, Seq(5)), Placed("counts", 2, 2, Seq(6))))
+    // Each old list whole, under its own id, in partition id % 3: the restored batch joins them.
+    assert(placed.filter(_.name == "members").toSet ==
+      Set(Placed("members", 0, 0, Seq("a")), Placed("members", 0, 3, Seq("d")), Placed("members", 1, 1, Seq("b"))))
+    // No restore follows (bootstrapped state): every partition stores the joined list at once.
+    val bootstrapped = place(states.drop(1), from = 4, to = 2, restoreFollows = false)
+    assert(bootstrapped == Seq(Placed("members", 0, 0, Seq("a", "b", "d")), Placed("members", 1, 1, Seq("a", "b", "d"))))
+  }
+
+  test("a rewrite refuses lists it cannot place, naming the state and the partition") {
+    val twice = intercept[IllegalArgumentException](
+      place(Seq(("c", EvenSplit, Seq(0 -> Seq(1), 0 -> Seq(2)))), from = 2, to = 3, restoreFollows = true))
+    assert(twice.getMessage.contains("operator state 'c' has 2 lists of partition 0"))
+    val beyond = intercept[IllegalArgumentException](
+      place(Seq(("c", EvenSplit, Seq(5 -> Seq(1)))), from = 2, to = 3, restoreFollows = true))
+    assert(beyond.getMessage.contains("a list of partition 5, written at 2 partitions"))
+  }
 }

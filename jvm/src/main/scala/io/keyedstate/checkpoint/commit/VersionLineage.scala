@@ -6,7 +6,7 @@ import scala.util.{Failure, Success}
 import org.apache.spark.internal.Logging
 import org.json4s.JValue
 
-import io.keyedstate.checkpoint.{ChangelogFile, CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, SnapshotDescriptor, Transfers, VersionManifest}
+import io.keyedstate.checkpoint.{ChangelogFile, CheckpointStore, InlineEntry, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, SnapshotDescriptor, Transfers, VersionManifest}
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.rocks.LocalRocksDB
 
@@ -136,7 +136,7 @@ final class VersionLineage(
     // 4. The manifest makes the version exist.
     val manifest = VersionManifest(VersionManifest.FormatVersion, newVersion, commitId, _checkpointId,
       System.currentTimeMillis(), columnFamilies, snapshotVersion, snapshotFiles, changelogs, ttlCursors,
-      declaration)
+      declaration, InlineEntry.partitionLocal(db))
     val manifestMs = LocalFiles.timed(store.writeManifest(manifest, conf.checkpointIdsEnabled))
     cache.retainOnly(manifest.allFiles, alsoKeep = inFlight)
     _version = newVersion

@@ -13,7 +13,7 @@ import org.apache.hadoop.fs.Path
 import org.json4s.jackson.JsonMethods.{compact, parse, render}
 
 import io.keyedstate.KeyedStateStoreProvider
-import io.keyedstate.checkpoint.{CheckpointStore, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, Transfers, VersionManifest}
+import io.keyedstate.checkpoint.{CheckpointStore, InlineEntry, LocalFileCache, LocalFiles, ManifestColumnFamily, ManifestFile, Transfers, VersionManifest}
 import io.keyedstate.checkpoint.commit.SnapshotStrategy
 import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
 import io.keyedstate.conf.KeyedStateConf
@@ -33,11 +33,13 @@ final case class SplitTask(
     toPartitions: Int,
     stagingDir: String)
 
+/** `partitionLocal`: the partition's operator lists, redistributed by the driver, not staged. */
 final case class SplitResult(
     store: StoreRef,
     columnFamilies: Seq[ManifestColumnFamily],
     declarationJson: Option[String],
     staged: Seq[StagedFile],
+    partitionLocal: Map[String, Seq[InlineEntry]],
     keys: Long,
     bytesDownloaded: Long)
 
@@ -49,6 +51,7 @@ final case class BuildTask(
     columnFamilies: Seq[ManifestColumnFamily],
     declarationJson: Option[String],
     files: Seq[StagedFile],
+    partitionLocal: Map[String, Seq[InlineEntry]],
     stagingDir: String,
     manifestDir: Option[String])
 
@@ -69,17 +72,18 @@ object RescaleTasks {
       val staging = new CheckpointStore(new Path(task.stagingDir), OfflineJob.hadoopConf(hadoopSettings))
       val outDir = new File(work, "out")
       outDir.mkdirs()
-      val staged = manifest.columnFamilies.filter(cf => db.hasColumnFamily(cf.name)).flatMap { cf =>
+      // Operator state is keyed by the partition that wrote it, not by a key Spark partitions: the
+      // driver redistributes it (see Rescaler).
+      val keyed = manifest.columnFamilies.filter(cf => db.hasColumnFamily(cf.name) && !KeyGroups.isPartitionLocal(cf.name))
+      val staged = keyed.flatMap { cf =>
         val writers = Array.tabulate(task.toPartitions)(t => new SstWriter(new File(outDir, s"${encode(cf.name)}-$t.sst"), conf))
         try {
           var misplaced = 0L
           val tagOf = StoreVersions.tagReader(task.store, cf, task.version)
-          // Operator state is keyed by the partition that wrote it, not by a key Spark partitions.
-          val keyGrouped = !KeyGroups.isPartitionLocal(cf.name)
           val it = db.scan(cf.name, None, None)
           try it.foreach { case (key, value) =>
             val tag = tagOf(key)
-            if (keyGrouped && KeyGroups.owner(tag, task.fromPartitions) != task.store.partition) misplaced += 1
+            if (KeyGroups.owner(tag, task.fromPartitions) != task.store.partition) misplaced += 1
             writers(KeyGroups.owner(tag, task.toPartitions)).put(key, value)
           } finally it.close()
           if (misplaced > 0) {
@@ -104,7 +108,7 @@ object RescaleTasks {
         } finally writers.foreach(_.close())
       }
       SplitResult(task.store, manifest.columnFamilies, manifest.declaration.map(d => compact(render(d))), staged,
-        staged.iterator.map(_.keys).sum, load.bytesDownloaded)
+        InlineEntry.partitionLocal(db), staged.iterator.map(_.keys).sum, load.bytesDownloaded)
     }
 
   def build(task: BuildTask, hadoopSettings: Map[String, String], conf: KeyedStateConf): BuildResult =
@@ -126,6 +130,7 @@ object RescaleTasks {
           }
           db.ingest(cf, local)
         }
+        task.partitionLocal.foreach { case (cf, entries) => entries.foreach(e => db.put(cf, e.keyBytes, e.valueBytes)) }
         // Ingested files overlap (one per source partition) and land in level 0. A few are left to
         // RocksDB's own background compaction; many would stall the restarted query's first
         // writes (level0_slowdown_writes_trigger is 20), so they are compacted once here.
@@ -138,7 +143,7 @@ object RescaleTasks {
         val uploaded = try snapshots.upload(cp, Nil) finally snapshots.discard(cp)
         val manifest = VersionManifest(VersionManifest.FormatVersion, task.version, commitId, None,
           System.currentTimeMillis(), task.columnFamilies, task.version, uploaded.files, Nil,
-          declaration = task.declarationJson.map(parse(_)))
+          declaration = task.declarationJson.map(parse(_)), partitionLocal = InlineEntry.partitionLocal(db))
         val manifestStore = task.manifestDir.fold(target)(d => new CheckpointStore(new Path(d), hadoopConf))
         manifestStore.ensureRoot()
         manifestStore.writeManifest(manifest, checkpointIdsEnabled = false)

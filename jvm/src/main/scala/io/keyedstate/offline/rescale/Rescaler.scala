@@ -8,7 +8,7 @@ import org.apache.spark.sql.execution.streaming.state.{KeyedStateCoordinatorBrid
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
 
-import io.keyedstate.checkpoint.{LeaseHolder, RescaleJournal, StoreLease}
+import io.keyedstate.checkpoint.{InlineEntry, LeaseHolder, RescaleJournal, StoreLease}
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.engine.RestoreMapping
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
@@ -123,14 +123,20 @@ final class Rescaler(spark: SparkSession, progress: String => Unit) {
       val splitMs = System.currentTimeMillis() - splitStart
 
       val buildStart = System.currentTimeMillis()
+      val operatorLists = stores.map { case (op, store) =>
+        val mine = splits.filter(s => s.store.operatorId == op && s.store.storeName == store)
+        (op, store) -> RescaledOperatorState.lists(op, store, declarationOf(op, store, mine), mine, from, partitions)
+      }.toMap
       val buildTasks = for ((op, store) <- stores; t <- 0 until partitions) yield {
         val ref = StoreRef(op, store, t)
         val mine = splits.filter(s => s.store.operatorId == op && s.store.storeName == store)
         val files = mine.flatMap(_.staged).filter(_.target == t)
+        val lists = operatorLists((op, store)).getOrElse(t, Map.empty)
         val families = mine.flatMap(_.columnFamilies).groupBy(_.name).values.map(_.head).toSeq.sortBy(_.name)
-          .map(cf => cf.copy(numKeys = files.filter(_.columnFamily == cf.name).map(_.keys).sum))
+          .map(cf => cf.copy(numKeys = files.filter(_.columnFamily == cf.name).map(_.keys).sum +
+            lists.get(cf.name).fold(0)(_.size)))
         val manifestDir = if (inPlace) Some(new Path(staging, s"manifests/$op/$store/$t").toString) else None
-        BuildTask(ref, dst.storeDir(ref).toString, version, families, declarationOf(op, store, mine), files,
+        BuildTask(ref, dst.storeDir(ref).toString, version, families, declarationOf(op, store, mine), files, lists,
           staging.toString, manifestDir)
       }
       val builds = runTasks("build", buildTasks)((t: BuildTask, h, c) => RescaleTasks.build(t, h, c))

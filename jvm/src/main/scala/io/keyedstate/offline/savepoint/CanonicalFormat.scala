@@ -77,7 +77,7 @@ final class CanonicalFormat(spark: SparkSession, hadoopConf: Configuration, prog
       }
       progress(s"writing operator ${o.operatorId}${if (store == StateStoreId.DEFAULT_STORE_NAME) "" else s" store '$store'"} " +
         s"at $partitions partitions")
-      val written = writer.writeStore(o.operatorId, store, frames, o.declaration, Map.empty)
+      val written = writer.writeStore(o.operatorId, store, frames, o.declaration, Map.empty, metadata.partitions)
       stored.zip(written).foreach { case (t, n) =>
         if (n != t.rows) {
           throw KeyedStateErrors.fileCorrupt(s"Savepoint table ${new Path(sp.root, t.path)} holds ${t.rows} rows " +
