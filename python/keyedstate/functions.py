@@ -8,7 +8,7 @@ obtained there stay bound to whatever key is being processed. See docs/python-ap
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
@@ -21,21 +21,27 @@ from keyedstate.state.descriptors import (
 )
 from keyedstate.state.states import (
     AggregatingState,
+    BroadcastState,
     ListState,
     MapState,
+    ReadOnlyBroadcastState,
     ReducingState,
+    State,
     ValueState,
 )
 from keyedstate.state.types import TypeInformation, to_type_info
 
 __all__ = [
     "AggregateFunction",
+    "BaseBroadcastProcessFunction",
+    "BroadcastProcessFunction",
     "CheckpointedFunction",
     "FilterFunction",
     "FlatMapFunction",
     "Function",
     "FunctionInitializationContext",
     "FunctionSnapshotContext",
+    "KeyedBroadcastProcessFunction",
     "KeyedProcessFunction",
     "KeyedStateStore",
     "MapFunction",
@@ -253,6 +259,106 @@ class KeyedProcessFunction(Function, Generic[IN, OUT]):
 
     def on_timer(
         self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext
+    ) -> Iterable[OUT] | None:
+        """Called when a timer of the current key fires."""
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Broadcast state (PyFlink's BaseBroadcastProcessFunction, KeyedBroadcastProcessFunction)
+
+
+class BaseBroadcastProcessFunction(Function):
+    """What both sides of a function on a broadcast-connected stream share: their contexts."""
+
+    class BaseContext(ABC):
+        @abstractmethod
+        def timestamp(self) -> int | None:
+            """The element's event time (ms) when its input has a watermark column, else None."""
+
+        @abstractmethod
+        def current_processing_time(self) -> int:
+            """The micro-batch's processing time (ms)."""
+
+        @abstractmethod
+        def current_watermark(self) -> int:
+            """The operator's event-time watermark (ms) in this micro-batch."""
+
+        @abstractmethod
+        def output(self, output_tag: OutputTag, value: Any) -> None:  # noqa: ANN401
+            """Emits ``value`` to the side output ``output_tag`` (declared in ``process``)."""
+
+    class Context(BaseContext):
+        @abstractmethod
+        def get_broadcast_state(self, state_descriptor: MapStateDescriptor) -> BroadcastState:
+            """The broadcast state ``state_descriptor`` names, read and written."""
+
+    class ReadOnlyContext(BaseContext):
+        @abstractmethod
+        def get_broadcast_state(
+            self, state_descriptor: MapStateDescriptor
+        ) -> ReadOnlyBroadcastState:
+            """The broadcast state ``state_descriptor`` names, read only."""
+
+
+class BroadcastProcessFunction(BaseBroadcastProcessFunction, Generic[IN, T, OUT]):
+    """Processes a stream that is not keyed, connected to a broadcast stream
+    (``keyedstate.connect(df, keyedstate.broadcast(rules, descriptor))``): as a
+    ``KeyedBroadcastProcessFunction`` without keyed state and timers. Each state partition runs
+    ``process_broadcast_element`` on every broadcast element, then ``process_element`` on its
+    share of the stream's elements."""
+
+    @abstractmethod
+    def process_element(
+        self, value: IN, ctx: BaseBroadcastProcessFunction.ReadOnlyContext
+    ) -> Iterable[OUT] | None: ...
+
+    @abstractmethod
+    def process_broadcast_element(
+        self, value: T, ctx: BaseBroadcastProcessFunction.Context
+    ) -> Iterable[OUT] | None: ...
+
+
+class KeyedBroadcastProcessFunction(BaseBroadcastProcessFunction, Generic[IN, T, OUT]):
+    """Processes a keyed stream connected to a broadcast stream
+    (``keyedstate.key_by(events, "user").connect(keyedstate.broadcast(rules, descriptor))``):
+    in every micro-batch each state partition first runs ``process_broadcast_element`` on every
+    element of the broadcast stream, in the same order, writing the broadcast state, then
+    ``process_element`` on its keys' elements, reading it (and keyed state and timers as a
+    ``KeyedProcessFunction``). Both yield outputs (or return an iterable, or None)."""
+
+    class Context(BaseBroadcastProcessFunction.Context):
+        @abstractmethod
+        def apply_to_keyed_state(
+            self, state_descriptor: Any, function: Callable[[Any, State], None]  # noqa: ANN401
+        ) -> None:
+            """Calls ``function(key, state)`` for every key of the partition that has the keyed
+            state ``state_descriptor`` names; the function may read, update or clear it."""
+
+    class ReadOnlyContext(BaseBroadcastProcessFunction.ReadOnlyContext):
+        @abstractmethod
+        def timer_service(self) -> TimerService: ...
+
+        @abstractmethod
+        def get_current_key(self) -> Any:  # noqa: ANN401 - the key's Python value
+            """The current key: a value for one key column, a tuple for several."""
+
+    class OnTimerContext(ReadOnlyContext):
+        @abstractmethod
+        def time_domain(self) -> TimeDomain: ...
+
+    @abstractmethod
+    def process_element(
+        self, value: IN, ctx: KeyedBroadcastProcessFunction.ReadOnlyContext
+    ) -> Iterable[OUT] | None: ...
+
+    @abstractmethod
+    def process_broadcast_element(
+        self, value: T, ctx: KeyedBroadcastProcessFunction.Context
+    ) -> Iterable[OUT] | None: ...
+
+    def on_timer(
+        self, timestamp: int, ctx: KeyedBroadcastProcessFunction.OnTimerContext
     ) -> Iterable[OUT] | None:
         """Called when a timer of the current key fires."""
         return None

@@ -15,19 +15,33 @@ from pyspark.sql import DataFrame
 
 from keyedstate.elements import element_class
 from keyedstate.functions import (
+    BroadcastProcessFunction,
     FilterFunction,
     FlatMapFunction,
+    KeyedBroadcastProcessFunction,
     KeyedProcessFunction,
     MapFunction,
     OutputTag,
     ReduceFunction,
     RuntimeContext,
 )
-from keyedstate.state.descriptors import StateUsageError, ValueStateDescriptor
+from keyedstate.state.descriptors import (
+    MapStateDescriptor,
+    StateUsageError,
+    ValueStateDescriptor,
+)
 from keyedstate.state.states import ValueState
 from keyedstate.state.types import Types, to_type_info
 
-__all__ = ["KeyedStream", "key_by", "side_output"]
+__all__ = [
+    "BroadcastConnectedStream",
+    "BroadcastStream",
+    "KeyedStream",
+    "broadcast",
+    "connect",
+    "key_by",
+    "side_output",
+]
 
 
 def side_output(result: DataFrame, tag: OutputTag | str | None) -> DataFrame:
@@ -44,6 +58,106 @@ def side_output(result: DataFrame, tag: OutputTag | str | None) -> DataFrame:
     return planner.side_output(result, tag)
 
 WITH_STATE_NAME = "withState"
+
+
+def broadcast(df: DataFrame, *descriptors: MapStateDescriptor) -> BroadcastStream:
+    """A streaming DataFrame to broadcast to every state partition of a keyed function it is
+    connected to (``key_by(...).connect(broadcast(rules, descriptor))``), with the broadcast
+    states (``MapStateDescriptor``s) its elements are kept in: Flink's
+    ``stream.broadcast(descriptor)``."""
+    if not descriptors:
+        raise StateUsageError(
+            "broadcast() needs at least one MapStateDescriptor: the broadcast states"
+        )
+    for d in descriptors:
+        if not isinstance(d, MapStateDescriptor):
+            raise StateUsageError(
+                f"a broadcast state is a map: broadcast() takes MapStateDescriptors, got {d!r}"
+            )
+        if d.ttl_config is not None:
+            raise StateUsageError(
+                f"broadcast state '{d.name}' has a TTL: broadcast state has none (as in Flink)"
+            )
+    names = [d.name for d in descriptors]
+    if len(set(names)) != len(names):
+        raise StateUsageError(f"broadcast states need distinct names, got {names}")
+    return BroadcastStream(df, list(descriptors))
+
+
+def connect(df: DataFrame, broadcast_stream: BroadcastStream) -> BroadcastConnectedStream:
+    """A stream that is not keyed connected to a broadcast stream, for a
+    ``BroadcastProcessFunction`` (Flink's ``data_stream.connect(broadcast_stream)``). Its
+    elements are spread over the state partitions at random (by a generated key, in no particular
+    order within a partition), each of which holds the broadcast state."""
+    if not isinstance(broadcast_stream, BroadcastStream):
+        raise StateUsageError(
+            "connect() takes a keyedstate.broadcast(df, descriptor) stream, got "
+            f"{type(broadcast_stream).__name__}"
+        )
+    from pyspark.sql import functions as F
+
+    # Random: no keyed state depends on where an element goes (Spark refuses row ids in streams).
+    key = F.floor(F.rand() * SPREAD_KEYS).cast("int")
+    spread = df.withColumn(SPREAD_COLUMN, key)
+    return BroadcastConnectedStream(KeyedStream(spread, [SPREAD_COLUMN], None), broadcast_stream)
+
+
+# The generated key of a stream connect() spreads: elements of a non-keyed function go to any
+# partition (no keyed state depends on it), about evenly.
+SPREAD_COLUMN = "__ks_spread"
+SPREAD_KEYS = 4096
+
+
+class BroadcastStream:
+    """A stream broadcast with its broadcast states (``keyedstate.broadcast``)."""
+
+    def __init__(self, df: DataFrame, descriptors: list[MapStateDescriptor]) -> None:
+        self.df = df
+        self.descriptors = descriptors
+
+
+class BroadcastConnectedStream:
+    """A keyed stream connected to a broadcast stream (``KeyedStream.connect``)."""
+
+    def __init__(self, keyed: KeyedStream, broadcast_stream: BroadcastStream) -> None:
+        self._keyed = keyed
+        self._broadcast = broadcast_stream
+
+    def process(
+        self,
+        function: KeyedBroadcastProcessFunction,
+        output_schema: Any,  # noqa: ANN401
+        *,
+        timer_mode: str = "auto",
+        output_mode: str = "append",
+        side_outputs: Mapping[OutputTag, Any] | Sequence[OutputTag] | None = None,
+        uid: str | None = None,
+    ) -> DataFrame:
+        """Run a :class:`KeyedBroadcastProcessFunction` (options: ``KeyedStream.process``'s)."""
+        spread = self._keyed.key_columns == [SPREAD_COLUMN]
+        if spread:
+            if not isinstance(function, BroadcastProcessFunction):
+                raise StateUsageError(
+                    "a stream connected to a broadcast stream by keyedstate.connect runs a "
+                    f"BroadcastProcessFunction, got {type(function).__name__}"
+                )
+            function = _NonKeyed(function, self._keyed._df.columns[:-1])  # type: ignore[assignment]
+            timer_mode = "none"
+        elif not isinstance(function, KeyedBroadcastProcessFunction):
+            raise StateUsageError(
+                "a keyed stream connected to a broadcast stream runs a "
+                f"KeyedBroadcastProcessFunction, got {type(function).__name__}"
+            )
+        return self._keyed._build(
+            "process",
+            function,
+            output_schema,
+            timer_mode=timer_mode,
+            output_mode=output_mode,
+            side_outputs=side_outputs,
+            uid=uid,
+            broadcast=self._broadcast,
+        )
 
 
 def key_by(
@@ -97,6 +211,16 @@ class KeyedStream:
             order_by=self.order_by,
             **options,
         )
+
+    def connect(self, broadcast_stream: BroadcastStream) -> BroadcastConnectedStream:
+        """Connects a broadcast stream (``keyedstate.broadcast``): its elements reach every state
+        partition before the keyed elements of the same micro-batch."""
+        if not isinstance(broadcast_stream, BroadcastStream):
+            raise StateUsageError(
+                "connect() takes a keyedstate.broadcast(df, descriptor) stream, got "
+                f"{type(broadcast_stream).__name__}"
+            )
+        return BroadcastConnectedStream(self, broadcast_stream)
 
     def process(
         self,
@@ -368,3 +492,29 @@ class _RunningReduce(MapFunction):
             result = element_class(self.names)._make(tuple(self.reduce_fn(row, value)))
         self.state.update(tuple(result))
         return result
+
+
+class _NonKeyed(KeyedBroadcastProcessFunction):
+    """A ``BroadcastProcessFunction`` run as a keyed one over the generated key of
+    ``connect``: its elements without that column, no keyed state."""
+
+    def __init__(self, function: BroadcastProcessFunction, columns: list[str]) -> None:
+        self.function = function
+        self.columns = tuple(columns)
+        self._element: Any = None
+
+    def keyedstate_function_name(self) -> str:
+        return type(self.function).__name__
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.function.open(runtime_context)
+        self._element = element_class(self.columns)
+
+    def close(self) -> None:
+        self.function.close()
+
+    def process_broadcast_element(self, value: Any, ctx: Any) -> Any:  # noqa: ANN401
+        return self.function.process_broadcast_element(value, ctx)
+
+    def process_element(self, value: Any, ctx: Any) -> Any:  # noqa: ANN401
+        return self.function.process_element(tuple.__new__(self._element, value[:-1]), ctx)

@@ -23,7 +23,7 @@ from keyedstate import (
     ValueStateDescriptor,
     key_by,
 )
-from keyedstate.state.descriptors import KEYED_STATE_DESCRIPTORS, OPERATOR_STATE_KINDS
+from keyedstate.state.descriptors import BROADCAST, KEYED_STATE_DESCRIPTORS, OPERATOR_STATE_KINDS
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
@@ -306,10 +306,10 @@ def test_python_and_the_jvm_know_the_same_state_kinds(spark: SparkSession) -> No
     kinds = jvm.io.keyedstate.engine.StateKind
     names = kinds.names()
     assert {str(names.apply(i)) for i in range(names.size())} == {
-        *KEYED_STATE_DESCRIPTORS, *OPERATOR_STATE_KINDS
+        *KEYED_STATE_DESCRIPTORS, *OPERATOR_STATE_KINDS, BROADCAST
     }
-    with pytest.raises(Exception, match="unknown state kind 'broadcast'"):
-        kinds.parse("broadcast")
+    with pytest.raises(Exception, match="unknown state kind 'queryable'"):
+        kinds.parse("queryable")
 
 
 class OperatorCount(FlatMapFunction, CheckpointedFunction):

@@ -6,10 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from keyedstate import (
+    BroadcastProcessFunction,
     CheckpointedFunction,
     FlatMapFunction,
+    KeyedBroadcastProcessFunction,
     KeyedProcessFunction,
     ListStateDescriptor,
+    MapStateDescriptor,
     RuntimeContext,
     Types,
     ValueStateDescriptor,
@@ -86,3 +89,61 @@ class RestoredOperatorLists(FlatMapFunction, CheckpointedFunction):
     def snapshot_state(self, context: Any) -> None:  # noqa: ANN401
         self.counts.update([self.count])
         self.members.update([f"{self.partition}:{self.count}"])
+
+
+# Rules broadcast to a keyed stream of events (the seeds' broadcast state pattern): rule name ->
+# the amount an event must reach to match it.
+RULES = MapStateDescriptor("rules", Types.STRING(), Types.LONG())
+COUNT = ValueStateDescriptor("count", Types.LONG())
+
+
+class RuleMatches(KeyedBroadcastProcessFunction):
+    """Rules ``(rule, threshold)`` broadcast to events ``(user, amount)`` keyed by user: a rule
+    element puts the rule (a null threshold removes it); each event emits
+    ``(user, amount, rule, n)`` for every rule it reaches, ``n`` the user's event count (keyed
+    state)."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.count = runtime_context.get_state(COUNT)
+
+    def process_broadcast_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
+        rules = ctx.get_broadcast_state(RULES)
+        if value.threshold is None:
+            rules.remove(value.rule)
+        else:
+            rules.put(value.rule, value.threshold)
+
+    def process_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        for rule, threshold in sorted(ctx.get_broadcast_state(RULES).items()):
+            if value.amount >= threshold:
+                yield value.user, value.amount, rule, n
+
+
+class RuleMatchesWithReset(RuleMatches):
+    """``RuleMatches`` where a rule named ``reset`` is not kept: it sets every user's event count
+    to its threshold, through ``apply_to_keyed_state`` (Flink's ``applyToKeyedState``)."""
+
+    def process_broadcast_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
+        if value.rule != "reset":
+            return super().process_broadcast_element(value, ctx)
+        ctx.apply_to_keyed_state(COUNT, lambda user, count: count.update(value.threshold))
+        return None
+
+
+class RuleTags(BroadcastProcessFunction):
+    """``RuleMatches`` on a stream that is not keyed: each event ``(user, amount)`` emits
+    ``(user, amount, rule)`` for every rule it reaches; no keyed state."""
+
+    def process_broadcast_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
+        rules = ctx.get_broadcast_state(RULES)
+        if value.threshold is None:
+            rules.remove(value.rule)
+        else:
+            rules.put(value.rule, value.threshold)
+
+    def process_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
+        for rule, threshold in sorted(ctx.get_broadcast_state(RULES).items()):
+            if value.amount >= threshold:
+                yield value.user, value.amount, rule

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from keyedstate.engine.keyed_state import KeyState
 from keyedstate.functions import (
     FunctionInitializationContext,
     FunctionSnapshotContext,
+    KeyedBroadcastProcessFunction,
     KeyedProcessFunction,
     KeyedStateStore,
     OperatorStateStore,
@@ -29,14 +30,22 @@ from keyedstate.state.descriptors import (
 )
 from keyedstate.state.states import (
     AggregatingState,
+    BroadcastState,
     ListState,
     MapState,
+    ReadOnlyBroadcastState,
     ReducingState,
     ValueState,
 )
 from keyedstate.state.types import StateTypeError, checker
 
-__all__ = ["ContextImpl", "RuntimeContextImpl", "TimerServiceImpl"]
+__all__ = [
+    "BroadcastContextImpl",
+    "ContextImpl",
+    "RuntimeContextImpl",
+    "TimerServiceImpl",
+    "broadcast_views",
+]
 
 
 class TimerServiceImpl(TimerService):
@@ -83,10 +92,14 @@ class TimerServiceImpl(TimerService):
         self._b.timers[(True, timestamp)] = False
 
 
-class ContextImpl(KeyedProcessFunction.OnTimerContext):
-    """One object serves as Context and OnTimerContext; the runner sets ``ts`` and ``domain``."""
+class ContextImpl(
+    KeyedProcessFunction.OnTimerContext, KeyedBroadcastProcessFunction.OnTimerContext
+):
+    """One object serves as Context and OnTimerContext, of a ``KeyedProcessFunction`` and of a
+    ``KeyedBroadcastProcessFunction`` (its ReadOnlyContext); the runner sets ``ts`` and
+    ``domain``, and ``broadcast`` (the read-only broadcast states by name)."""
 
-    __slots__ = ("_b", "_timers", "_side", "ts", "domain")
+    __slots__ = ("_b", "_timers", "_side", "ts", "domain", "broadcast")
 
     def __init__(self, backend: KeyState, timers: TimerService, side: Any = None) -> None:  # noqa: ANN401
         self._b = backend
@@ -94,6 +107,16 @@ class ContextImpl(KeyedProcessFunction.OnTimerContext):
         self._side = side
         self.ts: int | None = None
         self.domain = TimeDomain.EVENT_TIME
+        self.broadcast: dict[str, ReadOnlyBroadcastState] = {}
+
+    def current_processing_time(self) -> int:
+        return self._b.now
+
+    def current_watermark(self) -> int:
+        return self._b.watermark
+
+    def get_broadcast_state(self, state_descriptor: MapStateDescriptor) -> ReadOnlyBroadcastState:
+        return broadcast_state_of(self.broadcast, state_descriptor)
 
     def timestamp(self) -> int | None:
         return self.ts
@@ -114,6 +137,115 @@ class ContextImpl(KeyedProcessFunction.OnTimerContext):
                 "pass side_outputs=[...] to process()"
             )
         self._side(output_tag, value)
+
+
+def broadcast_state_of(states: dict[str, Any], descriptor: MapStateDescriptor) -> Any:  # noqa: ANN401
+    state = states.get(getattr(descriptor, "name", None))  # type: ignore[arg-type]
+    if state is None or not isinstance(descriptor, MapStateDescriptor):
+        raise StateUsageError(
+            f"no broadcast state {descriptor!r}: the broadcast stream connected to this function "
+            f"declares {sorted(states) or 'none'} (keyedstate.broadcast(df, descriptor, ...))"
+        )
+    if state.descriptor.signature() != descriptor.signature():
+        raise StateUsageError(
+            f"broadcast state '{descriptor.name}' is declared as {state.descriptor!r}, not "
+            f"{descriptor!r}"
+        )
+    return state
+
+
+class _ReadOnlyBroadcastState(ReadOnlyBroadcastState):
+    """A broadcast state as ``process_element`` sees it: reads of the partition's map."""
+
+    __slots__ = ("_map", "descriptor")
+
+    def __init__(self, state: MapState, descriptor: MapStateDescriptor) -> None:
+        self._map = state
+        self.descriptor = descriptor
+
+    def get(self, key: Any) -> Any:  # noqa: ANN401
+        return self._map.get(key)
+
+    def contains(self, key: Any) -> bool:  # noqa: ANN401
+        return self._map.contains(key)
+
+    def items(self) -> Iterable[tuple[Any, Any]]:
+        return self._map.items()
+
+    def keys(self) -> Iterable[Any]:
+        return self._map.keys()
+
+    def values(self) -> Iterable[Any]:
+        return self._map.values()
+
+    def is_empty(self) -> bool:
+        return self._map.is_empty()
+
+    def clear(self) -> None:
+        raise StateUsageError(
+            f"broadcast state '{self.descriptor.name}' is read-only in process_element and "
+            "on_timer: write it in process_broadcast_element"
+        )
+
+
+class _BroadcastState(_ReadOnlyBroadcastState, BroadcastState):
+    """A broadcast state as ``process_broadcast_element`` sees it: its writes are kept with the
+    partition's operator state, the same writes in every partition."""
+
+    __slots__ = ()
+
+    def put(self, key: Any, value: Any) -> None:  # noqa: ANN401
+        self._map.put(key, value)
+
+    def put_all(self, dict_value: Mapping[Any, Any]) -> None:
+        self._map.put_all(dict_value)
+
+    def remove(self, key: Any) -> None:  # noqa: ANN401
+        self._map.remove(key)
+
+    def clear(self) -> None:
+        self._map.clear()
+
+
+class BroadcastContextImpl(KeyedBroadcastProcessFunction.Context):
+    """The context of ``process_broadcast_element``: the broadcast states to write."""
+
+    __slots__ = ("_b", "_side", "_visit", "states")
+
+    def __init__(
+        self,
+        backend: KeyState,
+        states: dict[str, _BroadcastState],
+        side: Any,  # noqa: ANN401
+        visit: Callable[[Any, Callable[[Any, Any], None]], None],
+    ) -> None:
+        self._b = backend
+        self._side = side
+        self._visit = visit
+        self.states = states
+
+    def timestamp(self) -> int | None:
+        return None
+
+    def current_processing_time(self) -> int:
+        return self._b.now
+
+    def current_watermark(self) -> int:
+        return self._b.watermark
+
+    def output(self, output_tag: Any, value: Any) -> None:  # noqa: ANN401
+        if self._side is None:
+            raise StateUsageError(
+                f"side output {getattr(output_tag, 'tag_id', output_tag)!r} was not declared: "
+                "pass side_outputs=[...] to process()"
+            )
+        self._side(output_tag, value)
+
+    def get_broadcast_state(self, state_descriptor: MapStateDescriptor) -> BroadcastState:
+        return broadcast_state_of(self.states, state_descriptor)
+
+    def apply_to_keyed_state(self, state_descriptor: Any, function: Any) -> None:  # noqa: ANN401
+        self._visit(state_descriptor, function)
 
 
 class _OperatorListState(ListState):
@@ -248,3 +380,14 @@ class _OperatorStore(OperatorStateStore):
 
     def get_union_list_state(self, state_descriptor: ListStateDescriptor) -> ListState:
         return self._context.get_operator_list_state(state_descriptor, OPERATOR_UNION_LIST)
+
+
+def broadcast_views(
+    backend: KeyState, descriptors: list[MapStateDescriptor]
+) -> tuple[dict[str, ReadOnlyBroadcastState], dict[str, _BroadcastState]]:
+    """The broadcast states of a partition (kept in ``backend``, whose one "key" is the
+    partition), read-only for ``process_element`` and writable for ``process_broadcast_element``."""
+    maps = {d.name: backend.register(d, MapStateDescriptor.kind) for d in descriptors}
+    read_only = {n: _ReadOnlyBroadcastState(m, m.descriptor) for n, m in maps.items()}  # type: ignore[arg-type]
+    writable = {n: _BroadcastState(m, m.descriptor) for n, m in maps.items()}  # type: ignore[arg-type]
+    return read_only, writable  # type: ignore[return-value]

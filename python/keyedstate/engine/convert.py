@@ -138,7 +138,8 @@ class OutputRows:
 
     @property
     def size(self) -> int:
-        return len(self._outputs) + len(self._changes) + len(self._timers)
+        pending = 0 if self._operator_states is None else 1
+        return len(self._outputs) + len(self._changes) + len(self._timers) + pending
 
     @property
     def change_width(self) -> int:

@@ -21,8 +21,14 @@ from keyedstate._session import EXTENSIONS_CLASS, EXTENSIONS_KEY
 from keyedstate.engine.contexts import RuntimeContextImpl
 from keyedstate.engine.keyed_state import KeyState
 from keyedstate.engine.runner import KeyedRunner, RunnerPlan, StatePlan
-from keyedstate.functions import CheckpointedFunction, KeyedProcessFunction
+from keyedstate.functions import (
+    CheckpointedFunction,
+    KeyedBroadcastProcessFunction,
+    KeyedProcessFunction,
+)
+from keyedstate.keyed_stream import SPREAD_COLUMN
 from keyedstate.state.descriptors import (
+    BROADCAST,
     OPERATOR_STATE_KINDS,
     ListStateDescriptor,
     StateDescriptor,
@@ -129,6 +135,25 @@ def _overrides(function: Any, name: str, base: type) -> bool:  # noqa: ANN401
     return method is not None and method is not getattr(base, name, None)
 
 
+def _mentions(function: Any, name: str) -> bool:  # noqa: ANN401
+    """Whether the code of the function's class (its methods and what they define, not
+    keyedstate's base classes) names ``name``: a static look, for what must be planned ahead."""
+
+    def in_code(code: Any) -> bool:  # noqa: ANN401
+        return name in code.co_names or any(
+            in_code(c) for c in code.co_consts if hasattr(c, "co_names")
+        )
+
+    for cls in type(function).__mro__:
+        if cls.__module__.startswith("keyedstate."):
+            continue
+        for value in vars(cls).values():
+            code = getattr(getattr(value, "__func__", value), "__code__", None)
+            if code is not None and in_code(code):
+                return True
+    return False
+
+
 _REQUIRED = {
     "process": "process_element",
     "map": "map",
@@ -199,6 +224,9 @@ def _state_json(descriptor: StateDescriptor, kind: str) -> dict[str, Any]:
     if kind == "map":
         value_type = descriptor.value_type_info.spark_type()  # type: ignore[attr-defined]
         key_type: T.DataType | None = descriptor.key_type_info.spark_type()  # type: ignore[attr-defined]
+    elif kind == BROADCAST:
+        value_type = descriptor.value_type_info.spark_type()  # type: ignore[attr-defined]
+        key_type = descriptor.key_type_info.spark_type()  # type: ignore[attr-defined]
     elif kind == ListStateDescriptor.kind or kind in OPERATOR_STATE_KINDS:
         value_type = descriptor.element_type_info.spark_type()  # type: ignore[attr-defined]
         key_type = None
@@ -335,8 +363,10 @@ def build(
     output_mode: str = "append",
     side_outputs: SideOutputs = None,
     uid: str | None = None,
+    broadcast: Any = None,  # noqa: ANN401 - a keyed_stream.BroadcastStream
 ) -> DataFrame:
-    """Checks everything that can be checked before the query starts, then plans it."""
+    """Checks everything that can be checked before the query starts, then plans it.
+    ``broadcast``: the broadcast stream a ``KeyedBroadcastProcessFunction`` is connected to."""
     if uid is not None and (not isinstance(uid, str) or not uid.strip()):
         raise StateUsageError(f"uid must be a non-empty string, got {uid!r}")
     if not isinstance(df, DataFrame) and type(df).__name__ != "DataFrame":
@@ -363,8 +393,17 @@ def build(
             f"{type(function).__name__} must derive from a keyedstate function class "
             "(it has no open())"
         )
-    columns = df.schema.names
-    reserved = [c for c in columns if c.startswith("__ks_")]
+    broadcast_df = None if broadcast is None else broadcast.df
+    classic = broadcast_df is None or hasattr(broadcast_df, "_jdf")
+    if not classic or (broadcast_df is not None and not broadcast_df.isStreaming):
+        raise StateUsageError(
+            "keyedstate.broadcast() takes a streaming DataFrame of a classic Spark session"
+        )
+    columns = df.schema.names + ([] if broadcast_df is None else broadcast_df.schema.names)
+    # connect()'s generated key of a stream that is not keyed is the one input column allowed.
+    reserved = [
+        c for c in columns if c.startswith("__ks_") and list(key_columns) != [SPREAD_COLUMN]
+    ]
     if reserved:
         raise StateUsageError(f"input column names starting with '__ks_' are reserved: {reserved}")
     for column in [*key_columns, *([order_by] if order_by else [])]:
@@ -399,7 +438,8 @@ def build(
 
     event_time = watermark_column(df)
     if timer_mode == "auto":
-        if kind == "process" and _overrides(function, "on_timer", KeyedProcessFunction):
+        base = KeyedProcessFunction if broadcast is None else KeyedBroadcastProcessFunction
+        if kind == "process" and _overrides(function, "on_timer", base):
             timer_mode = "processing" if event_time is None else "auto"
         else:
             timer_mode = "none"
@@ -421,14 +461,25 @@ def build(
         raise StateUsageError("side outputs are only available to KeyedProcessFunction (process())")
     struct = _with_sides(main_struct, sides) if sides else main_struct
     keyed, operator = _declared_states(function)
+    if keyed and list(key_columns) == [SPREAD_COLUMN]:
+        raise StateUsageError(
+            f"a BroadcastProcessFunction has no keyed state, and {function_name(function)} "
+            f"creates {[d.name for d in keyed]}: key the stream (keyedstate.key_by(...)"
+            ".connect(...)) and use a KeyedBroadcastProcessFunction"
+        )
     states = [StatePlan(i, d.name, d.kind, d) for i, d in enumerate(keyed)]
     states += [
         StatePlan(len(keyed) + i, d.name, kind, d) for i, (d, kind) in enumerate(operator)
     ]
+    broadcast_states = [] if broadcast is None else broadcast.descriptors
+    visits_keyed_state = broadcast is not None and _mentions(function, "apply_to_keyed_state")
+    states += [
+        StatePlan(len(states) + i, d.name, BROADCAST, d) for i, d in enumerate(broadcast_states)
+    ]
     names = [s.name for s in states]
     clashing = sorted({n for n in names if names.count(n) > 1})
     if clashing:
-        raise StateUsageError(f"keyed and operator states share the names {clashing}")
+        raise StateUsageError(f"keyed, operator and broadcast states share the names {clashing}")
 
     spark = df.sparkSession
     spec = {
@@ -440,6 +491,9 @@ def build(
         "states": [_state_json(s.descriptor, s.kind) for s in states],
         "timers": timer_mode != "none",
         "outputSchema": json.loads(struct.json()),
+        "broadcastSchema": None if broadcast_df is None else json.loads(broadcast_df.schema.json()),
+        # apply_to_keyed_state visits every key's state: the lookup sends them when it is used.
+        "visitsKeyedState": visits_keyed_state,
     }
     spec_json = json.dumps(spec)
     jvm = spark._jvm  # type: ignore[attr-defined]
@@ -466,9 +520,14 @@ def build(
         side_tags={name: j for j, (name, _) in enumerate(sides)},
         side_columns=[list(st.names) for _, st in sides],
         main_width=len(main_struct.fields) if sides else None,
+        broadcast_schema=None if broadcast_df is None else broadcast_df.schema,
+        visits_keyed_state=visits_keyed_state,
     )
     try:
-        lookup = DataFrame(engine.lookup(df._jdf, spec_json), spark)
+        lookup = DataFrame(
+            engine.lookup(df._jdf, None if broadcast_df is None else broadcast_df._jdf, spec_json),
+            spark,
+        )
     except Exception as error:  # noqa: BLE001 - py4j errors carry the JVM message
         raise StateUsageError(f"cannot plan {type(function).__name__}: {error}") from None
     runner = KeyedRunner(plan)

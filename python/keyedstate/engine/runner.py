@@ -23,16 +23,29 @@ from pyspark.sql import types as T
 
 from keyedstate.elements import element_class
 from keyedstate.engine.codec import column_decoder, state_codec
-from keyedstate.engine.contexts import ContextImpl, RuntimeContextImpl, TimerServiceImpl
+from keyedstate.engine.contexts import (
+    BroadcastContextImpl,
+    ContextImpl,
+    RuntimeContextImpl,
+    TimerServiceImpl,
+    broadcast_views,
+)
 from keyedstate.engine.convert import OutputRows
 from keyedstate.engine.keyed_state import MIN_TIME, KeyState
 from keyedstate.functions import CheckpointedFunction, TimeDomain
-from keyedstate.state.descriptors import OPERATOR_STATE_KINDS, StateDescriptor, StateUsageError
+from keyedstate.state.descriptors import (
+    BROADCAST,
+    OPERATOR_STATE_KINDS,
+    StateDescriptor,
+    StateUsageError,
+)
 
 __all__ = ["KeyedRunner", "RunnerPlan", "StatePlan"]
 
 # Row kinds (io.keyedstate.engine.Exchange).
 IN_BATCH, IN_KEY, IN_EVENT_TIMER, IN_PROC_TIMER, IN_ELEMENT, IN_OPERATOR_STATE = range(6)
+IN_BROADCAST_ELEMENT = 6
+IN_VISITED_KEY = 7  # a stored key and its state, for apply_to_keyed_state
 REGISTER_EVENT, REGISTER_PROC, DELETE_EVENT, DELETE_PROC = range(5, 9)
 # What a key's change row does to one state variable (its __ks_op<i> cell; None: unchanged).
 PUT, APPEND, CLEAR = 1, 2, 3
@@ -46,7 +59,8 @@ class StatePlan:
 
     index: int
     name: str
-    kind: str  # value, list, map, reducing, aggregating, operator_list, operator_union_list
+    kind: str  # value, list, map, reducing, aggregating, operator_list, operator_union_list,
+    # broadcast
     descriptor: StateDescriptor
 
 
@@ -72,6 +86,10 @@ class RunnerPlan:
     side_tags: dict[str, int] = field(default_factory=dict)
     side_columns: list[list[str]] = field(default_factory=list)
     main_width: int | None = None
+    # The broadcast stream's schema (a KeyedBroadcastProcessFunction), else None.
+    broadcast_schema: T.StructType | None = None
+    # Whether the function calls apply_to_keyed_state: the lookup sends every stored key first.
+    visits_keyed_state: bool = False
 
 
 def _refresh_globals(function: Any, snapshot: dict[str, Any]) -> None:  # noqa: ANN401
@@ -164,7 +182,10 @@ class _Task:
             None if plan.event_time_column is None else names.index(plan.event_time_column)
         )
         self.codecs = {s.index: state_codec(_value_type(s), plan.time_zone) for s in plan.states}
-        self.keyed = [s for s in plan.states if s.kind not in OPERATOR_STATE_KINDS]
+        self.keyed = [
+            s for s in plan.states if s.kind not in OPERATOR_STATE_KINDS and s.kind != BROADCAST
+        ]
+        self.broadcast_states = [s for s in plan.states if s.kind == BROADCAST]
         self.keyed_columns = [
             (s.name, s.index, self.codecs[s.index].decode, s.kind in ("list", "map"))
             for s in self.keyed
@@ -174,9 +195,32 @@ class _Task:
                 state_codec(s.descriptor.key_type_info, plan.time_zone).encode,  # type: ignore[attr-defined]
                 state_codec(s.descriptor.value_type_info, plan.time_zone).encode,  # type: ignore[attr-defined]
             )
-            for s in self.keyed
-            if s.kind == "map"
+            for s in [*self.keyed, *self.broadcast_states]
+            if s.kind in ("map", BROADCAST)
         }
+        # The partition's broadcast states: a state backend of their own, whose one "key" is the
+        # partition (loaded from the operator-state row, written back with the operator states).
+        self.broadcast = KeyState({s.name: s.descriptor.signature() for s in self.broadcast_states})
+        read_only, writable = broadcast_views(
+            self.broadcast,
+            [s.descriptor for s in self.broadcast_states],  # type: ignore[misc]
+        )
+        self.ctx.broadcast = read_only
+        self.broadcast_ctx = BroadcastContextImpl(
+            self.state, writable, self._side if plan.side_tags else None, self._visit
+        )
+        # Every stored key's state, when the function visits them: by the key row made hashable,
+        # the key row and its state values.
+        self.visited: dict[Any, tuple[tuple, dict[str, Any]]] = {}
+        self.broadcast_at: int | None = None
+        self.broadcast_rows: list[Any] = []
+        if plan.broadcast_schema is not None:
+            self.broadcast_decoders = [
+                column_decoder(f.dataType, plan.time_zone) for f in plan.broadcast_schema.fields
+            ]
+            self.make_broadcast = functools.partial(
+                tuple.__new__, element_class(tuple(plan.broadcast_schema.names))
+            )
         self.op_states = [s for s in plan.states if s.kind in OPERATOR_STATE_KINDS]
         self.checkpointed = isinstance(self.function, CheckpointedFunction)
         self.opened = False
@@ -238,6 +282,10 @@ class _Task:
                     at = self.change_at[s.index]
                     cells[at] = PUT
                     cells[at + 1] = values if encode is None else encode(values)
+            broadcast = self.broadcast
+            for s in self.broadcast_states:
+                if s.name in broadcast.dirty:
+                    self._map_change(cells, self.change_at[s.index], s, broadcast)
             if any(c is not None for c in cells):
                 out.operator_states(cells)
         if out.size:
@@ -254,6 +302,8 @@ class _Task:
                 [names.index(n) for n in ("__ks_time", "__ks_wm", "__ks_parts")],
             )
         offset, state_position, (time_at, _, _) = self.positions
+        if self.broadcast_at is None and plan.broadcast_schema is not None:
+            self.broadcast_at = batch.schema.names.index("__ks_b0")
         kinds = batch.column(0).to_pylist()
         width = len(plan.input_schema.fields)
         has_keys = IN_KEY in kinds
@@ -272,14 +322,27 @@ class _Task:
         if self.event_time is not None and IN_ELEMENT in kinds:
             micros = pc.cast(batch.column(offset + self.event_time), pa.int64())
             event_ms = [None if v is None else v // 1000 for v in micros.to_pylist()]
+        if IN_BROADCAST_ELEMENT in kinds:
+            at = self.broadcast_at
+            assert at is not None
+            decoded = []
+            for i, decode in enumerate(self.broadcast_decoders):
+                values = batch.column(at + i).to_pylist()
+                if decode is not None:
+                    values = [None if v is None else decode(v) for v in values]
+                decoded.append(values)
+            self.broadcast_rows = list(map(self.make_broadcast, zip(*decoded, strict=True)))
         # Stored state comes on key and operator-state rows only: just their cells become Python
         # values, in row order (``_control`` takes them one by one).
         state_columns: dict[int, list[Any]] = {}
         self.state_row = 0
-        if has_keys or IN_OPERATOR_STATE in kinds:
+        if has_keys or IN_OPERATOR_STATE in kinds or IN_VISITED_KEY in kinds:
             kind_column = batch.column(0)
             carriers = pc.indices_nonzero(
-                pc.or_(pc.equal(kind_column, IN_KEY), pc.equal(kind_column, IN_OPERATOR_STATE))
+                pc.or_(
+                    pc.or_(pc.equal(kind_column, IN_KEY), pc.equal(kind_column, IN_OPERATOR_STATE)),
+                    pc.equal(kind_column, IN_VISITED_KEY),
+                )
             )
             for s in plan.states:
                 column = batch.column(state_position[s.index])
@@ -350,12 +413,11 @@ class _Task:
             j = self.state_row
             self.state_row = j + 1
             key_row = self.key_of(rows[i])
-            values: dict[str, Any] = {}
-            for name, column, decode, nested in self.keyed_columns:
-                stored = state_columns[column][j]
-                # An absent list or map comes as empty (see KeyedStateLookupExec.emit).
-                if stored is not None and (stored or not nested):
-                    values[name] = stored if decode is None else decode(stored)
+            # A key visited by apply_to_keyed_state has its state as the visits left it.
+            visited = self.visited.get(_hashable(key_row)) if self.visited else None
+            values = visited[1] if visited is not None else None
+            if values is None:
+                values = self._stored_values(state_columns, j)
             self.state.load(key_row[0] if len(key_row) == 1 else key_row, values)
             self.current_key_row = key_row
             self.has_key = True
@@ -383,8 +445,65 @@ class _Task:
                     decode = self.codecs[s.index].decode
                     self.state.op_state[s.name] = stored if decode is None else decode(stored)
                     self.state.restored = True
+            if self.broadcast_states:
+                maps: dict[str, Any] = {}
+                for s in self.broadcast_states:
+                    stored = state_columns[s.index][j]
+                    if stored:
+                        maps[s.name] = self.codecs[s.index].decode(stored)
+                self.broadcast.load(None, maps)
+        elif k == IN_VISITED_KEY:
+            j = self.state_row
+            self.state_row = j + 1
+            key_row = self.key_of(rows[i])
+            self.visited[_hashable(key_row)] = (key_row, self._stored_values(state_columns, j))
+        elif k == IN_BROADCAST_ELEMENT:
+            # Every partition runs every broadcast element, in order, before its keys.
+            if not self.opened:
+                self._open()
+            result = self.function.process_broadcast_element(
+                self.broadcast_rows[i], self.broadcast_ctx
+            )
+            if result is not None:
+                self.out.outputs(result)
         if not self.opened and k != IN_BATCH and k != IN_OPERATOR_STATE:
             self._open()
+
+    def _stored_values(self, state_columns: dict[int, list[Any]], j: int) -> dict[str, Any]:
+        """The keyed states of the ``j``-th row carrying state, as Python values."""
+        values: dict[str, Any] = {}
+        for name, column, decode, nested in self.keyed_columns:
+            stored = state_columns[column][j]
+            # An absent list or map comes as empty (see KeyedStateLookupExec.emit).
+            if stored is not None and (stored or not nested):
+                values[name] = stored if decode is None else decode(stored)
+        return values
+
+    def _visit(self, descriptor: Any, function: Callable[[Any, Any], None]) -> None:  # noqa: ANN401
+        """``apply_to_keyed_state``: ``function(key, state)`` for every stored key with that
+        state (Flink's ``applyToKeyedState``); what it changes is written as the key's changes,
+        and the key's elements later in the batch see it."""
+        if not self.plan.visits_keyed_state:
+            raise StateUsageError(
+                "apply_to_keyed_state is called, but the function's code did not name it when "
+                "the query was planned (keyedstate looks for it in the function's methods to "
+                "send every key's state ahead): call it by name in the function's class"
+            )
+        handle = self.state.handles.get(getattr(descriptor, "name", None))  # type: ignore[arg-type]
+        if handle is None or handle.descriptor.signature() != descriptor.signature():
+            raise StateUsageError(
+                f"apply_to_keyed_state: no keyed state {descriptor!r} was created in open(); "
+                f"the function's keyed states are {sorted(self.state.handles)}"
+            )
+        state = self.state
+        for key_row, values in self.visited.values():
+            if descriptor.name not in values:
+                continue
+            key = key_row[0] if len(key_row) == 1 else key_row
+            state.load(key, values)  # the visit changes ``values`` in place
+            function(key, handle)
+            if state.dirty:
+                self.out.change(self._change_row(key_row))
 
     # -----------------------------------------------------------------------------------------
     # Timers and the end of a key
@@ -438,57 +557,8 @@ class _Task:
             self._fire_new()
         key = self.current_key_row
         out = self.out
-        dirty = state.dirty
-        if dirty:
-            # One row for all the key's changes: its key, then per state variable an op and data.
-            row: list[Any] = [*key, *self.no_changes]
-            base = len(key)
-            for s in self.keyed:
-                name = s.name
-                if name not in dirty:
-                    continue
-                at = base + self.change_at[s.index]
-                encode = self.codecs[s.index].encode
-                current = state.cur.get(name)
-                if s.kind == "list":
-                    if name in state.replaced:
-                        if current:
-                            row[at] = PUT
-                            row[at + 1] = _encode_all(current, encode)
-                        else:
-                            row[at] = CLEAR
-                    else:
-                        appended = state.appended.get(name)
-                        if appended:
-                            row[at] = APPEND
-                            row[at + 1] = _encode_all(appended, encode)
-                elif s.kind == "map":
-                    key_codec, value_codec = self.map_codecs[s.index]
-                    if name in state.map_cleared:
-                        row[at] = CLEAR
-                        changed = current.keys() if current else ()
-                    else:
-                        row[at] = PUT
-                        changed = state.map_changes.get(name, ())
-                    puts = []
-                    removed = []
-                    for map_key in changed:
-                        encoded_key = map_key if key_codec is None else key_codec(map_key)
-                        if current is not None and map_key in current:
-                            value = current[map_key]
-                            if value is not None and value_codec is not None:
-                                value = value_codec(value)
-                            puts.append((encoded_key, value))
-                        else:
-                            removed.append(encoded_key)
-                    row[at + 1] = puts
-                    row[at + 2] = removed
-                elif current is None:
-                    row[at] = CLEAR
-                else:
-                    row[at] = PUT
-                    row[at + 1] = current if encode is None else encode(current)
-            out.change(row)
+        if state.dirty:
+            out.change(self._change_row(key))
         for (event, timestamp), registered in state.timers.items():
             kind = (
                 (REGISTER_EVENT if event else REGISTER_PROC)
@@ -496,6 +566,74 @@ class _Task:
                 else (DELETE_EVENT if event else DELETE_PROC)
             )
             out.timer(kind, key, timestamp)
+
+    def _change_row(self, key: tuple) -> list[Any]:
+        """One row for all the current key's changes: its key, then per state variable an op
+        and data."""
+        state = self.state
+        dirty = state.dirty
+        row: list[Any] = [*key, *self.no_changes]
+        base = len(key)
+        for s in self.keyed:
+            name = s.name
+            if name not in dirty:
+                continue
+            at = base + self.change_at[s.index]
+            encode = self.codecs[s.index].encode
+            current = state.cur.get(name)
+            if s.kind == "list":
+                if name in state.replaced:
+                    if current:
+                        row[at] = PUT
+                        row[at + 1] = _encode_all(current, encode)
+                    else:
+                        row[at] = CLEAR
+                else:
+                    appended = state.appended.get(name)
+                    if appended:
+                        row[at] = APPEND
+                        row[at + 1] = _encode_all(appended, encode)
+            elif s.kind == "map":
+                self._map_change(row, at, s, state)
+            elif current is None:
+                row[at] = CLEAR
+            else:
+                row[at] = PUT
+                row[at + 1] = current if encode is None else encode(current)
+        return row
+
+    def _map_change(self, row: list[Any], at: int, s: StatePlan, state: KeyState) -> None:
+        """A map state's change cells (op, entries put, map keys removed) at ``at`` of ``row``."""
+        name = s.name
+        current = state.cur.get(name)
+        key_codec, value_codec = self.map_codecs[s.index]
+        if name in state.map_cleared:
+            row[at] = CLEAR
+            changed = current.keys() if current else ()
+        else:
+            row[at] = PUT
+            changed = state.map_changes.get(name, ())
+        puts = []
+        removed = []
+        for map_key in changed:
+            encoded_key = map_key if key_codec is None else key_codec(map_key)
+            if current is not None and map_key in current:
+                value = current[map_key]
+                if value is not None and value_codec is not None:
+                    value = value_codec(value)
+                puts.append((encoded_key, value))
+            else:
+                removed.append(encoded_key)
+        row[at + 1] = puts
+        row[at + 2] = removed
+
+def _hashable(value: Any) -> Any:  # noqa: ANN401
+    """A key's values as a hashable form (struct keys come as dicts, arrays as lists)."""
+    if isinstance(value, dict):
+        return tuple((k, _hashable(v)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return tuple(_hashable(v) for v in value)
+    return value
 
 
 def _key_getter(positions: list[int]) -> Callable[[tuple], tuple]:

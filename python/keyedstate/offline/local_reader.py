@@ -58,7 +58,7 @@ from keyedstate.offline.local_changelog import (
     read_changelog,
     require,
 )
-from keyedstate.state.descriptors import OPERATOR_STATE_KINDS
+from keyedstate.state.descriptors import BROADCAST, OPERATOR_STATE_KINDS
 
 __all__ = [
     "INSTALL_HINT",
@@ -74,6 +74,7 @@ SAVEPOINT_METADATA = "_savepoint.json"
 DEFAULT_STORE = "default"
 DEFAULT_COLUMN_FAMILY = "default"
 OPERATOR_STATE_PREFIX = "$op_"  # rocks.KeyGroups.PartitionLocalPrefix
+BROADCAST_STATE_PREFIX = "$bc_"  # rocks.KeyGroups.BroadcastPrefix
 TIMER_FAMILIES = ("$eventTimers", "$procTimers")  # engine.StateLayout
 _MANIFEST_NAME = re.compile(r"^(\d+)(?:_(.+))?\.manifest$")
 _CHUNK = 1 << 20
@@ -359,10 +360,18 @@ class LocalPartition:
             )
         kind = declared[name]["kind"]
         operator_state = kind in OPERATOR_STATE_KINDS
-        column_family = OPERATOR_STATE_PREFIX + name if operator_state else name
+        column_family = (
+            OPERATOR_STATE_PREFIX + name
+            if operator_state
+            else BROADCAST_STATE_PREFIX + name
+            if kind == BROADCAST
+            else name
+        )
         if column_family not in self._families:
             return [] if operator_state else {}
         entries = self.items(column_family)
+        if kind == BROADCAST:
+            return {key[0]: row[0] for key, row in entries}
         if operator_state:
             # One list per partition that wrote it (several before a restored query's first
             # batch joins them), joined in partition order.

@@ -188,7 +188,7 @@ class AggregatingStateDescriptor(StateDescriptor):
 # The kinds keyed state is declared with, each with its descriptor; the JVM parses the same names
 # (``io.keyedstate.engine.StateKind``, tests/engine/test_state_declaration.py checks they
 # agree), and the operator states' kinds: OPERATOR_LIST (even-split redistribution) and
-# OPERATOR_UNION_LIST (union redistribution).
+# OPERATOR_UNION_LIST (union redistribution), and BROADCAST.
 KEYED_STATE_DESCRIPTORS: dict[str, type[StateDescriptor]] = {
     d.kind: d
     for d in (
@@ -202,3 +202,5 @@ KEYED_STATE_DESCRIPTORS: dict[str, type[StateDescriptor]] = {
 OPERATOR_LIST = "operator_list"
 OPERATOR_UNION_LIST = "operator_union_list"
 OPERATOR_STATE_KINDS = (OPERATOR_LIST, OPERATOR_UNION_LIST)
+# A broadcast state (a map, the same in every partition: keyedstate.broadcast).
+BROADCAST = "broadcast"

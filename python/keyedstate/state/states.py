@@ -14,9 +14,11 @@ from typing import Generic, TypeVar
 __all__ = [
     "AggregatingState",
     "AppendingState",
+    "BroadcastState",
     "ListState",
     "MapState",
     "MergingState",
+    "ReadOnlyBroadcastState",
     "ReducingState",
     "State",
     "ValueState",
@@ -128,3 +130,55 @@ class MapState(State, Generic[K, V]):
 
     def __iter__(self) -> Iterator[K]:
         return iter(self.keys())
+
+
+class ReadOnlyBroadcastState(State, Generic[K, V]):
+    """A broadcast state as ``process_element`` sees it: the same map in every partition, read
+    only (PyFlink's ``ReadOnlyBroadcastState``)."""
+
+    @abstractmethod
+    def get(self, key: K) -> V | None: ...
+
+    @abstractmethod
+    def contains(self, key: K) -> bool: ...
+
+    @abstractmethod
+    def items(self) -> Iterable[tuple[K, V]]: ...
+
+    @abstractmethod
+    def keys(self) -> Iterable[K]: ...
+
+    @abstractmethod
+    def values(self) -> Iterable[V]: ...
+
+    @abstractmethod
+    def is_empty(self) -> bool: ...
+
+    def __getitem__(self, key: K) -> V | None:
+        return self.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return self.contains(key)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self.keys())
+
+
+class BroadcastState(ReadOnlyBroadcastState[K, V]):
+    """A broadcast state as ``process_broadcast_element`` sees it: read and written, the same
+    writes in every partition (PyFlink's ``BroadcastState``)."""
+
+    @abstractmethod
+    def put(self, key: K, value: V) -> None: ...
+
+    @abstractmethod
+    def put_all(self, dict_value: Mapping[K, V]) -> None: ...
+
+    @abstractmethod
+    def remove(self, key: K) -> None: ...
+
+    def __setitem__(self, key: K, value: V) -> None:
+        self.put(key, value)
+
+    def __delitem__(self, key: K) -> None:
+        self.remove(key)

@@ -10,30 +10,34 @@ import org.apache.spark.sql.types.StructType
  * (outputs out, state mutations into the store, commit). Output attributes are constructor
  * arguments so that they keep their ids through every copy of the plan.
  */
-/** What both nodes share: the spec, their own output, and reading every column of the child. */
-sealed trait KeyedFunctionNode extends UnaryNode {
+/** What both nodes share: the spec, their own output, and reading every column of their children. */
+sealed trait KeyedFunctionNode extends LogicalPlan {
   def specJson: String
   @transient lazy val spec: ProcessSpec = ProcessSpec.fromJson(specJson)
   override def producedAttributes: AttributeSet = AttributeSet(output)
-  // ColumnPruning would otherwise prune every column of the child away.
-  override lazy val references: AttributeSet = child.outputSet
+  // ColumnPruning would otherwise prune every column of the children away.
+  override lazy val references: AttributeSet = AttributeSet(children.flatMap(_.output))
   override def simpleString(maxFields: Int): String =
     s"$nodeName ${spec.functionName} by ${spec.keyColumns.mkString(", ")}"
 }
 
+/** The lookup reads the keyed stream (`child`) and, connected to it, the broadcast stream. */
 final case class KeyedStateLookup(
     specJson: String,
     inputSchema: StructType,
     output: Seq[Attribute],
-    child: LogicalPlan) extends KeyedFunctionNode {
-  override protected def withNewChildInternal(newChild: LogicalPlan): KeyedStateLookup = copy(child = newChild)
+    child: LogicalPlan,
+    broadcast: Option[LogicalPlan]) extends KeyedFunctionNode {
+  override def children: Seq[LogicalPlan] = child +: broadcast.toSeq
+  override protected def withNewChildrenInternal(newChildren: IndexedSeq[LogicalPlan]): KeyedStateLookup =
+    copy(child = newChildren.head, broadcast = broadcast.map(_ => newChildren(1)))
 }
 
 final case class KeyedStateApply(
     specJson: String,
     inputSchema: StructType,
     output: Seq[Attribute],
-    child: LogicalPlan) extends KeyedFunctionNode {
+    child: LogicalPlan) extends KeyedFunctionNode with UnaryNode {
   override protected def withNewChildInternal(newChild: LogicalPlan): KeyedStateApply = copy(child = newChild)
 }
 

@@ -124,7 +124,8 @@ final class KeyedProcessStrategy(session: SparkSession) extends SparkStrategy {
   override def apply(plan: LogicalPlan): Seq[SparkPlan] = plan match {
     case l: KeyedStateLookup =>
       val context = KeyedProcessOperators.batchContext(session, l.spec.nodeId)
-      KeyedStateLookupExec(l.specJson, l.inputSchema, l.output, context, planLater(l.child)) :: Nil
+      KeyedStateLookupExec(l.specJson, l.inputSchema, l.output, context, planLater(l.child),
+        l.broadcast.map(planLater)) :: Nil
     case a: KeyedStateApply =>
       val context = KeyedProcessOperators.batchContext(session, a.spec.nodeId)
       KeyedStateApplyExec(a.specJson, a.inputSchema, a.output, context, planLater(a.child)) :: Nil

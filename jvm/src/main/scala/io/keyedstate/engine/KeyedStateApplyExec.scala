@@ -236,19 +236,24 @@ private final class MutationWriter(
     }
   }
 
-  private final class MapWriter(v: StateVar, i: Int) extends VarWriter(v, i) {
+  /**
+   * A key's map state, or (`perKey` false) the partition's broadcast state: one map, its entries
+   * keyed by the map key alone.
+   */
+  private final class MapWriter(v: StateVar, i: Int, perKey: Boolean) extends VarWriter(v, i) {
     private val removedOrdinal = columns(Exchange.removedColumn(i))
     private val mapKeyType = v.mapKeyType.get
-    // A map entry's key: the key's columns and the map key.
+    private val width = if (perKey) numKeys else 0
+    // A map entry's key: the key's columns (none for broadcast state) and the map key.
     private val entryKey = UnsafeProjection.create(
-      (0 until numKeys).map(k => BoundReference(k, layout.keySchema(k).dataType, nullable = true)) :+
-        BoundReference(numKeys, mapKeyType, nullable = true))
+      (0 until width).map(k => BoundReference(k, layout.keySchema(k).dataType, nullable = true)) :+
+        BoundReference(width, mapKeyType, nullable = true))
     private val mapKeyRow = new GenericInternalRow(1)
     private val joined = new JoinedRow()
 
     private def entry(key: UnsafeRow, mapKey: Any): UnsafeRow = {
       mapKeyRow.update(0, mapKey)
-      entryKey(joined(key, mapKeyRow))
+      if (perKey) entryKey(joined(key, mapKeyRow)) else entryKey(mapKeyRow)
     }
 
     def apply(op: Byte, key: UnsafeRow, row: InternalRow): Unit = {
@@ -261,7 +266,7 @@ private final class MutationWriter(
     }
 
     private def clear(key: UnsafeRow): Unit = {
-      val it = store.prefixScan(key, cf)
+      val it = if (perKey) store.prefixScan(key, cf) else store.iterator(cf)
       val entries = try it.map(_.key.copy()).toArray finally it.close()
       entries.foreach(store.remove(_, cf))
       removed += entries.length
@@ -307,12 +312,13 @@ private final class MutationWriter(
     v.kind match {
       case StateKind.Value => new ValueWriter(v, i)
       case StateKind.List => new ListWriter(v, i)
-      case StateKind.Map => new MapWriter(v, i)
+      case StateKind.Map => new MapWriter(v, i, perKey = true)
+      case StateKind.Broadcast => new MapWriter(v, i, perKey = false)
       case StateKind.OperatorList | StateKind.OperatorUnionList => new OperatorListWriter(v, i)
     }
   }.toArray
-  private val keyedVars = vars.filterNot(_.v.kind.isOperatorState)
-  private val operatorVars = vars.filter(_.v.kind.isOperatorState)
+  private val keyedVars = vars.filterNot(_.v.kind.isPartitionLevel)
+  private val operatorVars = vars.filter(_.v.kind.isPartitionLevel)
 
   def apply(row: InternalRow): Unit = row.getByte(0) match {
     case Exchange.KeyChanges => changes(keyedVars, keyProjection(row), row)

@@ -10,7 +10,7 @@ import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions._
 import org.apache.spark.sql.catalyst.plans.physical._
 import org.apache.spark.sql.catalyst.util.{ArrayBasedMapData, GenericArrayData}
-import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.types._
@@ -28,7 +28,10 @@ final case class KeyedStateLookupExec(
     inputSchema: StructType,
     output: Seq[Attribute],
     context: Option[BatchContext],
-    child: SparkPlan) extends UnaryExecNode {
+    child: SparkPlan,
+    broadcast: Option[SparkPlan]) extends SparkPlan {
+
+  override def children: Seq[SparkPlan] = child +: broadcast.toSeq
 
   @transient private lazy val spec = ProcessSpec.fromJson(specJson)
 
@@ -36,15 +39,16 @@ final case class KeyedStateLookupExec(
     spec.keyColumns.map(c => child.output.find(_.name == c).getOrElse(
       throw new IllegalStateException(s"key column $c is not in the input ${child.output}")))
 
-  override def requiredChildDistribution: Seq[Distribution] = context match {
-    case Some(c) => StatefulOpClusteredDistribution(keyExpressions, c.stateInfo.numPartitions) :: Nil
-    case None => ClusteredDistribution(keyExpressions) :: Nil
-  }
+  // The broadcast stream's micro-batch reaches every task whole, as a broadcast join's build side.
+  override def requiredChildDistribution: Seq[Distribution] = (context match {
+    case Some(c) => StatefulOpClusteredDistribution(keyExpressions, c.stateInfo.numPartitions)
+    case None => ClusteredDistribution(keyExpressions)
+  }) +: broadcast.toSeq.map(_ => BroadcastDistribution(IdentityBroadcastMode))
 
   override def requiredChildOrdering: Seq[Seq[SortOrder]] = {
     val byKey = keyExpressions.map(SortOrder(_, Ascending))
     val byOrder = spec.orderBy.toSeq.map(c => SortOrder(child.output.find(_.name == c).get, Ascending))
-    (byKey ++ byOrder) :: Nil
+    (byKey ++ byOrder) +: broadcast.toSeq.map(_ => Nil)
   }
 
   // Rows of new attributes: the child's partitioning no longer names them.
@@ -56,7 +60,8 @@ final case class KeyedStateLookupExec(
     s"KeyedStateLookup ${spec.functionName} by ${spec.keyColumns.mkString(", ")}" +
       context.map(c => s", operator ${c.stateInfo.operatorId}").getOrElse("")
 
-  override protected def withNewChildInternal(newChild: SparkPlan): KeyedStateLookupExec = copy(child = newChild)
+  override protected def withNewChildrenInternal(newChildren: IndexedSeq[SparkPlan]): KeyedStateLookupExec =
+    copy(child = newChildren.head, broadcast = broadcast.map(_ => newChildren(1)))
 
   override protected def doExecute(): RDD[InternalRow] = {
     val batch = context.getOrElse(throw new IllegalStateException(
@@ -77,6 +82,9 @@ final case class KeyedStateLookupExec(
     val inputTypes = inputSchema.fields.map(_.dataType)
     val childOutput = child.output
     val keyOrdinals = specCopy.keyColumns.map(c => inputSchema.fieldIndex(c))
+    // Every element of the broadcast stream's micro-batch, in one order every task sees.
+    val broadcastElements = broadcast.map(_.executeBroadcast[Array[InternalRow]]())
+    val broadcastTypes = specCopy.broadcastSchema.map(_.fields.map(_.dataType)).getOrElse(Array.empty[DataType])
     val unionLists =
       if (batch.firstOfRun) UnionListRestore.read(spec, info, KeyedProcessSqlBridge.hadoopConf(session))
       else Map.empty[String, Array[Byte]]
@@ -95,7 +103,8 @@ final case class KeyedStateLookupExec(
         unionLists.foreach { case (cf, bytes) => OperatorLists.replace(store, cf, partitionKey, UnionListRestore.row(bytes)) }
       }
       new LookupIterator(specCopy, layout, store, partition, info.numPartitions, batch.batchTimestampMs,
-        watermark, exchange, inputTypes, keyOrdinals, childOutput, rows)
+        watermark, exchange, inputTypes, keyOrdinals, childOutput, rows,
+        broadcastElements.fold(Array.empty[InternalRow])(_.value), broadcastTypes)
     }
   }
 }
@@ -113,10 +122,13 @@ private final class LookupIterator(
     inputTypes: Array[DataType],
     keyOrdinals: Seq[Int],
     childOutput: Seq[Attribute],
-    input: Iterator[InternalRow]) extends Iterator[InternalRow] {
+    input: Iterator[InternalRow],
+    broadcastElements: Array[InternalRow],
+    broadcastTypes: Array[DataType]) extends Iterator[InternalRow] {
 
   private val InputOffset = 4
-  private val stateOffset = InputOffset + inputTypes.length
+  private val broadcastOffset = InputOffset + inputTypes.length
+  private val stateOffset = broadcastOffset + broadcastTypes.length
   private val width = exchange.length
   private val toUnsafe = UnsafeProjection.create(exchange)
 
@@ -154,7 +166,7 @@ private final class LookupIterator(
   // (the input is sorted by key), so a write of this batch never concerns a key read after it.
   // A TTL'd family is read as usual: finding a live entry in it could scan many expired ones.
   private val storedAtStart: Array[Boolean] = spec.states.map { v =>
-    v.kind.isOperatorState || v.ttl.isDefined || {
+    v.kind.isPartitionLevel || v.ttl.isDefined || {
       val it = if (v.kind == StateKind.List) store.iteratorWithMultiValues(v.columnFamily)
         else store.iterator(v.columnFamily)
       try it.hasNext finally it.close()
@@ -198,7 +210,7 @@ private final class LookupIterator(
     row.update(2, watermarkMs)
     row.update(3, numPartitions)
     emit(row)
-    if (spec.operatorStates.nonEmpty) {
+    if (spec.partitionStates.nonEmpty) {
       val ops = new GenericInternalRow(width)
       ops.update(0, Exchange.OperatorState)
       // Every list stored in this partition: its own, one per old partition of a rescaled union
@@ -211,14 +223,23 @@ private final class LookupIterator(
           ops.update(stateOffset + i, new GenericArrayData(elements.toArray))
         }
       }
+      spec.broadcastStates.foreach { case (v, i) => ops.update(stateOffset + i, readMap(v.columnFamily, null, 0, v)) }
       emit(ops)
+    }
+    // apply_to_keyed_state visits every stored key while the broadcast elements are processed.
+    if (spec.visitsKeyedState && broadcastElements.nonEmpty) storedKeys().foreach(keyRow(_, Exchange.VisitedKey))
+    broadcastElements.foreach { element =>
+      val row = new GenericInternalRow(width)
+      row.update(0, Exchange.BroadcastElement)
+      broadcastTypes.indices.foreach(j => row.update(broadcastOffset + j, element.get(j, broadcastTypes(j))))
+      emit(row)
     }
   }
 
   /** The key row: key columns at their input positions, then the value of every keyed state. */
-  private def keyRow(key: UnsafeRow): Unit = {
+  private def keyRow(key: UnsafeRow, kind: Byte = Exchange.Key): Unit = {
     val row = new GenericInternalRow(width)
-    row.update(0, Exchange.Key)
+    row.update(0, kind)
     keyOrdinals.zipWithIndex.foreach { case (ordinal, i) =>
       row.update(InputOffset + ordinal, key.get(i, inputTypes(ordinal)))
     }
@@ -233,17 +254,38 @@ private final class LookupIterator(
     case StateKind.List =>
       val values = store.valuesIterator(key, v.columnFamily).map(_.copy().get(0, v.valueType)).toArray
       if (values.isEmpty) null else new GenericArrayData(values)
-    case StateKind.Map =>
-      val keyType = v.mapKeyType.get
-      val it = store.prefixScan(key, v.columnFamily)
-      val keys = mutable.ArrayBuffer.empty[Any]
-      val values = mutable.ArrayBuffer.empty[Any]
+    case StateKind.Map => readMap(v.columnFamily, key, layout.numKeyColumns, v)
+    case StateKind.OperatorList | StateKind.OperatorUnionList | StateKind.Broadcast => null
+  }
+
+  /** Every key with some keyed state stored, once each, in the order the families give them. */
+  private def storedKeys(): Iterable[UnsafeRow] = {
+    val keys = mutable.LinkedHashSet.empty[UnsafeRow]
+    val prefix = UnsafeProjection.create(layout.keySchema.fields.indices.map(i =>
+      BoundReference(i, layout.keySchema(i).dataType, nullable = true)))
+    spec.keyedStates.foreach { case (v, _) =>
+      val it = v.kind match {
+        case StateKind.List => store.iteratorWithMultiValues(v.columnFamily)
+        case _ => store.iterator(v.columnFamily)
+      }
       try it.foreach { pair =>
-        keys += pair.key.copy().get(layout.numKeyColumns, keyType)
-        values += pair.value.copy().get(0, v.valueType)
+        keys += (if (v.kind == StateKind.Map) prefix(pair.key).copy() else pair.key.copy())
       } finally it.close()
-      if (keys.isEmpty) null else ArrayBasedMapData(keys.toArray, values.toArray)
-    case StateKind.OperatorList | StateKind.OperatorUnionList => null
+    }
+    keys
+  }
+
+  /** A map: a key's map state (the entries under `prefix`), or a broadcast state (`prefix` null: all). */
+  private def readMap(cf: String, prefix: UnsafeRow, mapKeyOrdinal: Int, v: StateVar): Any = {
+    val keyType = v.mapKeyType.get
+    val it = if (prefix == null) store.iterator(cf) else store.prefixScan(prefix, cf)
+    val keys = mutable.ArrayBuffer.empty[Any]
+    val values = mutable.ArrayBuffer.empty[Any]
+    try it.foreach { pair =>
+      keys += pair.key.copy().get(mapKeyOrdinal, keyType)
+      values += pair.value.copy().get(0, v.valueType)
+    } finally it.close()
+    if (keys.isEmpty) null else ArrayBasedMapData(keys.toArray, values.toArray)
   }
 
   private def timerRows(timers: Iterable[(Byte, Long)]): Unit = timers.foreach { case (kind, ts) =>
@@ -259,7 +301,7 @@ private final class LookupIterator(
     val fields = exchange.fields
     val exprs = fields.indices.map { i =>
       if (i == 0) Literal(Exchange.Element, ByteType)
-      else if (i >= InputOffset && i < stateOffset) {
+      else if (i >= InputOffset && i < broadcastOffset) {
         BoundReference(i - InputOffset, inputTypes(i - InputOffset), nullable = true)
       } else emptyNested.collectFirst { case (j, empty) if j == i => Literal(empty, fields(i).dataType) }
         .getOrElse(Literal(null, fields(i).dataType))
@@ -271,7 +313,9 @@ private final class LookupIterator(
   private def fill(): Unit = {
     if (!started) {
       started = true
-      if (input.hasNext || dueTimers.nonEmpty) header()
+      // A partition without input still takes the broadcast elements: every partition's
+      // broadcast state stays the same.
+      if (input.hasNext || dueTimers.nonEmpty || broadcastElements.nonEmpty) header()
     }
     if (pending.isEmpty && nextElement == null && input.hasNext) {
       val in = input.next()

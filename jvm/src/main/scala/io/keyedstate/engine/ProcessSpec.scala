@@ -14,6 +14,8 @@ import io.keyedstate.rocks.KeyGroups
  */
 sealed abstract class StateKind(val name: String) {
   def isOperatorState: Boolean = this == StateKind.OperatorList || this == StateKind.OperatorUnionList
+  /** Kept per partition, not per key: operator state and broadcast state. */
+  def isPartitionLevel: Boolean = isOperatorState || this == StateKind.Broadcast
 }
 object StateKind {
   case object Value extends StateKind("value")
@@ -21,8 +23,10 @@ object StateKind {
   case object Map extends StateKind("map")
   case object OperatorList extends StateKind("operator_list")
   case object OperatorUnionList extends StateKind("operator_union_list")
+  /** A map every partition keeps alike, written by the broadcast stream's elements. */
+  case object Broadcast extends StateKind("broadcast")
   // Reducing and aggregating state store one value per key, like value state.
-  private val byName = Seq(Value, List, Map, OperatorList, OperatorUnionList).map(k => k.name -> k).toMap ++
+  private val byName = Seq(Value, List, Map, OperatorList, OperatorUnionList, Broadcast).map(k => k.name -> k).toMap ++
     Seq("reducing" -> Value, "aggregating" -> Value)
 
   /** The kinds Python declares states with (`keyedstate.state.descriptors`; a test checks both agree). */
@@ -48,7 +52,10 @@ final case class StateVar(
     ttl: Option[StateTtl]) {
 
   /** The column family holding it. User names cannot start with `$` (reserved for internals). */
-  def columnFamily: String = if (kind.isOperatorState) KeyGroups.PartitionLocalPrefix + name else name
+  def columnFamily: String =
+    if (kind.isOperatorState) KeyGroups.PartitionLocalPrefix + name
+    else if (kind == StateKind.Broadcast) KeyGroups.BroadcastPrefix + name
+    else name
 }
 
 /**
@@ -65,12 +72,17 @@ final case class ProcessSpec(
     orderBy: Option[String],
     states: Seq[StateVar],
     timers: Boolean,
-    outputSchema: StructType) {
+    outputSchema: StructType,
+    broadcastSchema: Option[StructType] = None,
+    visitsKeyedState: Boolean = false) {
 
   require(keyColumns.nonEmpty, "a keyed function needs at least one key column")
-  val keyedStates: Seq[(StateVar, Int)] = states.zipWithIndex.filterNot(_._1.kind.isOperatorState)
+  val keyedStates: Seq[(StateVar, Int)] = states.zipWithIndex.filterNot(_._1.kind.isPartitionLevel)
   val operatorStates: Seq[(StateVar, Int)] = states.zipWithIndex.filter(_._1.kind.isOperatorState)
   val unionStates: Seq[(StateVar, Int)] = states.zipWithIndex.filter(_._1.kind == StateKind.OperatorUnionList)
+  val broadcastStates: Seq[(StateVar, Int)] = states.zipWithIndex.filter(_._1.kind == StateKind.Broadcast)
+  /** What the partition's operator-state row carries: operator lists and broadcast maps. */
+  val partitionStates: Seq[(StateVar, Int)] = states.zipWithIndex.filter(_._1.kind.isPartitionLevel)
 }
 
 object ProcessSpec {
@@ -102,7 +114,12 @@ object ProcessSpec {
       (root \ "orderBy").extractOpt[String],
       states,
       (root \ "timers").extract[Boolean],
-      dataType(root \ "outputSchema").asInstanceOf[StructType])
+      dataType(root \ "outputSchema").asInstanceOf[StructType],
+      (root \ "broadcastSchema") match {
+        case JNothing | JNull => None
+        case v => Some(dataType(v).asInstanceOf[StructType])
+      },
+      (root \ "visitsKeyedState").extractOpt[Boolean].getOrElse(false))
   }
 }
 
@@ -118,12 +135,14 @@ object Exchange {
   val EventTimer: Byte = 2 // a due event-time timer of the current key (__ks_time)
   val ProcTimer: Byte = 3  // a due processing-time timer of the current key
   val Element: Byte = 4    // an input row of the current key
-  val OperatorState: Byte = 5 // the partition's operator list states
+  val OperatorState: Byte = 5 // the partition's operator list states and broadcast states
+  val BroadcastElement: Byte = 6 // an element of the broadcast stream, in its own columns (__ks_b<i>)
+  val VisitedKey: Byte = 7 // a stored key with all its state, ahead of the broadcast elements (apply_to_keyed_state)
 
   // Kinds of rows coming back.
   val Output: Byte = 0
   val KeyChanges: Byte = 1     // one row per key whose state changed: its key, per state variable an op and data
-  val OperatorStates: Byte = 2 // the partition's operator list states (no key)
+  val OperatorStates: Byte = 2 // the partition's operator list states and broadcast states (no key)
   val RegisterEventTimer: Byte = 5
   val RegisterProcTimer: Byte = 6
   val DeleteEventTimer: Byte = 7
@@ -142,24 +161,31 @@ object Exchange {
   def opColumn(i: Int): String = s"__ks_op$i"
   def removedColumn(i: Int): String = s"__ks_rm$i"
   def keyColumn(i: Int): String = s"__ks_k$i"
+  def broadcastColumn(i: Int): String = s"__ks_b$i"
 
   private def nullable(s: StructType): Seq[StructField] = s.fields.toSeq.map(_.copy(nullable = true))
 
-  /** What Python reads: header columns, the input's columns, then one column per state variable. */
+  /**
+   * What Python reads: header columns, the input's columns, the broadcast stream's (renamed
+   * `__ks_b<i>`), then one column per state variable.
+   */
   def inSchema(spec: ProcessSpec, input: StructType): StructType = {
     val states = spec.states.zipWithIndex.map { case (v, i) =>
       val t = v.kind match {
         case StateKind.Value => v.valueType
         case StateKind.List | StateKind.OperatorList | StateKind.OperatorUnionList => ArrayType(v.valueType, containsNull = false)
-        case StateKind.Map => MapType(v.mapKeyType.get, v.valueType, valueContainsNull = true)
+        case StateKind.Map | StateKind.Broadcast => MapType(v.mapKeyType.get, v.valueType, valueContainsNull = true)
       }
       StructField(stateColumn(i), t, nullable = true)
     }
+    val broadcast = spec.broadcastSchema.toSeq.flatMap(b => nullable(b).zipWithIndex.map { case (f, i) =>
+      f.copy(name = broadcastColumn(i))
+    })
     StructType(Seq(
       StructField(KindColumn, ByteType, nullable = false),
       StructField(TimeColumn, LongType),
       StructField(WatermarkColumn, LongType),
-      StructField(PartitionsColumn, IntegerType)) ++ nullable(input) ++ states)
+      StructField(PartitionsColumn, IntegerType)) ++ nullable(input) ++ broadcast ++ states)
   }
 
   /**
@@ -174,7 +200,7 @@ object Exchange {
         case StateKind.Value => Seq(StructField(stateColumn(i), v.valueType))
         case StateKind.List | StateKind.OperatorList | StateKind.OperatorUnionList =>
           Seq(StructField(stateColumn(i), ArrayType(v.valueType, containsNull = false)))
-        case StateKind.Map => Seq(
+        case StateKind.Map | StateKind.Broadcast => Seq(
           StructField(stateColumn(i), MapType(v.mapKeyType.get, v.valueType, valueContainsNull = true)),
           StructField(removedColumn(i), ArrayType(v.mapKeyType.get, containsNull = false)))
       }
@@ -206,6 +232,10 @@ final class StateLayout(spec: ProcessSpec, input: StructType) extends Serializab
       Family(v.columnFamily, schema, valueStruct(v.valueType),
         PrefixKeyScanStateEncoderSpec(schema, numKeyColumns), multipleValues = false)
     case StateKind.OperatorList | StateKind.OperatorUnionList => OperatorLists.family(v)
+    case StateKind.Broadcast =>
+      val schema = StructType(Seq(StructField("user_map_key", v.mapKeyType.get, nullable = true)))
+      Family(v.columnFamily, schema, valueStruct(v.valueType), NoPrefixKeyStateEncoderSpec(schema),
+        multipleValues = false)
   }
 
   /** Timers ordered by time: the key is (timestamp, key columns), range-scanned by timestamp. */

@@ -72,11 +72,21 @@ final class CheckpointWriter(spark: SparkSession, val target: QueryCheckpoint, v
     val isOperatorState = specs.map(t => StateTable.isOperatorState(t.kind))
     val (operatorLists, operatorRows) = placeOperatorLists(tables, isOperatorState, fromPartitions)
     val rows = tables.zipWithIndex.filterNot(t => isOperatorState(t._2)).map { case ((table, df), i) =>
+      val broadcastState = StateTable.isBroadcast(table.kind)
+      val from = fromPartitions
       KeyedProcessSqlBridge.internalRows(df).mapPartitions { it =>
         val encoder = new TableRowEncoder(table)
-        it.flatMap(row => encoder.entries(row).zipWithIndex.map { case (entry, e) =>
-          encoder.owner(entry.key, n) -> ((i, entry, e == 0))
-        })
+        it.flatMap { row =>
+          val entries = encoder.entries(row).zipWithIndex
+          if (!broadcastState) entries.map { case (entry, e) => encoder.owner(entry.key, n) -> ((i, entry, e == 0)) }
+          else {
+            // Every old partition holds the same broadcast state: new partition t takes old t % from's.
+            val targets = (0 until n).filter(_ % from == row.getInt(0))
+            entries.flatMap { case (entry, e) =>
+              targets.zipWithIndex.map { case (t, k) => t -> ((i, entry, e == 0 && k == 0)) }
+            }
+          }
+        }
       }
     }
     val v = batch
@@ -300,7 +310,7 @@ private final class TableRowEncoder(table: StateTable) {
           Array(valueProjection(row.getStruct(2, f.valueSchema.length)).copy()), null))
       case StateTable.Timers => Seq(StoredEntry(key(fields(row, 1, n)), Array(value(true)), null))
       case kind => StateKind.parse(kind) match {
-        case StateKind.Value =>
+        case StateKind.Value | StateKind.Broadcast =>
           val stamps = if (table.lastAccess) Array(stamp(row, 2 + n)) else null
           Seq(StoredEntry(key(fields(row, 1, n)), Array(value(row.get(1 + n, valueType))), stamps))
         case StateKind.List =>

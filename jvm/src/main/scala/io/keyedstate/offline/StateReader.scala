@@ -114,7 +114,7 @@ object StateReader {
       case StateTable.SparkStore => Seq(StructField("key", f.keySchema), StructField("value", f.valueSchema))
       case StateTable.Timers => f.keySchema.fields.toSeq
       case kind => StateKind.parse(kind) match {
-        case StateKind.Value => f.keySchema.fields.toSeq ++ f.valueSchema.fields ++ stamps(LongType)
+        case StateKind.Value | StateKind.Broadcast => f.keySchema.fields.toSeq ++ f.valueSchema.fields ++ stamps(LongType)
         case StateKind.List if flatten => f.keySchema.fields.toSeq ++ f.valueSchema.fields ++ stamps(LongType)
         case StateKind.List =>
           f.keySchema.fields.toSeq ++ Seq(StructField("value", ArrayType(valueType(table)))) ++

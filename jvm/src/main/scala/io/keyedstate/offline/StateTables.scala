@@ -55,6 +55,9 @@ object StateTable {
 
   /** Whether a table of `kind` holds a keyed function's operator state (a list per partition). */
   def isOperatorState(kind: String): Boolean = kind != SparkStore && kind != Timers && StateKind.parse(kind).isOperatorState
+
+  /** Whether a table of `kind` holds a keyed function's broadcast state (alike in every partition). */
+  def isBroadcast(kind: String): Boolean = kind == StateKind.Broadcast.name
 }
 
 /**

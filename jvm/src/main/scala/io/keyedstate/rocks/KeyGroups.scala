@@ -32,6 +32,17 @@ object KeyGroups {
   val PartitionLocalPrefix = "$op_"
   def isPartitionLocal(columnFamily: String): Boolean = columnFamily.startsWith(PartitionLocalPrefix)
 
+  /**
+   * Column families every partition of an operator holds alike (a keyed function's broadcast
+   * state, `$bc_<name>`): a rescale gives new partition `t` the family of old partition
+   * `t % old count`, as Flink redistributes broadcast state.
+   */
+  val BroadcastPrefix = "$bc_"
+  def isBroadcast(columnFamily: String): Boolean = columnFamily.startsWith(BroadcastPrefix)
+
+  /** Whether a column family's keys belong to key groups (and may be misplaced). */
+  def isKeyGrouped(columnFamily: String): Boolean = !isPartitionLocal(columnFamily) && !isBroadcast(columnFamily)
+
   /** Spark's `Pmod(Murmur3Hash(keys), n)`: the partition owning a key group under `n` partitions. */
   def owner(tag: Int, numPartitions: Int): Int = {
     val m = tag % numPartitions

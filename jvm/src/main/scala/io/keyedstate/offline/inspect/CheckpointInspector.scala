@@ -131,7 +131,7 @@ object CheckpointInspector {
       var misplaced = 0L
       manifest.columnFamilies.filter(cf => db.hasColumnFamily(cf.name)).foreach { cf =>
         val tagOf = StoreVersions.tagReader(ref, cf, version)
-        val keyGrouped = !KeyGroups.isPartitionLocal(cf.name)
+        val keyGrouped = KeyGroups.isKeyGrouped(cf.name)
         val it = db.scan(cf.name, None, None)
         try it.foreach { case (k, v) =>
           val tag = tagOf(k)

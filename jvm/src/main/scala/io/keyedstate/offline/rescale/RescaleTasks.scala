@@ -79,13 +79,20 @@ object RescaleTasks {
         val writers = Array.tabulate(task.toPartitions)(t => new SstWriter(new File(outDir, s"${encode(cf.name)}-$t.sst"), conf))
         try {
           var misplaced = 0L
-          val tagOf = StoreVersions.tagReader(task.store, cf, task.version)
           val it = db.scan(cf.name, None, None)
-          try it.foreach { case (key, value) =>
-            val tag = tagOf(key)
-            if (KeyGroups.owner(tag, task.fromPartitions) != task.store.partition) misplaced += 1
-            writers(KeyGroups.owner(tag, task.toPartitions)).put(key, value)
-          } finally it.close()
+          if (KeyGroups.isBroadcast(cf.name)) {
+            // Every partition holds the same broadcast state: new partition t takes old t % from's.
+            val targets = (0 until task.toPartitions).filter(_ % task.fromPartitions == task.store.partition)
+            try it.foreach { case (key, value) => targets.foreach(t => writers(t).put(key, value)) }
+            finally it.close()
+          } else {
+            val tagOf = StoreVersions.tagReader(task.store, cf, task.version)
+            try it.foreach { case (key, value) =>
+              val tag = tagOf(key)
+              if (KeyGroups.owner(tag, task.fromPartitions) != task.store.partition) misplaced += 1
+              writers(KeyGroups.owner(tag, task.toPartitions)).put(key, value)
+            } finally it.close()
+          }
           if (misplaced > 0) {
             throw KeyedStateErrors.badState(ErrorId.RescaleRefused,
               s"$misplaced key(s) of column family '${cf.name}' in ${task.store.describe} (version ${task.version}) " +

@@ -1,0 +1,229 @@
+"""Broadcast state: what a broadcast input costs a keyed stream (issue 35).
+
+Events ``(user, category, amount)`` of ``--users`` users are matched against rules
+``category -> threshold`` (``--rules`` of them, one per category): each event counts its user's
+events (keyed state) and is emitted when its amount reaches its category's threshold. Runs, side
+by side in one process, ``--batches`` measured micro-batches of ``--events`` events each at
+``--partitions`` state partitions:
+
+* ``no broadcast``: the same function with the rules as a constant of the function (the same
+  work per event, no broadcast input);
+* ``broadcast, unchanged``: the rules broadcast once (in a first, unmeasured batch), no rule
+  changing afterwards;
+* ``broadcast, N changes``: ``--changes`` rules changed in every measured batch.
+
+Goals: unchanged within 10% of no broadcast (throughput); a batch that changes 100 rules at most
+2x one that changes none; the broadcast state stored once per partition and change (the state
+bytes a changing batch writes beyond an unchanged one, and the broadcast entries stored: rules x
+partitions, not x keys).
+
+    python bench/broadcast_bench.py                       # the documented run
+    python bench/broadcast_bench.py --events 50000 --batches 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import keyedstate
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from bench_support import BatchLog, load_average, median, run_batches, session
+from keyedstate import (
+    KeyedBroadcastProcessFunction,
+    KeyedProcessFunction,
+    MapStateDescriptor,
+    Types,
+    ValueStateDescriptor,
+)
+
+RULES = MapStateDescriptor("rules", Types.STRING(), Types.LONG())
+COUNT = ValueStateDescriptor("count", Types.LONG())
+OUTPUT = "user string, category string, amount long, n long"
+EVENTS = pa.schema([("user", pa.string()), ("category", pa.string()), ("amount", pa.int64())])
+RULE_CHANGES = pa.schema([("category", pa.string()), ("threshold", pa.int64())])
+
+
+class Matches(KeyedBroadcastProcessFunction):
+    def open(self, runtime_context: Any) -> None:  # noqa: ANN401
+        self.count = runtime_context.get_state(COUNT)
+
+    def process_broadcast_element(self, value: Any, ctx: Any) -> None:  # noqa: ANN401
+        ctx.get_broadcast_state(RULES).put(value.category, value.threshold)
+
+    def process_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        threshold = ctx.get_broadcast_state(RULES).get(value.category)
+        if threshold is not None and value.amount >= threshold:
+            yield value.user, value.category, value.amount, n
+
+
+class ConstantMatches(KeyedProcessFunction):
+    """The same work per event, the rules a constant of the function."""
+
+    def __init__(self, rules: dict[str, int]) -> None:
+        self.rules = rules
+
+    def open(self, runtime_context: Any) -> None:  # noqa: ANN401
+        self.count = runtime_context.get_state(COUNT)
+
+    def process_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        threshold = self.rules.get(value.category)
+        if threshold is not None and value.amount >= threshold:
+            yield value.user, value.category, value.amount, n
+
+
+def write(table: pa.Table, directory: Path, index: int) -> None:
+    """One file per micro-batch; its modification time orders it (older files are read first)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"part-{index:05d}.parquet"
+    pq.write_table(table, path)
+    os.utime(path, (1_600_000_000 + index, 1_600_000_000 + index))
+
+
+def categories(n: int) -> list[str]:
+    return [f"c{i:05d}" for i in range(n)]
+
+
+def rules_table(names: list[str], rng: np.random.Generator) -> pa.Table:
+    return pa.table(
+        {"category": names, "threshold": rng.integers(100, 1000, len(names)).astype(np.int64)},
+        schema=RULE_CHANGES,
+    )
+
+
+def events_table(args: argparse.Namespace, rng: np.random.Generator) -> pa.Table:
+    users = rng.integers(0, args.users, args.events)
+    cats = rng.integers(0, args.rules, args.events)
+    return pa.table(
+        {
+            "user": [f"u{u:07d}" for u in users],
+            "category": [f"c{c:05d}" for c in cats],
+            "amount": rng.integers(1, 1000, args.events).astype(np.int64),
+        },
+        schema=EVENTS,
+    )
+
+
+def run(
+    spark: Any,  # noqa: ANN401
+    name: str,
+    changes: int | None,
+    args: argparse.Namespace,
+    work: Path,
+) -> BatchLog:
+    """``changes`` None: no broadcast input; else rules changed per measured batch."""
+    rng = np.random.default_rng(args.seed)
+    events_dir, rules_dir = work / f"events-{name}", work / f"rules-{name}"
+    names = categories(args.rules)
+    initial = rules_table(names, rng)
+    for b in range(args.batches + 1):
+        write(events_table(args, rng), events_dir, b)
+        if changes is not None and (b == 0 or changes > 0):
+            if b == 0:
+                write(initial, rules_dir, b)
+            else:
+                picked = rng.choice(args.rules, changes, replace=False)
+                write(rules_table([names[i] for i in picked], rng), rules_dir, b)
+    events = (
+        spark.readStream.schema(keyedstate_schema(EVENTS)).option("maxFilesPerTrigger", 1)
+        .parquet(str(events_dir))
+    )
+    keyed = keyedstate.key_by(events, "user")
+    if changes is None:
+        constant = dict(
+            zip(
+                initial.column("category").to_pylist(),
+                initial.column("threshold").to_pylist(),
+                strict=True,
+            )
+        )
+        frame = keyed.process(ConstantMatches(constant), OUTPUT)
+    else:
+        rules = (
+            spark.readStream.schema(keyedstate_schema(RULE_CHANGES)).option("maxFilesPerTrigger", 1)
+            .parquet(str(rules_dir))
+        )
+        frame = keyed.connect(keyedstate.broadcast(rules, RULES)).process(Matches(), OUTPUT)
+    print(f"[bench] {name} ...", flush=True)
+    log = run_batches(spark, frame, keyedstate.PROVIDER_CLASS, work / f"ckpt-{name}")
+    if changes is not None:
+        stored = keyedstate.state.read(spark, str(work / f"ckpt-{name}"), state="rules").count()
+        log.rows[-1] = stored  # the broadcast entries stored, all partitions
+    return log
+
+
+def keyedstate_schema(schema: pa.Schema) -> Any:  # noqa: ANN401
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--users", type=int, default=100_000)
+    parser.add_argument("--rules", type=int, default=10_000)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--changes", type=int, default=100)
+    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=5)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="keyedstate-broadcast-bench-"))
+    try:
+        spark = session("keyedstate-broadcast-bench", args.partitions)
+        plan = [
+            ("no broadcast", None),
+            ("broadcast, unchanged", 0),
+            (f"broadcast, {args.changes} changes", args.changes),
+        ]
+        logs = {name: run(spark, name, changes, args, work) for name, changes in plan}
+        spark.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print()
+    print(
+        f"{args.batches} measured batches of {args.events:,} events, {args.users:,} users, "
+        f"{args.rules:,} rules, {args.partitions} partitions; local[2]; {load_average()}"
+    )
+    header = (
+        f"{'run':<26} {'batch ms median':>16} {'events/s':>10} {'state KB/batch':>15} "
+        f"{'rules stored':>13}"
+    )
+    print(header)
+    print("-" * len(header))
+    measured = {}
+    for name, log in logs.items():
+        batches = [b for b in sorted(log.duration_ms) if b >= 1]
+        ms = median([log.duration_ms[b] for b in batches])
+        kb = median([log.bytes.get(b, 0) / 1000 for b in batches])
+        measured[name] = (ms, kb)
+        stored = log.rows.get(-1)
+        print(f"{name:<26} {ms:16,.0f} {args.events / ms * 1000:10,.0f} {kb:15,.0f} "
+              f"{'' if stored is None else f'{stored:,}':>13}")  # fmt: skip
+    base, unchanged, changing = (measured[name] for name, _ in plan)
+    print()
+    print(f"broadcast unchanged / no broadcast (batch time): "
+          f"{unchanged[0] / base[0]:.2f}x (goal <= 1.10x)")  # fmt: skip
+    print(f"{args.changes} changes / unchanged (batch time): "
+          f"{changing[0] / unchanged[0]:.2f}x (goal <= 2x)")  # fmt: skip
+    print(
+        "state bytes a changing batch writes beyond an unchanged one: "
+        f"{(changing[1] - unchanged[1]):,.0f} KB for {args.changes} changes x "
+        f"{args.partitions} partitions"
+    )
+
+
+if __name__ == "__main__":
+    main()

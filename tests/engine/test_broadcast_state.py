@@ -1,0 +1,220 @@
+"""Broadcast state (issue 35), with the seeds' pattern: rules broadcast to a keyed stream of
+events, each event matched against the rules. Every micro-batch's rule changes reach every state
+partition before its events; every partition's broadcast state is the same map; the state
+survives a restart and a rescale (every new partition gets the map); the output equals a plain
+Python model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import keyedstate
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from tests.support.keyed_functions import (
+    RULES,
+    CountSum,
+    RuleMatches,
+    RuleMatchesWithReset,
+    RuleTags,
+)
+from tests.support.streaming_harness import (
+    PROVIDER_UNDER_TEST,
+    BatchCollector,
+    FileInput,
+    await_finished,
+    start_query,
+)
+
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+EVENTS = T.StructType(
+    [T.StructField("user", T.StringType()), T.StructField("amount", T.LongType())]
+)
+RULE_CHANGES = T.StructType(
+    [T.StructField("rule", T.StringType()), T.StructField("threshold", T.LongType())]
+)
+OUTPUT = "user string, amount long, rule string, n long"
+
+Rows = list[dict[str, Any]]
+
+
+class Model:
+    """The function in plain Python: per micro-batch the rule changes, in order, then the events."""
+
+    def __init__(self) -> None:
+        self.rules: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+
+    def batch(self, changes: Rows, events: Rows) -> list[tuple[str, int, str, int]]:
+        for change in changes:
+            if change["rule"] == "reset":  # RuleMatchesWithReset only
+                self.counts = dict.fromkeys(self.counts, change["threshold"])
+            elif change["threshold"] is None:
+                self.rules.pop(change["rule"], None)
+            else:
+                self.rules[change["rule"]] = change["threshold"]
+        out = []
+        for event in events:
+            n = self.counts[event["user"]] = self.counts.get(event["user"], 0) + 1
+            out += [
+                (event["user"], event["amount"], rule, n)
+                for rule, threshold in sorted(self.rules.items())
+                if event["amount"] >= threshold
+            ]
+        return sorted(out)
+
+
+class Line:
+    def __init__(self, spark: SparkSession, root: Path, function: Any = RuleMatches) -> None:  # noqa: ANN401
+        self.spark = spark
+        self.function = function
+        self.events = FileInput(root / "events", EVENTS)
+        self.rules = FileInput(root / "rules", RULE_CHANGES)
+        self.model = Model()
+
+    def run(self, checkpoint: Path, changes: Rows, events: Rows, partitions: int = 2) -> None:
+        """One micro-batch of both streams; its output must be the model's."""
+        if changes:
+            self.rules.add(changes)
+        if events:
+            self.events.add(events)
+        previous = self.spark.conf.get(SHUFFLE_PARTITIONS)
+        self.spark.conf.set(SHUFFLE_PARTITIONS, str(partitions))
+        try:
+            rules = keyedstate.broadcast(self.rules.read_stream(self.spark), RULES)
+            frame = (
+                keyedstate.key_by(self.events.read_stream(self.spark), "user")
+                .connect(rules)
+                .process(self.function(), OUTPUT, uid="matches")
+            )
+            collector = BatchCollector()
+            await_finished(
+                start_query(self.spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector)
+            )
+        finally:
+            self.spark.conf.set(SHUFFLE_PARTITIONS, previous)
+        got = sorted(tuple(r.values()) for rows in collector.batches.values() for r in rows)
+        assert got == self.model.batch(changes, events)
+
+    def assert_every_partition_holds_the_rules(self, checkpoint: Path, partitions: int) -> None:
+        rows = keyedstate.state.read(self.spark, str(checkpoint), "matches", "rules").collect()
+        maps: dict[int, dict[str, int]] = {p: {} for p in range(partitions)}
+        for r in rows:
+            maps[r["partition_id"]][r["user_map_key"]] = r["value"]
+        assert maps == {p: self.model.rules for p in range(partitions)}
+
+
+def events(users: int, amounts: list[int]) -> Rows:
+    return [{"user": f"u{u}", "amount": a} for u in range(users) for a in amounts]
+
+
+def test_rules_reach_every_partition_before_its_events_across_a_restart_and_a_rescale(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    line = Line(spark, tmp_path)
+    checkpoint = tmp_path / "checkpoint"
+    # Rules and events in one micro-batch: the events already see the rules.
+    line.run(
+        checkpoint,
+        [{"rule": "r10", "threshold": 10}, {"rule": "r50", "threshold": 50}],
+        events(6, [5, 20, 60]),
+    )
+    line.assert_every_partition_holds_the_rules(checkpoint, 2)
+    # A restart: the rules were checkpointed; a change and a removal in the order given.
+    line.run(
+        checkpoint,
+        [
+            {"rule": "r30", "threshold": 30},
+            {"rule": "r50", "threshold": None},
+            {"rule": "r30", "threshold": 25},
+        ],
+        events(6, [26, 70]),
+    )
+    line.assert_every_partition_holds_the_rules(checkpoint, 2)
+    # Only rules, no events: every partition still takes them.
+    line.run(checkpoint, [{"rule": "r99", "threshold": 99}], [])
+    line.assert_every_partition_holds_the_rules(checkpoint, 2)
+    # A rescale: every new partition gets the map.
+    three = tmp_path / "three"
+    keyedstate.rescale(spark, str(checkpoint), 3, str(three))
+    line.assert_every_partition_holds_the_rules(three, 3)
+    line.run(three, [], events(9, [12, 100]), partitions=3)
+    line.assert_every_partition_holds_the_rules(three, 3)
+    # A canonical savepoint restored at another count.
+    savepoint = tmp_path / "savepoint"
+    keyedstate.savepoint(spark, str(three), str(savepoint), format="canonical")
+    five = tmp_path / "five"
+    keyedstate.restore_savepoint(spark, str(savepoint), str(five), partitions=5)
+    line.assert_every_partition_holds_the_rules(five, 5)
+    line.run(five, [{"rule": "r10", "threshold": None}], events(9, [15, 40]), partitions=5)
+    line.assert_every_partition_holds_the_rules(five, 5)
+
+
+def test_apply_to_keyed_state_visits_every_stored_key_before_the_batch_s_elements(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A ``reset`` rule sets every user's count through ``apply_to_keyed_state``: users with
+    events in that batch continue from it, users without are reset all the same."""
+    line = Line(spark, tmp_path, RuleMatchesWithReset)
+    checkpoint = tmp_path / "checkpoint"
+    line.run(checkpoint, [{"rule": "r10", "threshold": 10}], events(6, [5, 20]))
+    line.run(checkpoint, [{"rule": "reset", "threshold": 100}], events(3, [30]))
+    line.run(checkpoint, [], events(6, [40]))
+    counts = keyedstate.state.read(spark, str(checkpoint), "matches", "count").collect()
+    assert {r["user"]: r["value"] for r in counts} == line.model.counts
+
+
+def test_a_stream_that_is_not_keyed_takes_the_rules_in_every_partition(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A ``BroadcastProcessFunction`` through ``keyedstate.connect``: its elements spread over
+    the partitions, each holding the rules; across a restart."""
+    events_in = FileInput(tmp_path / "events", EVENTS)
+    rules_in = FileInput(tmp_path / "rules", RULE_CHANGES)
+    checkpoint = tmp_path / "checkpoint"
+    model = Model()
+    for changes, batch in (
+        ([{"rule": "r10", "threshold": 10}, {"rule": "r50", "threshold": 50}], events(5, [5, 60])),
+        ([{"rule": "r10", "threshold": None}, {"rule": "r20", "threshold": 20}], events(5, [30])),
+    ):
+        rules_in.add(changes)
+        events_in.add(batch)
+        frame = keyedstate.connect(
+            events_in.read_stream(spark), keyedstate.broadcast(rules_in.read_stream(spark), RULES)
+        ).process(RuleTags(), "user string, amount long, rule string", uid="tags")
+        collector = BatchCollector()
+        query = start_query(spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector)
+        await_finished(query)
+        got = sorted(tuple(r.values()) for rows in collector.batches.values() for r in rows)
+        assert got == sorted((u, a, rule) for u, a, rule, _ in model.batch(changes, batch))
+        rows = keyedstate.state.read(spark, str(checkpoint), "tags", "rules").collect()
+        maps: dict[int, dict[str, int]] = {p: {} for p in range(2)}
+        for r in rows:
+            maps[r["partition_id"]][r["user_map_key"]] = r["value"]
+        assert maps == {p: model.rules for p in range(2)}
+
+
+def test_broadcast_misuse_is_refused_with_the_reason(spark: SparkSession, tmp_path: Path) -> None:
+    events_in = FileInput(tmp_path / "events", EVENTS)
+    rules_in = FileInput(tmp_path / "rules", RULE_CHANGES)
+    keyed = keyedstate.key_by(events_in.read_stream(spark), "user")
+    with pytest.raises(keyedstate.StateUsageError, match="broadcast state is a map"):
+        not_a_map = keyedstate.ValueStateDescriptor("x", keyedstate.Types.LONG())
+        keyedstate.broadcast(rules_in.read_stream(spark), not_a_map)  # type: ignore[arg-type]
+    rules = keyedstate.broadcast(rules_in.read_stream(spark), RULES)
+    with pytest.raises(keyedstate.StateUsageError, match="runs a KeyedBroadcastProcessFunction"):
+        keyed.connect(rules).process(CountSum(), OUTPUT)  # type: ignore[arg-type]
+    with pytest.raises(keyedstate.StateUsageError, match="runs a BroadcastProcessFunction"):
+        keyedstate.connect(events_in.read_stream(spark), rules).process(RuleMatches(), OUTPUT)  # type: ignore[arg-type]
+    with pytest.raises(keyedstate.StateUsageError, match="a BroadcastProcessFunction has no keyed"):
+        keyedstate.connect(events_in.read_stream(spark), rules).process(KeyedTags(), OUTPUT)
+
+
+class KeyedTags(RuleTags):
+    """``RuleTags`` creating keyed state, which a stream that is not keyed has none of."""
+
+    def open(self, runtime_context: Any) -> None:  # noqa: ANN401
+        runtime_context.get_state(keyedstate.ValueStateDescriptor("n", keyedstate.Types.LONG()))
