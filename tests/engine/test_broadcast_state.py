@@ -12,14 +12,18 @@ from typing import Any
 import keyedstate
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from tests.support.keyed_functions import (
+    CHANGES,
     RULES,
     CountSum,
     RuleMatches,
+    RuleMatchesFailingOnce,
     RuleMatchesWithReset,
     RuleTags,
+    RuleTimers,
 )
 from tests.support.streaming_harness import (
     PROVIDER_UNDER_TEST,
@@ -165,6 +169,81 @@ def test_apply_to_keyed_state_visits_every_stored_key_before_the_batch_s_element
     line.run(checkpoint, [], events(6, [40]))
     counts = keyedstate.state.read(spark, str(checkpoint), "matches", "count").collect()
     assert {r["user"]: r["value"] for r in counts} == line.model.counts
+
+
+def test_a_failed_batch_is_replayed_and_its_broadcast_elements_applied_once(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A batch that fails after its broadcast elements ran in Python commits nothing: the run
+    after the failure replays it, each change is applied once (a count of applied changes in a
+    second broadcast state shows it), and the output is the model's, exactly once."""
+    events_in = FileInput(tmp_path / "events", EVENTS)
+    rules_in = FileInput(tmp_path / "rules", RULE_CHANGES)
+    checkpoint = tmp_path / "checkpoint"
+    marker = tmp_path / "failed-once"
+    model = Model()
+    changes = [{"rule": "r10", "threshold": 10}, {"rule": "r5", "threshold": 5}]
+    batch = events(4, [13, 40])
+    rules_in.add(changes)
+    events_in.add(batch)
+
+    def frame() -> Any:  # noqa: ANN401
+        rules = keyedstate.broadcast(rules_in.read_stream(spark), RULES, CHANGES)
+        return (
+            keyedstate.key_by(events_in.read_stream(spark), "user")
+            .connect(rules)
+            .process(RuleMatchesFailingOnce(str(marker)), OUTPUT, uid="matches")
+        )
+
+    failed = BatchCollector()
+    query = start_query(spark, PROVIDER_UNDER_TEST, frame(), "append", checkpoint, failed)
+    with pytest.raises(Exception, match="injected failure"):  # noqa: B017 - Spark's wrapper
+        await_finished(query)
+    assert marker.exists() and not failed.batches
+    collector = BatchCollector()
+    query = start_query(spark, PROVIDER_UNDER_TEST, frame(), "append", checkpoint, collector)
+    await_finished(query)
+    got = sorted(tuple(r.values()) for rows in collector.batches.values() for r in rows)
+    assert got == model.batch(changes, batch)
+    counts = keyedstate.state.read(spark, str(checkpoint), "matches", "changes").collect()
+    assert sorted((r["partition_id"], r["value"]) for r in counts) == [(0, 2), (1, 2)]
+
+
+def test_both_streams_hold_the_watermark_and_timers_read_the_rules(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Each input has its own watermark; the function's is the smaller (Spark's rule for several
+    inputs): the broadcast stream holds back a timer the events' watermark alone would fire.
+    ``on_timer`` reads the broadcast state."""
+    events_in = FileInput(tmp_path / "events", EVENTS)
+    rules_in = FileInput(tmp_path / "rules", RULE_CHANGES)
+    checkpoint = tmp_path / "checkpoint"
+
+    def run(rules: Rows, batch: Rows) -> list[tuple[Any, ...]]:
+        rules_in.add(rules)
+        events_in.add(batch)
+        events_df = events_in.read_stream(spark).withColumn("ts", F.timestamp_seconds("amount"))
+        rules_df = rules_in.read_stream(spark).withColumn("ts", F.timestamp_seconds("threshold"))
+        frame = (
+            keyedstate.key_by(events_df.withWatermark("ts", "0 seconds"), "user")
+            .connect(keyedstate.broadcast(rules_df.withWatermark("ts", "0 seconds"), RULES))
+            .process(RuleTimers(), "user string, timer long, rules array<string>")
+        )
+        collector = BatchCollector()
+        query = start_query(spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector)
+        await_finished(query)
+        return sorted(tuple(r.values()) for rows in collector.batches.values() for r in rows)
+
+    # Events at 100 s (a timer at 110 s), a rule at 0 s: the watermark stays at 0, nothing fires.
+    assert run([{"rule": "r0", "threshold": 0}], [{"user": "a", "amount": 100}]) == []
+    # An event at 300 s, a rule at 105 s: the events' watermark alone would fire a's timer; the
+    # rules hold the function's at 105 s.
+    assert run([{"rule": "r105", "threshold": 105}], [{"user": "b", "amount": 300}]) == []
+    # A rule at 200 s (and an event at 300 s: after a restart Spark counts an input without data
+    # as watermark 0): the watermark reaches 200 s, a's timer fires and sees the three rules;
+    # b's and c's (310 s) wait.
+    fired = run([{"rule": "r200", "threshold": 200}], [{"user": "c", "amount": 300}])
+    assert fired == [("a", 110_000, ["r0", "r105", "r200"])]
 
 
 def test_a_stream_that_is_not_keyed_takes_the_rules_in_every_partition(

@@ -1,9 +1,9 @@
 """Operator state redistributed exactly as Flink does (issue 35), with the seeds' example: a
 function counting its elements per parallel instance (even split, ``get_list_state``) and keeping
 one entry per instance in a union state (``get_union_list_state``). A restart at the same count,
-rescales up and down and a canonical savepoint restored at another count: at each, every new
-partition restores what Flink's ``RoundRobinOperatorStateRepartitioner`` would give it (a model of
-the rule below), and the restored counts add up to every element seen."""
+rescales up and down, a native and a canonical savepoint restored at another count: at each,
+every new partition restores what Flink's ``RoundRobinOperatorStateRepartitioner`` would give
+it (a model of the rule below), and the restored counts add up to every element seen."""
 
 from __future__ import annotations
 
@@ -114,7 +114,8 @@ def expect(
 
 def steps(spark: SparkSession, tmp_path: Path) -> Iterator[tuple[str, Path, int]]:
     """(how the state was moved, the checkpoint to run, its partition count): a restart at the
-    same count, a rescale up, one down, a canonical savepoint restored at another count."""
+    same count, a rescale up, one down, a native and a canonical savepoint restored at another
+    count."""
     line_root = tmp_path / "line"
     first = line_root / "four"
     yield "start", first, 4
@@ -125,11 +126,16 @@ def steps(spark: SparkSession, tmp_path: Path) -> Iterator[tuple[str, Path, int]
     three = line_root / "three"
     keyedstate.rescale(spark, str(six), 3, str(three))
     yield "rescale 6 -> 3", three, 3
+    native = line_root / "native"
+    keyedstate.savepoint(spark, str(three), str(native))
+    five = line_root / "five"
+    keyedstate.restore_savepoint(spark, str(native), str(five), partitions=5)
+    yield "native savepoint 3 -> 5", five, 5
     savepoint = line_root / "savepoint"
-    keyedstate.savepoint(spark, str(three), str(savepoint), format="canonical")
+    keyedstate.savepoint(spark, str(five), str(savepoint), format="canonical")
     two = line_root / "two"
     keyedstate.restore_savepoint(spark, str(savepoint), str(two), partitions=2)
-    yield "canonical savepoint 3 -> 2", two, 2
+    yield "canonical savepoint 5 -> 2", two, 2
 
 
 def test_each_restore_hands_every_partition_what_flink_would(

@@ -147,3 +147,42 @@ class RuleTags(BroadcastProcessFunction):
         for rule, threshold in sorted(ctx.get_broadcast_state(RULES).items()):
             if value.amount >= threshold:
                 yield value.user, value.amount, rule
+
+
+CHANGES = MapStateDescriptor("changes", Types.STRING(), Types.LONG())
+
+
+class RuleMatchesFailingOnce(RuleMatches):
+    """``RuleMatches`` that also counts the rule changes it applied (broadcast state ``changes``,
+    not idempotent: a replayed change applied twice would show), and fails the first time it
+    sees an event of amount 13, when ``marker`` does not exist yet (it creates it)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def process_broadcast_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
+        changes = ctx.get_broadcast_state(CHANGES)
+        changes.put("count", (changes.get("count") or 0) + 1)
+        return super().process_broadcast_element(value, ctx)
+
+    def process_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
+        import os
+
+        if value.amount == 13 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()  # noqa: SIM115
+            raise RuntimeError("injected failure: the batch fails once")
+        yield from super().process_element(value, ctx)
+
+
+class RuleTimers(KeyedBroadcastProcessFunction):
+    """Rules put by the broadcast stream; each event registers an event-time timer 10 s after
+    it, which emits ``(user, timer, rules)``: the rules ``on_timer`` reads when it fires."""
+
+    def process_broadcast_element(self, value: Any, ctx: Any) -> None:  # noqa: ANN401
+        ctx.get_broadcast_state(RULES).put(value.rule, value.threshold)
+
+    def process_element(self, value: Any, ctx: Any) -> None:  # noqa: ANN401
+        ctx.timer_service().register_event_time_timer(ctx.timestamp() + 10_000)
+
+    def on_timer(self, timestamp: int, ctx: Any):  # noqa: ANN401, ANN201
+        yield ctx.get_current_key(), timestamp, sorted(ctx.get_broadcast_state(RULES).keys())
