@@ -97,6 +97,15 @@ RULES = MapStateDescriptor("rules", Types.STRING(), Types.LONG())
 COUNT = ValueStateDescriptor("count", Types.LONG())
 
 
+def apply_rule_change(value: Any, ctx: Any) -> None:  # noqa: ANN401
+    """A rule element: puts the rule, or (a null threshold) removes it."""
+    rules = ctx.get_broadcast_state(RULES)
+    if value.threshold is None:
+        rules.remove(value.rule)
+    else:
+        rules.put(value.rule, value.threshold)
+
+
 class RuleMatches(KeyedBroadcastProcessFunction):
     """Rules ``(rule, threshold)`` broadcast to events ``(user, amount)`` keyed by user: a rule
     element puts the rule (a null threshold removes it); each event emits
@@ -107,11 +116,7 @@ class RuleMatches(KeyedBroadcastProcessFunction):
         self.count = runtime_context.get_state(COUNT)
 
     def process_broadcast_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
-        rules = ctx.get_broadcast_state(RULES)
-        if value.threshold is None:
-            rules.remove(value.rule)
-        else:
-            rules.put(value.rule, value.threshold)
+        apply_rule_change(value, ctx)
 
     def process_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
         n = (self.count.value() or 0) + 1
@@ -137,11 +142,7 @@ class RuleTags(BroadcastProcessFunction):
     ``(user, amount, rule)`` for every rule it reaches; no keyed state."""
 
     def process_broadcast_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
-        rules = ctx.get_broadcast_state(RULES)
-        if value.threshold is None:
-            rules.remove(value.rule)
-        else:
-            rules.put(value.rule, value.threshold)
+        apply_rule_change(value, ctx)
 
     def process_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
         for rule, threshold in sorted(ctx.get_broadcast_state(RULES).items()):

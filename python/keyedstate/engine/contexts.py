@@ -131,12 +131,17 @@ class ContextImpl(
         return self.domain
 
     def output(self, output_tag: Any, value: Any) -> None:  # noqa: ANN401
-        if self._side is None:
-            raise StateUsageError(
-                f"side output {getattr(output_tag, 'tag_id', output_tag)!r} was not declared: "
-                "pass side_outputs=[...] to process()"
-            )
-        self._side(output_tag, value)
+        emit_side_output(self._side, output_tag, value)
+
+
+def emit_side_output(side: Any, output_tag: Any, value: Any) -> None:  # noqa: ANN401
+    """``ctx.output(tag, value)``: to the runner's side outputs, when ``process`` declared some."""
+    if side is None:
+        raise StateUsageError(
+            f"side output {getattr(output_tag, 'tag_id', output_tag)!r} was not declared: "
+            "pass side_outputs=[...] to process()"
+        )
+    side(output_tag, value)
 
 
 def broadcast_state_of(states: dict[str, Any], descriptor: MapStateDescriptor) -> Any:  # noqa: ANN401
@@ -234,12 +239,7 @@ class BroadcastContextImpl(KeyedBroadcastProcessFunction.Context):
         return self._b.watermark
 
     def output(self, output_tag: Any, value: Any) -> None:  # noqa: ANN401
-        if self._side is None:
-            raise StateUsageError(
-                f"side output {getattr(output_tag, 'tag_id', output_tag)!r} was not declared: "
-                "pass side_outputs=[...] to process()"
-            )
-        self._side(output_tag, value)
+        emit_side_output(self._side, output_tag, value)
 
     def get_broadcast_state(self, state_descriptor: MapStateDescriptor) -> BroadcastState:
         return broadcast_state_of(self.states, state_descriptor)

@@ -88,18 +88,11 @@ class ListState(MergingState[T, Iterable[T]]):
         return iter(self.get())
 
 
-class MapState(State, Generic[K, V]):
+class _ReadableMap(State, Generic[K, V]):
+    """The reads a map state and a broadcast state share."""
+
     @abstractmethod
     def get(self, key: K) -> V | None: ...
-
-    @abstractmethod
-    def put(self, key: K, value: V) -> None: ...
-
-    @abstractmethod
-    def put_all(self, dict_value: Mapping[K, V]) -> None: ...
-
-    @abstractmethod
-    def remove(self, key: K) -> None: ...
 
     @abstractmethod
     def contains(self, key: K) -> bool: ...
@@ -119,12 +112,6 @@ class MapState(State, Generic[K, V]):
     def __getitem__(self, key: K) -> V | None:
         return self.get(key)
 
-    def __setitem__(self, key: K, value: V) -> None:
-        self.put(key, value)
-
-    def __delitem__(self, key: K) -> None:
-        self.remove(key)
-
     def __contains__(self, key: object) -> bool:
         return self.contains(key)  # type: ignore[arg-type]
 
@@ -132,53 +119,34 @@ class MapState(State, Generic[K, V]):
         return iter(self.keys())
 
 
-class ReadOnlyBroadcastState(State, Generic[K, V]):
+class _WritableMap(_ReadableMap[K, V]):
+    """The writes a map state and a broadcast state share."""
+
+    @abstractmethod
+    def put(self, key: K, value: V) -> None: ...
+
+    @abstractmethod
+    def put_all(self, dict_value: Mapping[K, V]) -> None: ...
+
+    @abstractmethod
+    def remove(self, key: K) -> None: ...
+
+    def __setitem__(self, key: K, value: V) -> None:
+        self.put(key, value)
+
+    def __delitem__(self, key: K) -> None:
+        self.remove(key)
+
+
+class MapState(_WritableMap[K, V]):
+    """A map per key."""
+
+
+class ReadOnlyBroadcastState(_ReadableMap[K, V]):
     """A broadcast state as ``process_element`` sees it: the same map in every partition, read
     only (PyFlink's ``ReadOnlyBroadcastState``)."""
 
-    @abstractmethod
-    def get(self, key: K) -> V | None: ...
 
-    @abstractmethod
-    def contains(self, key: K) -> bool: ...
-
-    @abstractmethod
-    def items(self) -> Iterable[tuple[K, V]]: ...
-
-    @abstractmethod
-    def keys(self) -> Iterable[K]: ...
-
-    @abstractmethod
-    def values(self) -> Iterable[V]: ...
-
-    @abstractmethod
-    def is_empty(self) -> bool: ...
-
-    def __getitem__(self, key: K) -> V | None:
-        return self.get(key)
-
-    def __contains__(self, key: object) -> bool:
-        return self.contains(key)  # type: ignore[arg-type]
-
-    def __iter__(self) -> Iterator[K]:
-        return iter(self.keys())
-
-
-class BroadcastState(ReadOnlyBroadcastState[K, V]):
+class BroadcastState(ReadOnlyBroadcastState[K, V], _WritableMap[K, V]):
     """A broadcast state as ``process_broadcast_element`` sees it: read and written, the same
     writes in every partition (PyFlink's ``BroadcastState``)."""
-
-    @abstractmethod
-    def put(self, key: K, value: V) -> None: ...
-
-    @abstractmethod
-    def put_all(self, dict_value: Mapping[K, V]) -> None: ...
-
-    @abstractmethod
-    def remove(self, key: K) -> None: ...
-
-    def __setitem__(self, key: K, value: V) -> None:
-        self.put(key, value)
-
-    def __delitem__(self, key: K) -> None:
-        self.remove(key)
