@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame
 from keyedstate.elements import element_class
 from keyedstate.functions import (
     BroadcastProcessFunction,
+    CheckpointedFunction,
     FilterFunction,
     FlatMapFunction,
     KeyedBroadcastProcessFunction,
@@ -141,7 +142,9 @@ class BroadcastConnectedStream:
                     "a stream connected to a broadcast stream by keyedstate.connect runs a "
                     f"BroadcastProcessFunction, got {type(function).__name__}"
                 )
-            function = _NonKeyed(function, self._keyed._df.columns[:-1])  # type: ignore[assignment]
+            checkpointed = isinstance(function, CheckpointedFunction)
+            adapter = _NonKeyedCheckpointed if checkpointed else _NonKeyed
+            function = adapter(function, self._keyed._df.columns[:-1])  # type: ignore[assignment]
             timer_mode = "none"
         elif not isinstance(function, KeyedBroadcastProcessFunction):
             raise StateUsageError(
@@ -518,3 +521,14 @@ class _NonKeyed(KeyedBroadcastProcessFunction):
 
     def process_element(self, value: Any, ctx: Any) -> Any:  # noqa: ANN401
         return self.function.process_element(tuple.__new__(self._element, value[:-1]), ctx)
+
+
+class _NonKeyedCheckpointed(_NonKeyed, CheckpointedFunction):
+    """A ``BroadcastProcessFunction`` that is also a ``CheckpointedFunction``: its operator
+    state."""
+
+    def initialize_state(self, context: Any) -> None:  # noqa: ANN401
+        self.function.initialize_state(context)  # type: ignore[attr-defined]
+
+    def snapshot_state(self, context: Any) -> None:  # noqa: ANN401
+        self.function.snapshot_state(context)  # type: ignore[attr-defined]

@@ -19,6 +19,7 @@ from tests.support.keyed_functions import (
     CHANGES,
     RULES,
     CountSum,
+    KeyedWriteInBroadcast,
     RuleMatches,
     RuleMatchesFailingOnce,
     RuleMatchesWithReset,
@@ -147,13 +148,20 @@ def test_rules_reach_every_partition_before_its_events_across_a_restart_and_a_re
     line.assert_every_partition_holds_the_rules(three, 3)
     line.run(three, [], events(9, [12, 100]), partitions=3)
     line.assert_every_partition_holds_the_rules(three, 3)
-    # A canonical savepoint restored at another count.
+    # A canonical savepoint restored at fewer partitions, a native one at more.
     savepoint = tmp_path / "savepoint"
     keyedstate.savepoint(spark, str(three), str(savepoint), format="canonical")
+    two = tmp_path / "two"
+    keyedstate.restore_savepoint(spark, str(savepoint), str(two), partitions=2)
+    line.assert_every_partition_holds_the_rules(two, 2)
+    line.run(two, [{"rule": "r10", "threshold": None}], events(9, [15, 40]), partitions=2)
+    line.assert_every_partition_holds_the_rules(two, 2)
+    native = tmp_path / "native"
+    keyedstate.savepoint(spark, str(two), str(native))
     five = tmp_path / "five"
-    keyedstate.restore_savepoint(spark, str(savepoint), str(five), partitions=5)
+    keyedstate.restore_savepoint(spark, str(native), str(five), partitions=5)
     line.assert_every_partition_holds_the_rules(five, 5)
-    line.run(five, [{"rule": "r10", "threshold": None}], events(9, [15, 40]), partitions=5)
+    line.run(five, [{"rule": "r7", "threshold": 7}], events(9, [8]), partitions=5)
     line.assert_every_partition_holds_the_rules(five, 5)
 
 
@@ -276,6 +284,26 @@ def test_a_stream_that_is_not_keyed_takes_the_rules_in_every_partition(
         assert maps == {p: model.rules for p in range(2)}
 
 
+def test_keyed_state_without_a_current_key_is_refused_in_process_broadcast_element(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Flink refuses keyed state in processBroadcastElement (no current key): so does
+    keyedstate, naming apply_to_keyed_state, rather than losing the write."""
+    events_in = FileInput(tmp_path / "events", EVENTS)
+    rules_in = FileInput(tmp_path / "rules", RULE_CHANGES)
+    rules_in.add([{"rule": "r1", "threshold": 1}])
+    events_in.add(events(2, [5]))
+    frame = (
+        keyedstate.key_by(events_in.read_stream(spark), "user")
+        .connect(keyedstate.broadcast(rules_in.read_stream(spark), RULES))
+        .process(KeyedWriteInBroadcast(), OUTPUT)
+    )
+    checkpoint = tmp_path / "checkpoint"
+    query = start_query(spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, BatchCollector())
+    with pytest.raises(Exception, match="keyed state has no current key"):  # noqa: B017
+        await_finished(query)
+
+
 def test_broadcast_misuse_is_refused_with_the_reason(spark: SparkSession, tmp_path: Path) -> None:
     events_in = FileInput(tmp_path / "events", EVENTS)
     rules_in = FileInput(tmp_path / "rules", RULE_CHANGES)
@@ -297,3 +325,4 @@ class KeyedTags(RuleTags):
 
     def open(self, runtime_context: Any) -> None:  # noqa: ANN401
         runtime_context.get_state(keyedstate.ValueStateDescriptor("n", keyedstate.Types.LONG()))
+

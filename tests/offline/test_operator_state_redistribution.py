@@ -114,8 +114,9 @@ def expect(
 
 def steps(spark: SparkSession, tmp_path: Path) -> Iterator[tuple[str, Path, int]]:
     """(how the state was moved, the checkpoint to run, its partition count): a restart at the
-    same count, a rescale up, one down, a native and a canonical savepoint restored at another
-    count."""
+    same count, a rescale up, a rescale down whose state is saved before any run (its union
+    lists still apart) in a canonical savepoint restored at another count, and a native
+    savepoint restored at another count."""
     line_root = tmp_path / "line"
     first = line_root / "four"
     yield "start", first, 4
@@ -125,17 +126,16 @@ def steps(spark: SparkSession, tmp_path: Path) -> Iterator[tuple[str, Path, int]
     yield "rescale 4 -> 6", six, 6
     three = line_root / "three"
     keyedstate.rescale(spark, str(six), 3, str(three))
-    yield "rescale 6 -> 3", three, 3
-    native = line_root / "native"
-    keyedstate.savepoint(spark, str(three), str(native))
-    five = line_root / "five"
-    keyedstate.restore_savepoint(spark, str(native), str(five), partitions=5)
-    yield "native savepoint 3 -> 5", five, 5
     savepoint = line_root / "savepoint"
-    keyedstate.savepoint(spark, str(five), str(savepoint), format="canonical")
+    keyedstate.savepoint(spark, str(three), str(savepoint), format="canonical")
     two = line_root / "two"
     keyedstate.restore_savepoint(spark, str(savepoint), str(two), partitions=2)
-    yield "canonical savepoint 5 -> 2", two, 2
+    yield "rescale 6 -> 3, canonical savepoint 3 -> 2", two, 2
+    native = line_root / "native"
+    keyedstate.savepoint(spark, str(two), str(native))
+    five = line_root / "five"
+    keyedstate.restore_savepoint(spark, str(native), str(five), partitions=5)
+    yield "native savepoint 2 -> 5", five, 5
 
 
 def test_each_restore_hands_every_partition_what_flink_would(
@@ -159,26 +159,33 @@ def test_each_restore_hands_every_partition_what_flink_would(
     assert previous is not None
 
 
-def test_union_state_is_joined_in_a_partition_whose_function_does_not_run(
+def test_every_partition_snapshots_its_own_list_at_a_restore(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """A restored Flink task snapshots the union it was given even without input: so does a
-    partition with no key in the restored batch, and so the next restore joins its copy too."""
+    """As every Flink subtask snapshots at every checkpoint, every partition runs its function in
+    a restored batch, also without input: each stores its own entry, not the union it was given,
+    and the next restore joins one entry per partition."""
     line = Line(spark, tmp_path)
     checkpoint = tmp_path / "checkpoint"
     line.run(checkpoint, 3)
-    members = stored(spark, checkpoint, "members")
-    # One key: one partition runs the restored batch, the other two only store the union.
-    line.source.add([{"key": 0, "value": 1}])
-    frame = keyedstate.key_by(line.source.read_stream(spark), "key").flat_map(
-        RestoredOperatorLists(), OUTPUT
-    )
-    collector = BatchCollector()
-    await_finished(start_query(spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector))
-    (batch,) = collector.non_empty().values()
-    (ran,) = [r["partition"] for r in batch]
-    joined = [m for x in members for m in x]
-    after = stored(spark, checkpoint, "members")
-    own_count = int(members[ran][0].split(":")[1])
-    for p in range(3):
-        assert after[p] == (joined if p != ran else [f"{ran}:{own_count + 1}"])
+    counts = [x[0] for x in stored(spark, checkpoint, "counts")]
+
+    def restore_with_one_key() -> list[dict[str, Any]]:
+        # One key: one partition has input, the other two only restore.
+        line.source.add([{"key": 0, "value": 1}])
+        frame = keyedstate.key_by(line.source.read_stream(spark), "key").flat_map(
+            RestoredOperatorLists(), OUTPUT
+        )
+        collector = BatchCollector()
+        query = start_query(spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector)
+        await_finished(query)
+        (batch,) = collector.non_empty().values()
+        return batch
+
+    (report,) = restore_with_one_key()
+    ran = report["partition"]
+    assert len(report["members"]) == 3, report
+    counts[ran] += 1
+    assert stored(spark, checkpoint, "members") == [[f"{p}:{counts[p]}"] for p in range(3)]
+    (report,) = restore_with_one_key()
+    assert report["members"] == [f"{p}:{counts[p]}" for p in range(3)], report

@@ -187,3 +187,10 @@ class RuleTimers(KeyedBroadcastProcessFunction):
 
     def on_timer(self, timestamp: int, ctx: Any):  # noqa: ANN401, ANN201
         yield ctx.get_current_key(), timestamp, sorted(ctx.get_broadcast_state(RULES).keys())
+
+
+class KeyedWriteInBroadcast(RuleMatches):
+    """``RuleMatches`` writing keyed state in ``process_broadcast_element``, where no key is."""
+
+    def process_broadcast_element(self, value: Any, ctx: Any) -> None:  # noqa: ANN401
+        self.count.update(0)

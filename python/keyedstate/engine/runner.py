@@ -461,9 +461,15 @@ class _Task:
             # Every partition runs every broadcast element, in order, before its keys.
             if not self.opened:
                 self._open()
-            result = self.function.process_broadcast_element(
-                self.broadcast_rows[i], self.broadcast_ctx
-            )
+            # Keyed state has no current key here (Flink refuses it too): only through
+            # apply_to_keyed_state, which loads each visited key's own values.
+            self.state.cur = _NO_CURRENT_KEY
+            try:
+                result = self.function.process_broadcast_element(
+                    self.broadcast_rows[i], self.broadcast_ctx
+                )
+            finally:
+                self.state.cur = {}
             if result is not None:
                 self.out.outputs(result)
         if not self.opened and k != IN_BATCH and k != IN_OPERATOR_STATE:
@@ -496,14 +502,17 @@ class _Task:
                 f"the function's keyed states are {sorted(self.state.handles)}"
             )
         state = self.state
-        for key_row, values in self.visited.values():
-            if descriptor.name not in values:
-                continue
-            key = key_row[0] if len(key_row) == 1 else key_row
-            state.load(key, values)  # the visit changes ``values`` in place
-            function(key, handle)
-            if state.dirty:
-                self.out.change(self._change_row(key_row))
+        try:
+            for key_row, values in self.visited.values():
+                if descriptor.name not in values:
+                    continue
+                key = key_row[0] if len(key_row) == 1 else key_row
+                state.load(key, values)  # the visit changes ``values`` in place
+                function(key, handle)
+                if state.dirty:
+                    self.out.change(self._change_row(key_row))
+        finally:
+            state.load(None, _NO_CURRENT_KEY)
 
     # -----------------------------------------------------------------------------------------
     # Timers and the end of a key
@@ -626,6 +635,21 @@ class _Task:
                 removed.append(encoded_key)
         row[at + 1] = puts
         row[at + 2] = removed
+
+class _NoCurrentKey(dict):
+    """The keyed state values while broadcast elements are processed: there is no current key."""
+
+    def _refuse(self, *_: Any) -> Any:  # noqa: ANN401
+        raise StateUsageError(
+            "keyed state has no current key in process_broadcast_element: reach every key's "
+            "state with ctx.apply_to_keyed_state(descriptor, function)"
+        )
+
+    get = __getitem__ = __setitem__ = __delitem__ = __contains__ = pop = setdefault = _refuse
+
+
+_NO_CURRENT_KEY = _NoCurrentKey()
+
 
 def _hashable(value: Any) -> Any:  # noqa: ANN401
     """A key's values as a hashable form (struct keys come as dicts, arrays as lists)."""

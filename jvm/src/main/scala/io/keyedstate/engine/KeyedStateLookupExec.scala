@@ -85,6 +85,9 @@ final case class KeyedStateLookupExec(
     // Every element of the broadcast stream's micro-batch, in one order every task sees.
     val broadcastElements = broadcast.map(_.executeBroadcast[Array[InternalRow]]())
     val broadcastTypes = specCopy.broadcastSchema.map(_.fields.map(_.dataType)).getOrElse(Array.empty[DataType])
+    // A run's first batch restores union state: every partition runs its function then, also
+    // without input, so that each snapshots its own list, as every Flink subtask does.
+    val restoring = batch.firstOfRun && spec.unionStates.nonEmpty
     val unionLists =
       if (batch.firstOfRun) UnionListRestore.read(spec, info, KeyedProcessSqlBridge.hadoopConf(session))
       else Map.empty[String, Array[Byte]]
@@ -104,7 +107,7 @@ final case class KeyedStateLookupExec(
       }
       new LookupIterator(specCopy, layout, store, partition, info.numPartitions, batch.batchTimestampMs,
         watermark, exchange, inputTypes, keyOrdinals, childOutput, rows,
-        broadcastElements.fold(Array.empty[InternalRow])(_.value), broadcastTypes)
+        broadcastElements.fold(Array.empty[InternalRow])(_.value), broadcastTypes, restoring)
     }
   }
 }
@@ -124,7 +127,8 @@ private final class LookupIterator(
     childOutput: Seq[Attribute],
     input: Iterator[InternalRow],
     broadcastElements: Array[InternalRow],
-    broadcastTypes: Array[DataType]) extends Iterator[InternalRow] {
+    broadcastTypes: Array[DataType],
+    restoring: Boolean) extends Iterator[InternalRow] {
 
   private val InputOffset = 4
   private val broadcastOffset = InputOffset + inputTypes.length
@@ -313,9 +317,9 @@ private final class LookupIterator(
   private def fill(): Unit = {
     if (!started) {
       started = true
-      // A partition without input still takes the broadcast elements: every partition's
-      // broadcast state stays the same.
-      if (input.hasNext || dueTimers.nonEmpty || broadcastElements.nonEmpty) header()
+      // A partition without input still takes the broadcast elements (every partition's
+      // broadcast state stays the same) and, restoring, its union lists.
+      if (input.hasNext || dueTimers.nonEmpty || broadcastElements.nonEmpty || restoring) header()
     }
     if (pending.isEmpty && nextElement == null && input.hasNext) {
       val in = input.next()

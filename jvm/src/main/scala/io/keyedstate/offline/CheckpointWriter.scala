@@ -99,7 +99,12 @@ final class CheckpointWriter(spark: SparkSession, val target: QueryCheckpoint, v
         Iterator(CheckpointWriter.writePartition(stateRoot, op, storeName, p, v, specs, declaration, storeConf,
           hadoopConf.value, entries.map(_._2)))
       }.collect()
-    specs.indices.map(i => if (isOperatorState(i)) operatorRows(i) else written.iterator.map(_(i)).sum)
+    specs.indices.map { i =>
+      if (isOperatorState(i)) operatorRows(i)
+      // Broadcast rows of old partitions beyond the new count are copies no partition takes.
+      else if (StateTable.isBroadcast(specs(i).kind)) tables(i)._2.count()
+      else written.iterator.map(_(i)).sum
+    }
   }
 
   /**

@@ -234,6 +234,8 @@ private final class PartitionRows(table: StateTable, partition: Int, flatten: Bo
   private val valueType = f.valueSchema.head.dataType
 
   private def row(values: Any*): InternalRow = new GenericInternalRow((partition +: values).toArray[Any])
+  private def rowOf(partitionId: Int, values: Any*): InternalRow =
+    new GenericInternalRow((partitionId +: values).toArray[Any])
   private def keyValues(key: UnsafeRow, n: Int): Seq[Any] = (0 until n).map(i => key.get(i, keyTypes(i)))
   private def value(v: UnsafeRow): Any = v.get(0, valueType)
   /** The last-access column's value, when the table has one. */
@@ -244,12 +246,15 @@ private final class PartitionRows(table: StateTable, partition: Int, flatten: Bo
     case StateTable.Timers => values.map(e => row(keyValues(e.key.copy(), keyTypes.length): _*))
     case kind => StateKind.parse(kind) match {
       case StateKind.OperatorList | StateKind.OperatorUnionList =>
+        // A list's partition is the one that wrote it: a rescaled union state's store holds the
+        // lists of several old partitions until the restored query joins them.
         values.flatMap { e =>
+          val writer = e.key.getInt(0)
           val elements = value(e.value.copy()).asInstanceOf[ArrayData]
           if (flatten) {
             val t = valueType.asInstanceOf[ArrayType].elementType
-            (0 until elements.numElements()).iterator.map(i => row(elements.get(i, t)))
-          } else Iterator.single(row(elements))
+            (0 until elements.numElements()).iterator.map(i => rowOf(writer, elements.get(i, t)))
+          } else Iterator.single(rowOf(writer, elements))
         }
       case StateKind.List if !flatten => grouped(values, keyTypes.length) { (key, entries) =>
         row(key ++ Seq(new GenericArrayData(entries.map(e => value(e.value)).toArray)) ++
