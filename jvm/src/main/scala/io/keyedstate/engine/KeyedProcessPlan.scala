@@ -6,11 +6,12 @@ import org.apache.spark.sql.types.StructType
 
 /**
  * The logical half of a keyed function: `KeyedStateLookup` (input rows and the state of their
- * keys, grouped by key) → Spark's own `MapInArrow` (the Python function) → `KeyedStateApply`
- * (outputs out, state mutations into the store, commit). Output attributes are constructor
- * arguments so that they keep their ids through every copy of the plan.
+ * keys, grouped by key, and the broadcast stream it is connected to, if any) → Spark's own
+ * `MapInArrow` (the Python function) → `KeyedStateApply` (outputs out, state mutations into the
+ * store, commit). Output attributes are constructor arguments so that they keep their ids
+ * through every copy of the plan. Both nodes share the spec, their own output, and reading
+ * every column of their children.
  */
-/** What both nodes share: the spec, their own output, and reading every column of their children. */
 sealed trait KeyedFunctionNode extends LogicalPlan {
   def specJson: String
   @transient lazy val spec: ProcessSpec = ProcessSpec.fromJson(specJson)

@@ -19,9 +19,10 @@ import org.apache.spark.util.SerializableConfiguration
 /**
  * Opens a partition's state store and streams to Python, key by key (the input arrives
  * clustered by Spark's state partitioning and sorted by key): a header row with the batch's
- * times, the partition's operator state, then per key a row with all its state, its due timers
- * and its input rows; keys with due timers but no input come last. The store is handed to the
- * apply node of the same task, which writes and commits it.
+ * times, the partition's operator state (operator lists, broadcast maps), the broadcast stream's
+ * elements (a second child, broadcast whole to every task), then per key a row with all its
+ * state, its due timers and its input rows; keys with due timers but no input come last. The
+ * store is handed to the apply node of the same task, which writes and commits it.
  */
 final case class KeyedStateLookupExec(
     specJson: String,
