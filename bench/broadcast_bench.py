@@ -17,7 +17,7 @@ Goals: unchanged within 10% of no broadcast (throughput); a batch that changes 1
 bytes a changing batch writes beyond an unchanged one, and the broadcast entries stored: rules x
 partitions, not x keys).
 
-    python bench/broadcast_bench.py                       # the documented run
+    python bench/broadcast_bench.py --rounds 4            # the documented run
     python bench/broadcast_bench.py --events 50000 --batches 5
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -126,7 +127,8 @@ def run(
 ) -> BatchLog:
     """``changes`` None: no broadcast input; else rules changed per measured batch."""
     rng = np.random.default_rng(args.seed)
-    events_dir, rules_dir = work / f"events-{name}", work / f"rules-{name}"
+    slug = re.sub(r"[^a-z0-9]+", "-", name)  # paths without Hadoop's URI characters
+    events_dir, rules_dir, checkpoint = (work / f"{k}-{slug}" for k in ("events", "rules", "ckpt"))
     names = categories(args.rules)
     initial = pa.table(
         {"category": names, "threshold": [threshold_of(c) for c in names]}, schema=RULE_CHANGES
@@ -153,9 +155,9 @@ def run(
         )
         frame = keyed.connect(keyedstate.broadcast(rules, RULES)).process(Matches(), OUTPUT)
     print(f"[bench] {name} ...", flush=True)
-    log = run_batches(spark, frame, keyedstate.PROVIDER_CLASS, work / f"ckpt-{name}")
+    log = run_batches(spark, frame, keyedstate.PROVIDER_CLASS, checkpoint)
     if changes is not None:
-        stored = keyedstate.state.read(spark, str(work / f"ckpt-{name}"), state="rules").count()
+        stored = keyedstate.state.read(spark, str(checkpoint), state="rules").count()
         log.rows[-1] = stored  # the broadcast entries stored, all partitions
     return log
 
@@ -175,6 +177,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="keyedstate-broadcast-bench-"))
@@ -187,15 +190,23 @@ def main() -> None:
         ]
         # The process's first query pays the JVM's and the Python workers' warm-up: not measured.
         run(spark, "warm-up", 0, argparse.Namespace(**{**vars(args), "batches": 2}), work)
-        logs = {name: run(spark, name, changes, args, work) for name, changes in plan}
+        # Rounds in alternating order: a slow spell of the shared machine lands on every job.
+        rounds: list[dict[str, BatchLog]] = []
+        for r in range(args.rounds):
+            order = plan if r % 2 == 0 else plan[::-1]
+            runs = {}
+            for name, changes in order:
+                runs[name] = run(spark, f"{name} round {r}", changes, args, work)
+            rounds.append(runs)
         spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     print()
     print(
-        f"{args.batches} measured batches of {args.events:,} events, {args.users:,} users, "
-        f"{args.rules:,} rules, {args.partitions} partitions; local[2]; {load_average()}"
+        f"{args.rounds} rounds of {args.batches} measured batches of {args.events:,} events, "
+        f"{args.users:,} users, {args.rules:,} rules, {args.partitions} partitions; local[2]; "
+        f"{load_average()}"
     )
     header = (
         f"{'run':<26} {'batch ms median':>16} {'events/s':>10} {'state KB/batch':>15} "
@@ -204,14 +215,18 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     measured = {}
-    for name, log in logs.items():
-        batches = [b for b in sorted(log.duration_ms) if b >= 1]
-        ms = median([log.duration_ms[b] for b in batches])
-        kb = median([log.bytes.get(b, 0) / 1000 for b in batches])
+    for name, _ in plan:
+        logs = [r[name] for r in rounds]
+        times = [log.duration_ms[b] for log in logs for b in sorted(log.duration_ms) if b >= 1]
+        sizes = [log.bytes.get(b, 0) / 1000 for log in logs for b in sorted(log.bytes) if b >= 1]
+        ms, kb = median(times), median(sizes)
         measured[name] = (ms, kb)
-        stored = log.rows.get(-1)
+        stored = logs[-1].rows.get(-1)
+        per_round = [
+            median([ms for b, ms in log.duration_ms.items() if b >= 1]) for log in logs
+        ]
         print(f"{name:<26} {ms:16,.0f} {args.events / ms * 1000:10,.0f} {kb:15,.0f} "
-              f"{'' if stored is None else f'{stored:,}':>13}")  # fmt: skip
+              f"{'' if stored is None else f'{stored:,}':>13}  rounds: {per_round}")  # fmt: skip
     base, unchanged, changing = (measured[name] for name, _ in plan)
     print()
     print(f"broadcast unchanged / no broadcast (batch time): "
