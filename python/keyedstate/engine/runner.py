@@ -301,18 +301,13 @@ class _Task:
                 {s.index: names.index(f"__ks_s{s.index}") for s in plan.states},
                 [names.index(n) for n in ("__ks_time", "__ks_wm", "__ks_parts")],
             )
+            if plan.broadcast_schema is not None:
+                self.broadcast_at = names.index("__ks_b0")
         offset, state_position, (time_at, _, _) = self.positions
-        if self.broadcast_at is None and plan.broadcast_schema is not None:
-            self.broadcast_at = batch.schema.names.index("__ks_b0")
         kinds = batch.column(0).to_pylist()
         width = len(plan.input_schema.fields)
         has_keys = IN_KEY in kinds
-        columns = []
-        for i, decode in enumerate(self.input_decoders):
-            values = batch.column(offset + i).to_pylist()
-            if decode is not None:
-                values = [None if v is None else decode(v) for v in values]
-            columns.append(values)
+        columns = _decoded_columns(batch, offset, self.input_decoders)
         # Every row as an element (key rows too: their key columns are read from it).
         # tuple.__new__ makes each named tuple in C (its _make is a Python call per row).
         make = self.make_element
@@ -322,28 +317,22 @@ class _Task:
         if self.event_time is not None and IN_ELEMENT in kinds:
             micros = pc.cast(batch.column(offset + self.event_time), pa.int64())
             event_ms = [None if v is None else v // 1000 for v in micros.to_pylist()]
-        if IN_BROADCAST_ELEMENT in kinds:
-            at = self.broadcast_at
-            assert at is not None
-            decoded = []
-            for i, decode in enumerate(self.broadcast_decoders):
-                values = batch.column(at + i).to_pylist()
-                if decode is not None:
-                    values = [None if v is None else decode(v) for v in values]
-                decoded.append(values)
+        if self.broadcast_at is not None and IN_BROADCAST_ELEMENT in kinds:
+            decoded = _decoded_columns(batch, self.broadcast_at, self.broadcast_decoders)
             self.broadcast_rows = list(map(self.make_broadcast, zip(*decoded, strict=True)))
         # Stored state comes on key and operator-state rows only: just their cells become Python
         # values, in row order (``_control`` takes them one by one).
         state_columns: dict[int, list[Any]] = {}
         self.state_row = 0
-        if has_keys or IN_OPERATOR_STATE in kinds or IN_VISITED_KEY in kinds:
+        visits = plan.visits_keyed_state and IN_VISITED_KEY in kinds
+        if has_keys or IN_OPERATOR_STATE in kinds or visits:
             kind_column = batch.column(0)
-            carriers = pc.indices_nonzero(
-                pc.or_(
-                    pc.or_(pc.equal(kind_column, IN_KEY), pc.equal(kind_column, IN_OPERATOR_STATE)),
-                    pc.equal(kind_column, IN_VISITED_KEY),
-                )
+            carrying = pc.or_(
+                pc.equal(kind_column, IN_KEY), pc.equal(kind_column, IN_OPERATOR_STATE)
             )
+            if visits:
+                carrying = pc.or_(carrying, pc.equal(kind_column, IN_VISITED_KEY))
+            carriers = pc.indices_nonzero(carrying)
             for s in plan.states:
                 column = batch.column(state_position[s.index])
                 state_columns[s.index] = column.take(carriers).to_pylist()
@@ -649,6 +638,17 @@ class _NoCurrentKey(dict):
 
 
 _NO_CURRENT_KEY = _NoCurrentKey()
+
+
+def _decoded_columns(batch: pa.RecordBatch, start: int, decoders: list[Any]) -> list[list[Any]]:
+    """The columns from ``start`` on, one per decoder, as Python values."""
+    columns = []
+    for i, decode in enumerate(decoders):
+        values = batch.column(start + i).to_pylist()
+        if decode is not None:
+            values = [None if v is None else decode(v) for v in values]
+        columns.append(values)
+    return columns
 
 
 def _hashable(value: Any) -> Any:  # noqa: ANN401

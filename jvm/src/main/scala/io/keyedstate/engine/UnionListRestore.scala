@@ -13,9 +13,9 @@ import io.keyedstate.checkpoint.{CheckpointStore, Transfers}
  * the lists of all partitions joined in partition order, whatever partition count wrote them (a
  * rescale or a restored savepoint keeps each old partition's list apart). The lists are read on
  * the driver from the manifests of the version the batch loads (`VersionManifest.partitionLocal`),
- * without opening a store; each task's lookup writes its copy before the function runs, so a
- * partition whose function does not run in that batch holds the union too, as a Flink task that
- * restored it and snapshots it untouched. Even-split state needs nothing here: at the same count
+ * without opening a store; each task's lookup writes its copy before the function runs, and
+ * every partition runs its function in that batch (also without input), so each snapshots its own
+ * list as every Flink subtask does. Even-split state needs nothing here: at the same count
  * each partition keeps its list, and a change of count splits it when the state is rewritten.
  */
 object UnionListRestore {

@@ -81,7 +81,7 @@ final class CheckpointWriter(spark: SparkSession, val target: QueryCheckpoint, v
           if (!broadcastState) entries.map { case (entry, e) => encoder.owner(entry.key, n) -> ((i, entry, e == 0)) }
           else {
             // Every old partition holds the same broadcast state: new partition t takes old t % from's.
-            val targets = (0 until n).filter(_ % from == row.getInt(0))
+            val targets = OperatorStateRedistribution.broadcastTargets(row.getInt(0), from, n)
             entries.flatMap { case (entry, e) =>
               targets.zipWithIndex.map { case (t, k) => t -> ((i, entry, e == 0 && k == 0)) }
             }

@@ -22,6 +22,12 @@ object OperatorStateRedistribution {
   case object EvenSplit extends Mode("even_split")
   case object Union extends Mode("union")
 
+  /**
+   * Flink's rule for broadcast state (every old partition holds the same): the new partitions
+   * that take old partition `source`'s copy, `t % from == source`; none for a copy beyond `to`.
+   */
+  def broadcastTargets(source: Int, from: Int, to: Int): Seq[Int] = (source until to by from)
+
   /** How a keyed function's operator state kind moves. */
   def modeOf(kind: StateKind): Mode = kind match {
     case StateKind.OperatorList => EvenSplit

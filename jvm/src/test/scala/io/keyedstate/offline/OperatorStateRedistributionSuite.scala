@@ -82,4 +82,13 @@ class OperatorStateRedistributionSuite extends AnyFunSuite {
       place(Seq(("c", EvenSplit, Seq(5 -> Seq(1)))), from = 2, to = 3, restoreFollows = true))
     assert(beyond.getMessage.contains("a list of partition 5, written at 2 partitions"))
   }
+
+  test("broadcast state: new partition t takes old t % from's copy; copies beyond the new count go nowhere") {
+    for (from <- 1 to 6; to <- 1 to 6) {
+      val targets = (0 until from).map(p => broadcastTargets(p, from, to))
+      assert(targets.flatten.sorted == (0 until to), s"$from -> $to")
+      targets.zipWithIndex.foreach { case (ts, p) => assert(ts.forall(_ % from == p), s"$from -> $to") }
+    }
+    assert(broadcastTargets(2, 3, 2).isEmpty)
+  }
 }

@@ -19,7 +19,7 @@ import io.keyedstate.checkpoint.restore.{LoadStats, RestoreOperation}
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.rocks.{KeyGroups, LocalRocksDB, SstWriter}
-import io.keyedstate.offline.{OfflineJob, StoreRef, StoreVersions}
+import io.keyedstate.offline.{OfflineJob, OperatorStateRedistribution, StoreRef, StoreVersions}
 
 /** One SST file of a source partition's keys that belong to one target partition. */
 final case class StagedFile(columnFamily: String, source: Int, target: Int, file: ManifestFile, keys: Long)
@@ -73,7 +73,7 @@ object RescaleTasks {
       val outDir = new File(work, "out")
       outDir.mkdirs()
       // Operator state is keyed by the partition that wrote it, not by a key Spark partitions: the
-      // driver redistributes it (see Rescaler).
+      // driver redistributes the lists the manifest holds inline (see RescaledOperatorState).
       val keyed = manifest.columnFamilies.filter(cf => db.hasColumnFamily(cf.name) && !KeyGroups.isPartitionLocal(cf.name))
       val staged = keyed.flatMap { cf =>
         val writers = Array.tabulate(task.toPartitions)(t => new SstWriter(new File(outDir, s"${encode(cf.name)}-$t.sst"), conf))
@@ -82,7 +82,8 @@ object RescaleTasks {
           val it = db.scan(cf.name, None, None)
           if (KeyGroups.isBroadcast(cf.name)) {
             // Every partition holds the same broadcast state: new partition t takes old t % from's.
-            val targets = (0 until task.toPartitions).filter(_ % task.fromPartitions == task.store.partition)
+            val targets = OperatorStateRedistribution.broadcastTargets(task.store.partition, task.fromPartitions,
+              task.toPartitions)
             try it.foreach { case (key, value) => targets.foreach(t => writers(t).put(key, value)) }
             finally it.close()
           } else {
@@ -115,7 +116,7 @@ object RescaleTasks {
         } finally writers.foreach(_.close())
       }
       SplitResult(task.store, manifest.columnFamilies, manifest.declaration.map(d => compact(render(d))), staged,
-        InlineEntry.partitionLocal(db), staged.iterator.map(_.keys).sum, load.bytesDownloaded)
+        manifest.partitionLocal, staged.iterator.map(_.keys).sum, load.bytesDownloaded)
     }
 
   def build(task: BuildTask, hadoopSettings: Map[String, String], conf: KeyedStateConf): BuildResult =
