@@ -237,6 +237,45 @@ def test_close_is_called_once_per_task_after_open(spark: SparkSession, tmp_path:
     assert len(set(opened)) == len(opened), "open() ran more than once in a task"
 
 
+class GroupNames(KeyedProcessFunction):
+    """Names each element's group from a table shipped as a Spark broadcast variable, read in
+    open(): such a variable loads only in executors (unpickling it on the driver fails)."""
+
+    def __init__(self, names: Any) -> None:  # noqa: ANN401
+        self.names = names
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+        self.table = self.names.value
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
+        count = (self.count.value() or 0) + 1
+        self.count.update(count)
+        yield value.k, self.table[value.grp], count
+
+
+def test_a_function_holding_a_spark_broadcast_variable_runs(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    names = spark.sparkContext.broadcast({"g1": "first", "g2": "second", "g3": "third"})
+    jobs = on_keyedstate(
+        lambda frames: key_by(frames["events"], "k").process(
+            GroupNames(names), "k string, name string, n long"
+        )
+    )
+    results = run_jobs(spark, tmp_path, {"events": SCHEMA}, PHASES, jobs)
+    table = {"g1": "first", "g2": "second", "g3": "third"}
+    counts: dict[str, int] = defaultdict(int)
+    expected = []
+    for batch in INPUT:
+        for row in batch:
+            counts[row["k"]] += 1
+            expected.append((row["k"], table[row["grp"]], counts[row["k"]]))
+    for result in results.values():
+        got = [(r["k"], r["name"], r["n"]) for rows in result.batches.values() for r in rows]
+        assert sorted(got) == sorted(expected)
+
+
 class TimedProfile(Profile):
     """Profile with an event-time timer per element (fires 3 s of event time later)."""
 

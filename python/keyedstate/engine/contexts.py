@@ -107,7 +107,7 @@ class ContextImpl(
         self._side = side
         self.ts: int | None = None
         self.domain = TimeDomain.EVENT_TIME
-        self.broadcast: dict[str, ReadOnlyBroadcastState] = {}
+        self.broadcast = BroadcastViews({})
 
     def current_processing_time(self) -> int:
         return self._b.now
@@ -116,7 +116,7 @@ class ContextImpl(
         return self._b.watermark
 
     def get_broadcast_state(self, state_descriptor: MapStateDescriptor) -> ReadOnlyBroadcastState:
-        return broadcast_state_of(self.broadcast, state_descriptor)
+        return self.broadcast.of(state_descriptor)
 
     def timestamp(self) -> int | None:
         return self.ts
@@ -144,19 +144,36 @@ def emit_side_output(side: Any, output_tag: Any, value: Any) -> None:  # noqa: A
     side(output_tag, value)
 
 
-def broadcast_state_of(states: dict[str, Any], descriptor: MapStateDescriptor) -> Any:  # noqa: ANN401
-    state = states.get(getattr(descriptor, "name", None))  # type: ignore[arg-type]
-    if state is None or not isinstance(descriptor, MapStateDescriptor):
-        raise StateUsageError(
-            f"no broadcast state {descriptor!r}: the broadcast stream connected to this function "
-            f"declares {sorted(states) or 'none'} (keyedstate.broadcast(df, descriptor, ...))"
-        )
-    if state.descriptor.signature() != descriptor.signature():
-        raise StateUsageError(
-            f"broadcast state '{descriptor.name}' is declared as {state.descriptor!r}, not "
-            f"{descriptor!r}"
-        )
-    return state
+class BroadcastViews:
+    """A partition's broadcast states by name, found by descriptor as ``get_broadcast_state``
+    does: it runs for every element, so each descriptor object is checked once (its name and
+    its types against the declared state) and then found by identity."""
+
+    __slots__ = ("_by_name", "_checked")
+
+    def __init__(self, by_name: dict[str, Any]) -> None:
+        self._by_name = by_name
+        # id(descriptor) -> (descriptor, state): the descriptor is kept, so its id is not reused.
+        self._checked: dict[int, tuple[Any, Any]] = {}
+
+    def of(self, descriptor: MapStateDescriptor) -> Any:  # noqa: ANN401
+        found = self._checked.get(id(descriptor))
+        if found is not None and found[0] is descriptor:
+            return found[1]
+        state = self._by_name.get(getattr(descriptor, "name", None))  # type: ignore[arg-type]
+        if state is None or not isinstance(descriptor, MapStateDescriptor):
+            raise StateUsageError(
+                f"no broadcast state {descriptor!r}: the broadcast stream connected to this "
+                f"function declares {sorted(self._by_name) or 'none'} "
+                "(keyedstate.broadcast(df, descriptor, ...))"
+            )
+        if state.descriptor.signature() != descriptor.signature():
+            raise StateUsageError(
+                f"broadcast state '{descriptor.name}' is declared as {state.descriptor!r}, not "
+                f"{descriptor!r}"
+            )
+        self._checked[id(descriptor)] = (descriptor, state)
+        return state
 
 
 class _ReadOnlyBroadcastState(ReadOnlyBroadcastState):
@@ -220,7 +237,7 @@ class BroadcastContextImpl(KeyedBroadcastProcessFunction.Context):
     def __init__(
         self,
         backend: KeyState,
-        states: dict[str, _BroadcastState],
+        states: BroadcastViews,
         side: Any,  # noqa: ANN401
         visit: Callable[[Any, Callable[[Any, Any], None]], None],
     ) -> None:
@@ -242,7 +259,7 @@ class BroadcastContextImpl(KeyedBroadcastProcessFunction.Context):
         emit_side_output(self._side, output_tag, value)
 
     def get_broadcast_state(self, state_descriptor: MapStateDescriptor) -> BroadcastState:
-        return broadcast_state_of(self.states, state_descriptor)
+        return self.states.of(state_descriptor)
 
     def apply_to_keyed_state(self, state_descriptor: Any, function: Any) -> None:  # noqa: ANN401
         self._visit(state_descriptor, function)
@@ -384,10 +401,10 @@ class _OperatorStore(OperatorStateStore):
 
 def broadcast_views(
     backend: KeyState, descriptors: list[MapStateDescriptor]
-) -> tuple[dict[str, ReadOnlyBroadcastState], dict[str, _BroadcastState]]:
+) -> tuple[BroadcastViews, BroadcastViews]:
     """The broadcast states of a partition (kept in ``backend``, whose one "key" is the
     partition), read-only for ``process_element`` and writable for ``process_broadcast_element``."""
     maps = {d.name: backend.register(d, MapStateDescriptor.kind) for d in descriptors}
     read_only = {n: _ReadOnlyBroadcastState(m, m.descriptor) for n, m in maps.items()}  # type: ignore[arg-type]
     writable = {n: _BroadcastState(m, m.descriptor) for n, m in maps.items()}  # type: ignore[arg-type]
-    return read_only, writable  # type: ignore[return-value]
+    return BroadcastViews(read_only), BroadcastViews(writable)

@@ -6,6 +6,7 @@ The plan is ``KeyedStateLookup`` (JVM) → ``mapInArrow(KeyedRunner)`` → ``Key
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import uuid
@@ -169,12 +170,16 @@ def _declared_states(
     the states it creates are the operator's column families. Returns the keyed states and the
     operator states with their kinds (split or union redistribution)."""
     try:
-        probe = cloudpickle.loads(cloudpickle.dumps(function))
+        shipped = cloudpickle.dumps(function)
     except Exception as error:  # noqa: BLE001 - any pickling failure
         raise StateUsageError(
             f"the function {type(function).__name__} cannot be shipped to executors "
             f"(cloudpickle failed: {error})"
         ) from error
+    try:
+        probe = cloudpickle.loads(shipped)  # a copy: open() on the driver changes nothing shipped
+    except Exception:  # noqa: BLE001 - what loads only in executors (a Spark broadcast variable)
+        probe = copy.copy(function)
     state = KeyState()
     context = RuntimeContextImpl(state, "keyedstate-planning")
     try:

@@ -9,6 +9,7 @@ same Arrow stream; the apply node routes them into the store and commits it.
 
 from __future__ import annotations
 
+import copy
 import functools
 import gc
 import operator
@@ -22,6 +23,7 @@ from pyspark import cloudpickle
 from pyspark.sql import types as T
 
 from keyedstate.elements import element_class
+from keyedstate.engine.broadcast_maps import DECODED_MAPS, immutable
 from keyedstate.engine.codec import column_decoder, state_codec
 from keyedstate.engine.contexts import (
     BroadcastContextImpl,
@@ -155,7 +157,10 @@ class _Task:
     def __init__(self, plan: RunnerPlan) -> None:
         self.plan = plan
         self.state = KeyState(plan.declared)
-        self.function = cloudpickle.loads(cloudpickle.dumps(plan.function))
+        try:
+            self.function = cloudpickle.loads(cloudpickle.dumps(plan.function))
+        except Exception:  # noqa: BLE001 - what pickles only on the driver (a Spark broadcast variable)
+            self.function = copy.copy(plan.function)
         _refresh_globals(self.function, plan.function_globals)
         self.runtime = RuntimeContextImpl(self.state, plan.task_name)
         self.runtime.batch_id = _batch_id()
@@ -238,7 +243,7 @@ class _Task:
         self.has_key = False
         self.pre_fired = True
         self.due: list[tuple[bool, int]] = []
-        self.state_row = 0  # the next key or operator-state row's index in the state columns
+        self.state_row = 0  # the next key (or visited key) row's index in the state columns
 
     def _side(self, tag: Any, value: Any) -> None:  # noqa: ANN401
         index = self.plan.side_tags.get(getattr(tag, "tag_id", tag))
@@ -320,20 +325,20 @@ class _Task:
         if self.broadcast_at is not None and IN_BROADCAST_ELEMENT in kinds:
             decoded = _decoded_columns(batch, self.broadcast_at, self.broadcast_decoders)
             self.broadcast_rows = list(map(self.make_broadcast, zip(*decoded, strict=True)))
-        # Stored state comes on key and operator-state rows only: just their cells become Python
-        # values, in row order (``_control`` takes them one by one).
+        # Stored keyed state comes on key rows (and visited-key rows) only: just their cells
+        # become Python values, in row order (``_control`` takes them one by one). The operator
+        # state row's cells are read where they are (a large broadcast map is not converted
+        # with every row's empty one).
         state_columns: dict[int, list[Any]] = {}
         self.state_row = 0
         visits = plan.visits_keyed_state and IN_VISITED_KEY in kinds
-        if has_keys or IN_OPERATOR_STATE in kinds or visits:
+        if self.keyed and (has_keys or visits):
             kind_column = batch.column(0)
-            carrying = pc.or_(
-                pc.equal(kind_column, IN_KEY), pc.equal(kind_column, IN_OPERATOR_STATE)
-            )
+            carrying = pc.equal(kind_column, IN_KEY)
             if visits:
                 carrying = pc.or_(carrying, pc.equal(kind_column, IN_VISITED_KEY))
             carriers = pc.indices_nonzero(carrying)
-            for s in plan.states:
+            for s in self.keyed:
                 column = batch.column(state_position[s.index])
                 state_columns[s.index] = column.take(carriers).to_pylist()
 
@@ -426,10 +431,10 @@ class _Task:
             state.partition = _partition_id()
             state.num_partitions = batch.column(partitions_at)[i].as_py()
         elif k == IN_OPERATOR_STATE:
-            j = self.state_row
-            self.state_row = j + 1
+            assert self.positions is not None
+            at = self.positions[1]
             for s in self.op_states:
-                stored = state_columns[s.index][j]
+                stored = batch.column(at[s.index])[i].as_py()
                 if stored:
                     decode = self.codecs[s.index].decode
                     self.state.op_state[s.name] = stored if decode is None else decode(stored)
@@ -437,9 +442,9 @@ class _Task:
             if self.broadcast_states:
                 maps: dict[str, Any] = {}
                 for s in self.broadcast_states:
-                    stored = state_columns[s.index][j]
-                    if stored:
-                        maps[s.name] = self.codecs[s.index].decode(stored)
+                    cell = batch.column(at[s.index])[i]
+                    if cell.is_valid and len(cell):
+                        maps[s.name] = self._broadcast_map(s, cell)
                 self.broadcast.load(None, maps)
         elif k == IN_VISITED_KEY:
             j = self.state_row
@@ -463,6 +468,15 @@ class _Task:
                 self.out.outputs(result)
         if not self.opened and k != IN_BATCH and k != IN_OPERATOR_STATE:
             self._open()
+
+    def _broadcast_map(self, s: StatePlan, cell: Any) -> dict:  # noqa: ANN401
+        """A broadcast state as stored: decoded once per worker while it does not change,
+        where its keys and values cannot change in place (see broadcast_maps)."""
+        decode = self.codecs[s.index].decode
+        descriptor = s.descriptor
+        if immutable(descriptor.key_type_info) and immutable(descriptor.value_type_info):  # type: ignore[attr-defined]
+            return DECODED_MAPS.decode((descriptor.signature(), self.plan.time_zone), cell, decode)
+        return decode(cell.as_py())
 
     def _stored_values(self, state_columns: dict[int, list[Any]], j: int) -> dict[str, Any]:
         """The keyed states of the ``j``-th row carrying state, as Python values."""

@@ -20,7 +20,7 @@ import org.apache.spark.util.SerializableConfiguration
  * Opens a partition's state store and streams to Python, key by key (the input arrives
  * clustered by Spark's state partitioning and sorted by key): a header row with the batch's
  * times, the partition's operator state (operator lists, broadcast maps), the broadcast stream's
- * elements (a second child, broadcast whole to every task), then per key a row with all its
+ * elements (a second child, collected and sent whole to every task), then per key a row with all its
  * state, its due timers and its input rows; keys with due timers but no input come last. The
  * store is handed to the apply node of the same task, which writes and commits it.
  */
@@ -40,11 +40,13 @@ final case class KeyedStateLookupExec(
     spec.keyColumns.map(c => child.output.find(_.name == c).getOrElse(
       throw new IllegalStateException(s"key column $c is not in the input ${child.output}")))
 
-  // The broadcast stream's micro-batch reaches every task whole, as a broadcast join's build side.
+  // The broadcast stream's micro-batch is collected by doExecute itself, not by a broadcast
+  // exchange: most micro-batches of a low-rate stream are empty, and an exchange would still run
+  // a job and create a broadcast for each.
   override def requiredChildDistribution: Seq[Distribution] = (context match {
     case Some(c) => StatefulOpClusteredDistribution(keyExpressions, c.stateInfo.numPartitions)
     case None => ClusteredDistribution(keyExpressions)
-  }) +: broadcast.toSeq.map(_ => BroadcastDistribution(IdentityBroadcastMode))
+  }) +: broadcast.toSeq.map(_ => UnspecifiedDistribution)
 
   override def requiredChildOrdering: Seq[Seq[SortOrder]] = {
     val byKey = keyExpressions.map(SortOrder(_, Ascending))
@@ -83,8 +85,11 @@ final case class KeyedStateLookupExec(
     val inputTypes = inputSchema.fields.map(_.dataType)
     val childOutput = child.output
     val keyOrdinals = specCopy.keyColumns.map(c => inputSchema.fieldIndex(c))
-    // Every element of the broadcast stream's micro-batch, in one order every task sees.
-    val broadcastElements = broadcast.map(_.executeBroadcast[Array[InternalRow]]())
+    // Every element of the broadcast stream's micro-batch, in one order every task sees. A batch
+    // without any (a source without new data is an empty local relation) runs no job and
+    // broadcasts nothing.
+    val broadcastElements = broadcast.map(_.executeCollect()).filter(_.nonEmpty)
+      .map(rows => session.sparkContext.broadcast(rows))
     val broadcastTypes = specCopy.broadcastSchema.map(_.fields.map(_.dataType)).getOrElse(Array.empty[DataType])
     // A run's first batch restores union state: every partition runs its function then, also
     // without input, so that each snapshots its own list, as every Flink subtask does.
