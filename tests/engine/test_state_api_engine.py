@@ -243,10 +243,12 @@ class GroupNames(KeyedProcessFunction):
 
     def __init__(self, names: Any) -> None:  # noqa: ANN401
         self.names = names
+        self.opened: list[str] = []
 
     def open(self, runtime_context: RuntimeContext) -> None:
         self.count = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
         self.table = self.names.value
+        self.opened.append(runtime_context.get_task_name())
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:  # noqa: ANN401
         count = (self.count.value() or 0) + 1
@@ -258,9 +260,10 @@ def test_a_function_holding_a_spark_broadcast_variable_runs(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     names = spark.sparkContext.broadcast({"g1": "first", "g2": "second", "g3": "third"})
+    function = GroupNames(names)
     jobs = on_keyedstate(
         lambda frames: key_by(frames["events"], "k").process(
-            GroupNames(names), "k string, name string, n long"
+            function, "k string, name string, n long"
         )
     )
     results = run_jobs(spark, tmp_path, {"events": SCHEMA}, PHASES, jobs)
@@ -274,6 +277,8 @@ def test_a_function_holding_a_spark_broadcast_variable_runs(
     for result in results.values():
         got = [(r["k"], r["name"], r["n"]) for rows in result.batches.values() for r in rows]
         assert sorted(got) == sorted(expected)
+    # The planner ran open() on a copy: the function shipped, and the caller's, are untouched.
+    assert function.opened == []
 
 
 class TimedProfile(Profile):

@@ -4,10 +4,12 @@ Every state partition holds the same broadcast state, and the lookup node sends 
 maps with every micro-batch. A worker process runs task after task, of any partition: it
 turns a map's entries into Python values once and hands every later task whose entries are
 equal a copy of that (Arrow compares the entry arrays, no Python object is made: microseconds
-where decoding 10,000 entries takes milliseconds).
+where decoding 10,000 entries takes milliseconds). One decode is kept per broadcast state: the
+one in use.
 
-Only maps whose keys and values decode to immutable Python values are kept: a copy of the dict
-shares its values, and a list a function changed in place would reach other partitions.
+Only maps whose keys and values cannot change in place are kept (a copy of the dict shares its
+values, and a list a function changed in place would reach other partitions), and none with
+floating-point values (Arrow takes -0.0 and 0.0 as equal).
 """
 
 from __future__ import annotations
@@ -19,42 +21,36 @@ import pyarrow as pa
 
 from keyedstate.state.types import TypeInformation
 
-__all__ = ["DecodedMaps", "immutable"]
-
-# Types whose Python values cannot change in place (str, int, float, bool, bytes, Decimal,
-# date, datetime).
-_IMMUTABLE = {
-    "STRING", "BOOLEAN", "BYTE", "SHORT", "INT", "LONG", "FLOAT", "DOUBLE", "BIG_DEC", "BYTES",
-    "SQL_DATE", "SQL_TIMESTAMP",
-}  # fmt: skip
+__all__ = ["DECODED_MAPS", "DecodedMaps", "decoded_once"]
 
 
-def immutable(info: TypeInformation) -> bool:
-    return info._name in _IMMUTABLE
+def decoded_once(info: TypeInformation) -> bool:
+    """Whether a map's keys or values of this type may be decoded once for several tasks."""
+    return info.is_immutable() and not _floating(info)
+
+
+def _floating(info: TypeInformation) -> bool:
+    return info._name in ("FLOAT", "DOUBLE") or any(_floating(c) for c in info.children)
 
 
 class DecodedMaps:
-    """The most recent distinct decodes, per codec (what decodes a map also names it: the
-    descriptor's types and the session's time zone)."""
+    """The last decode of each broadcast state, by what names and decodes it (the state's name,
+    its types and the session's time zone)."""
 
-    def __init__(self, capacity: int = 8) -> None:
-        self._capacity = capacity
-        # Most recent first: (codec key, entries, decoded). The entries are a copy, not a view
-        # into the Arrow batch they came in (that would keep the whole batch alive).
-        self._kept: list[tuple[Any, pa.Array, dict]] = []
+    def __init__(self) -> None:
+        # key -> (entries, decoded). The entries are a copy, not a view into the Arrow batch
+        # they came in (that would keep the whole batch alive).
+        self._kept: dict[Any, tuple[pa.Array, dict]] = {}
 
-    def decode(self, codec: Any, cell: pa.MapScalar, decode: Callable[[Any], dict]) -> dict:  # noqa: ANN401
-        """A fresh dict of ``cell``'s entries: a copy of an earlier decode of equal entries
-        by the same ``codec``, else ``decode(cell.as_py())``."""
+    def decode(self, key: Any, cell: pa.MapScalar, decode: Callable[[Any], dict]) -> dict:  # noqa: ANN401
+        """A fresh dict of ``cell``'s entries: a copy of the last decode under ``key`` if its
+        entries are equal, else ``decode(cell.as_py())``, kept in its place."""
         entries = cell.values
-        for i, (key, known, decoded) in enumerate(self._kept):
-            if key == codec and len(known) == len(entries) and known.equals(entries):
-                if i:
-                    self._kept.insert(0, self._kept.pop(i))
-                return dict(decoded)
+        kept = self._kept.get(key)
+        if kept is not None and len(kept[0]) == len(entries) and kept[0].equals(entries):
+            return dict(kept[1])
         decoded = decode(cell.as_py())
-        self._kept.insert(0, (codec, pa.concat_arrays([entries]), decoded))
-        del self._kept[self._capacity :]
+        self._kept[key] = (pa.concat_arrays([entries]), decoded)
         return dict(decoded)
 
 

@@ -172,7 +172,8 @@ class BroadcastViews:
                 f"broadcast state '{descriptor.name}' is declared as {state.descriptor!r}, not "
                 f"{descriptor!r}"
             )
-        self._checked[id(descriptor)] = (descriptor, state)
+        if len(self._checked) < 16:  # a descriptor made per element is checked every time
+            self._checked[id(descriptor)] = (descriptor, state)
         return state
 
 

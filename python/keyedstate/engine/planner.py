@@ -6,7 +6,6 @@ The plan is ``KeyedStateLookup`` (JVM) → ``mapInArrow(KeyedRunner)`` → ``Key
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 import uuid
@@ -20,6 +19,7 @@ from pyspark.sql import types as T
 
 from keyedstate._session import EXTENSIONS_CLASS, EXTENSIONS_KEY
 from keyedstate.engine.contexts import RuntimeContextImpl
+from keyedstate.engine.function_copy import copy_function
 from keyedstate.engine.keyed_state import KeyState
 from keyedstate.engine.runner import KeyedRunner, RunnerPlan, StatePlan
 from keyedstate.functions import (
@@ -170,16 +170,13 @@ def _declared_states(
     the states it creates are the operator's column families. Returns the keyed states and the
     operator states with their kinds (split or union redistribution)."""
     try:
-        shipped = cloudpickle.dumps(function)
+        cloudpickle.dumps(function)
     except Exception as error:  # noqa: BLE001 - any pickling failure
         raise StateUsageError(
             f"the function {type(function).__name__} cannot be shipped to executors "
             f"(cloudpickle failed: {error})"
         ) from error
-    try:
-        probe = cloudpickle.loads(shipped)  # a copy: open() on the driver changes nothing shipped
-    except Exception:  # noqa: BLE001 - what loads only in executors (a Spark broadcast variable)
-        probe = copy.copy(function)
+    probe = copy_function(function)  # open() on the driver changes nothing shipped
     state = KeyState()
     context = RuntimeContextImpl(state, "keyedstate-planning")
     try:

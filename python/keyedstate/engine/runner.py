@@ -9,7 +9,6 @@ same Arrow stream; the apply node routes them into the store and commits it.
 
 from __future__ import annotations
 
-import copy
 import functools
 import gc
 import operator
@@ -19,11 +18,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import cloudpickle
 from pyspark.sql import types as T
 
 from keyedstate.elements import element_class
-from keyedstate.engine.broadcast_maps import DECODED_MAPS, immutable
+from keyedstate.engine.broadcast_maps import DECODED_MAPS, decoded_once
 from keyedstate.engine.codec import column_decoder, state_codec
 from keyedstate.engine.contexts import (
     BroadcastContextImpl,
@@ -33,6 +31,7 @@ from keyedstate.engine.contexts import (
     broadcast_views,
 )
 from keyedstate.engine.convert import OutputRows
+from keyedstate.engine.function_copy import copy_function
 from keyedstate.engine.keyed_state import MIN_TIME, KeyState
 from keyedstate.functions import CheckpointedFunction, TimeDomain
 from keyedstate.state.descriptors import (
@@ -157,10 +156,7 @@ class _Task:
     def __init__(self, plan: RunnerPlan) -> None:
         self.plan = plan
         self.state = KeyState(plan.declared)
-        try:
-            self.function = cloudpickle.loads(cloudpickle.dumps(plan.function))
-        except Exception:  # noqa: BLE001 - what pickles only on the driver (a Spark broadcast variable)
-            self.function = copy.copy(plan.function)
+        self.function = copy_function(plan.function)
         _refresh_globals(self.function, plan.function_globals)
         self.runtime = RuntimeContextImpl(self.state, plan.task_name)
         self.runtime.batch_id = _batch_id()
@@ -471,11 +467,12 @@ class _Task:
 
     def _broadcast_map(self, s: StatePlan, cell: Any) -> dict:  # noqa: ANN401
         """A broadcast state as stored: decoded once per worker while it does not change,
-        where its keys and values cannot change in place (see broadcast_maps)."""
+        where its keys and values allow it (see broadcast_maps)."""
         decode = self.codecs[s.index].decode
         descriptor = s.descriptor
-        if immutable(descriptor.key_type_info) and immutable(descriptor.value_type_info):  # type: ignore[attr-defined]
-            return DECODED_MAPS.decode((descriptor.signature(), self.plan.time_zone), cell, decode)
+        if decoded_once(descriptor.key_type_info) and decoded_once(descriptor.value_type_info):  # type: ignore[attr-defined]
+            key = (s.name, descriptor.signature(), self.plan.time_zone)
+            return DECODED_MAPS.decode(key, cell, decode)
         return decode(cell.as_py())
 
     def _stored_values(self, state_columns: dict[int, list[Any]], j: int) -> dict[str, Any]:
