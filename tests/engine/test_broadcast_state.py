@@ -252,6 +252,13 @@ def test_both_streams_hold_the_watermark_and_timers_read_the_rules(
     # b's and c's (310 s) wait.
     fired = run([{"rule": "r200", "threshold": 200}], [{"user": "c", "amount": 300}])
     assert fired == [("a", 110_000, ["r0", "r105", "r200"])]
+    # ctx.timestamp() in process_broadcast_element is the broadcast element's event time.
+    stored = keyedstate.state.read(spark, str(checkpoint), state=RULES.name).collect()
+    assert {(r.user_map_key, r.value) for r in stored} == {
+        ("r0", 0),
+        ("r105", 105_000),
+        ("r200", 200_000),
+    }
 
 
 def test_a_stream_that_is_not_keyed_takes_the_rules_in_every_partition(

@@ -176,11 +176,12 @@ class RuleMatchesFailingOnce(RuleMatches):
 
 
 class RuleTimers(KeyedBroadcastProcessFunction):
-    """Rules put by the broadcast stream; each event registers an event-time timer 10 s after
-    it, which emits ``(user, timer, rules)``: the rules ``on_timer`` reads when it fires."""
+    """Rules put by the broadcast stream, each with its element's event time; each event
+    registers an event-time timer 10 s after it, which emits ``(user, timer, rules)``: the rules
+    ``on_timer`` reads when it fires."""
 
     def process_broadcast_element(self, value: Any, ctx: Any) -> None:  # noqa: ANN401
-        ctx.get_broadcast_state(RULES).put(value.rule, value.threshold)
+        ctx.get_broadcast_state(RULES).put(value.rule, ctx.timestamp())
 
     def process_element(self, value: Any, ctx: Any) -> None:  # noqa: ANN401
         ctx.timer_service().register_event_time_timer(ctx.timestamp() + 10_000)

@@ -233,7 +233,7 @@ class _BroadcastState(_ReadOnlyBroadcastState, BroadcastState):
 class BroadcastContextImpl(KeyedBroadcastProcessFunction.Context):
     """The context of ``process_broadcast_element``: the broadcast states to write."""
 
-    __slots__ = ("_b", "_side", "_visit", "states")
+    __slots__ = ("_b", "_side", "_visit", "states", "ts")
 
     def __init__(
         self,
@@ -246,9 +246,12 @@ class BroadcastContextImpl(KeyedBroadcastProcessFunction.Context):
         self._side = side
         self._visit = visit
         self.states = states
+        # The broadcast element's event time in ms, if its stream has a watermark (the runner
+        # sets it per element).
+        self.ts: int | None = None
 
     def timestamp(self) -> int | None:
-        return None
+        return self.ts
 
     def current_processing_time(self) -> int:
         return self._b.now

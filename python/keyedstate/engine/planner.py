@@ -523,6 +523,9 @@ def build(
         side_columns=[list(st.names) for _, st in sides],
         main_width=len(main_struct.fields) if sides else None,
         broadcast_schema=None if broadcast_df is None else broadcast_df.schema,
+        broadcast_event_time_column=(
+            None if broadcast_df is None else watermark_column(broadcast_df)
+        ),
         visits_keyed_state=visits_keyed_state,
     )
     try:

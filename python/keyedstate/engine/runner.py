@@ -87,8 +87,10 @@ class RunnerPlan:
     side_tags: dict[str, int] = field(default_factory=dict)
     side_columns: list[list[str]] = field(default_factory=list)
     main_width: int | None = None
-    # The broadcast stream's schema (a KeyedBroadcastProcessFunction), else None.
+    # The broadcast stream's schema (a KeyedBroadcastProcessFunction), else None, and its
+    # event-time column (the one its watermark is on), if it has one.
     broadcast_schema: T.StructType | None = None
+    broadcast_event_time_column: str | None = None
     # Whether the function calls apply_to_keyed_state: the lookup sends every stored key first.
     visits_keyed_state: bool = False
 
@@ -215,6 +217,14 @@ class _Task:
         self.visited: dict[Any, tuple[tuple, dict[str, Any]]] = {}
         self.broadcast_at: int | None = None
         self.broadcast_rows: list[Any] = []
+        # Each broadcast element's event time in ms (ctx.timestamp()), by row, when its stream
+        # has a watermark.
+        self.broadcast_times: list[int | None] | None = None
+        self.broadcast_event_time = (
+            None
+            if plan.broadcast_schema is None or plan.broadcast_event_time_column is None
+            else plan.broadcast_schema.names.index(plan.broadcast_event_time_column)
+        )
         if plan.broadcast_schema is not None:
             self.broadcast_decoders = [
                 column_decoder(f.dataType, plan.time_zone) for f in plan.broadcast_schema.fields
@@ -316,11 +326,13 @@ class _Task:
         times = batch.column(time_at).to_pylist()
         event_ms = None
         if self.event_time is not None and IN_ELEMENT in kinds:
-            micros = pc.cast(batch.column(offset + self.event_time), pa.int64())
-            event_ms = [None if v is None else v // 1000 for v in micros.to_pylist()]
+            event_ms = _millis(batch.column(offset + self.event_time))
         if self.broadcast_at is not None and IN_BROADCAST_ELEMENT in kinds:
             decoded = _decoded_columns(batch, self.broadcast_at, self.broadcast_decoders)
             self.broadcast_rows = list(map(self.make_broadcast, zip(*decoded, strict=True)))
+            if self.broadcast_event_time is not None:
+                column = batch.column(self.broadcast_at + self.broadcast_event_time)
+                self.broadcast_times = _millis(column)
         # Stored keyed state comes on key rows (and visited-key rows) only: just their cells
         # become Python values, in row order (``_control`` takes them one by one). The operator
         # state row's cells are read where they are (a large broadcast map is not converted
@@ -454,6 +466,8 @@ class _Task:
             # Keyed state has no current key here (Flink refuses it too): only through
             # apply_to_keyed_state, which loads each visited key's own values.
             self.state.cur = _NO_CURRENT_KEY
+            times = self.broadcast_times
+            self.broadcast_ctx.ts = None if times is None else times[i]
             try:
                 result = self.function.process_broadcast_element(
                     self.broadcast_rows[i], self.broadcast_ctx
@@ -660,6 +674,12 @@ def _decoded_columns(batch: pa.RecordBatch, start: int, decoders: list[Any]) -> 
             values = [None if v is None else decode(v) for v in values]
         columns.append(values)
     return columns
+
+
+def _millis(column: pa.Array) -> list[int | None]:
+    """An event-time (timestamp) column's values in ms since the epoch."""
+    micros = pc.cast(column, pa.int64())
+    return [None if v is None else v // 1000 for v in micros.to_pylist()]
 
 
 def _hashable(value: Any) -> Any:  # noqa: ANN401
