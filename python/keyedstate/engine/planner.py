@@ -170,13 +170,13 @@ def _declared_states(
     the states it creates are the operator's column families. Returns the keyed states and the
     operator states with their kinds (split or union redistribution)."""
     try:
-        cloudpickle.dumps(function)
+        # Made as executors get it: open() on the driver changes nothing shipped.
+        probe = copy_function(function)
     except Exception as error:  # noqa: BLE001 - any pickling failure
         raise StateUsageError(
             f"the function {type(function).__name__} cannot be shipped to executors "
             f"(cloudpickle failed: {error})"
         ) from error
-    probe = copy_function(function)  # open() on the driver changes nothing shipped
     state = KeyState()
     context = RuntimeContextImpl(state, "keyedstate-planning")
     try:
