@@ -103,6 +103,11 @@ if TYPE_CHECKING:
         no_restart,
         run,
     )
+    from keyedstate.service.queryable import (
+        QueryableStateClient,
+        QueryableStateInfo,
+        StateLookup,
+    )
     from keyedstate.state import (
         AggregatingState,
         AggregatingStateDescriptor,
@@ -219,6 +224,11 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "fixed_delay_restart",
         "no_restart",
         "run",
+    ),
+    "keyedstate.service.queryable": (
+        "QueryableStateClient",
+        "QueryableStateInfo",
+        "StateLookup",
     ),
     "keyedstate.state": (
         "AggregatingState",
@@ -357,6 +367,9 @@ __all__ = [
     "fixed_delay_restart",
     "no_restart",
     "run",
+    "QueryableStateClient",
+    "QueryableStateInfo",
+    "StateLookup",
     "AggregatingState",
     "AggregatingStateDescriptor",
     "AppendingState",

@@ -21,6 +21,10 @@ EXTENSIONS_CLASS = "io.keyedstate.engine.KeyedStateExtensions"
 # The query service (docs/query-service.md): started with the application's first streaming query.
 SERVICE_EXTENSIONS_CLASS = "io.keyedstate.service.ServiceExtensions"
 EXTENSIONS_KEY = "spark.sql.extensions"
+ENGINE_EXTENSIONS = [EXTENSIONS_CLASS, SERVICE_EXTENSIONS_CLASS]
+# Queryable state's state servers in the executors (docs/queryable-state.md).
+QUERYABLE_PLUGIN_CLASS = "io.keyedstate.queryable.QueryablePlugin"
+PLUGINS_KEY = "spark.plugins"
 OPTION_PREFIX = "spark.sql.streaming.stateStore.keyedstate."
 
 
@@ -60,9 +64,9 @@ def jar_path() -> str:
     )
 
 
-def _with_extensions(builder: SparkSession.Builder) -> str:
-    ours = [EXTENSIONS_CLASS, SERVICE_EXTENSIONS_CLASS]
-    existing = [e.strip() for e in str(builder._options.get(EXTENSIONS_KEY, "")).split(",")]
+def _with_classes(builder: SparkSession.Builder, key: str, ours: list[str]) -> str:
+    """The builder's comma-separated class list under ``key`` with ``ours`` added once."""
+    existing = [e.strip() for e in str(builder._options.get(key, "")).split(",")]
     return ",".join([e for e in existing if e and e not in ours] + ours)
 
 
@@ -115,7 +119,8 @@ def configure(
     builder = (
         builder.config("spark.jars", jar_path())
         .config(PROVIDER_CLASS_KEY, PROVIDER_CLASS)
-        .config(EXTENSIONS_KEY, _with_extensions(builder))
+        .config(EXTENSIONS_KEY, _with_classes(builder, EXTENSIONS_KEY, ENGINE_EXTENSIONS))
+        .config(PLUGINS_KEY, _with_classes(builder, PLUGINS_KEY, [QUERYABLE_PLUGIN_CLASS]))
     )
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -254,6 +254,8 @@ JVM_LAYERS = [
     {"offline"},
     {"offline.inspect", "offline.rescale"},
     {"offline.savepoint"},
+    # Queryable state: the executors' state servers, the driver's proxy and its catalog.
+    {"queryable"},
     # The query service on the driver, over the running queries and the offline operations.
     {"service"},
 ]

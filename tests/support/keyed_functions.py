@@ -195,3 +195,37 @@ class KeyedWriteInBroadcast(RuleMatches):
 
     def process_broadcast_element(self, value: Any, ctx: Any) -> None:  # noqa: ANN401
         self.count.update(0)
+
+
+class QueryableTotals(KeyedProcessFunction):
+    """Per key: the running total of ``v`` (value state, queryable as ``totals``), every ``v``
+    seen (list state, ``amounts``), the count per ``tag`` (map state, ``tags``), and a pickled
+    object (``last``); emits ``(key, total)`` per element. ``fail_on`` makes an element with that
+    ``v`` raise (a failing batch)."""
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        self.fail_on = fail_on
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        total = ValueStateDescriptor("total", Types.LONG())
+        total.set_queryable("totals")
+        amounts = ListStateDescriptor("amounts", Types.LONG())
+        amounts.set_queryable("amounts")
+        tags = MapStateDescriptor("tags", Types.STRING(), Types.INT())
+        tags.set_queryable("tags")
+        last = ValueStateDescriptor("last")
+        last.set_queryable("last")
+        self.total = runtime_context.get_state(total)
+        self.amounts = runtime_context.get_list_state(amounts)
+        self.tags = runtime_context.get_map_state(tags)
+        self.last = runtime_context.get_state(last)
+
+    def process_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
+        if self.fail_on is not None and value.v == self.fail_on:
+            raise RuntimeError(f"failing on v={value.v}")
+        total = (self.total.value() or 0) + value.v
+        self.total.update(total)
+        self.amounts.add(value.v)
+        self.tags.put(value.tag, (self.tags.get(value.tag) or 0) + 1)
+        self.last.update({"v": value.v, "tag": value.tag})
+        yield ctx.get_current_key(), total

@@ -236,8 +236,24 @@ def _state_json(descriptor: StateDescriptor, kind: str) -> dict[str, Any]:
         value_type = descriptor.type_info.spark_type()
         key_type = None
     ttl = descriptor.ttl_config
+    queryable = descriptor.get_queryable_state_name()
+    if queryable is not None and (kind == BROADCAST or kind in OPERATOR_STATE_KINDS):
+        raise StateUsageError(
+            f"state {descriptor.name!r} is {kind} state, which is not queryable: only keyed states "
+            "(value, list, map, reducing, aggregating) are read by key (set_queryable)"
+        )
+    value_info = getattr(descriptor, "value_type_info", None) or getattr(
+        descriptor, "element_type_info", descriptor.type_info
+    )
+    key_info = getattr(descriptor, "key_type_info", None)
     return {
         "name": descriptor.name,
+        "queryable": queryable,
+        # The client unpickles values stored as pickles (Types.PICKLED_BYTE_ARRAY()).
+        "pickled": {
+            "value": value_info.is_pickled(),
+            "mapKey": key_info is not None and key_info.is_pickled(),
+        },
         "kind": kind,
         "type": json.loads(value_type.json()),
         "keyType": None if key_type is None else json.loads(key_type.json()),
@@ -482,6 +498,10 @@ def build(
     clashing = sorted({n for n in names if names.count(n) > 1})
     if clashing:
         raise StateUsageError(f"keyed, operator and broadcast states share the names {clashing}")
+    queryable = [q for s in states if (q := s.descriptor.get_queryable_state_name()) is not None]
+    clashing = sorted({q for q in queryable if queryable.count(q) > 1})
+    if clashing:
+        raise StateUsageError(f"several states are queryable under the names {clashing}")
 
     spark = df.sparkSession
     spec = {

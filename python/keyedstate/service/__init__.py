@@ -1,5 +1,6 @@
 """The query service (docs/query-service.md): the HTTP API the driver of an application with
-keyedstate serves over its running streaming queries, and its Python client."""
+keyedstate serves over its running streaming queries, and its Python clients: the service's,
+and queryable state's (docs/queryable-state.md)."""
 
 from keyedstate.service.client import (
     QueryServiceClient,
@@ -8,9 +9,13 @@ from keyedstate.service.client import (
     registry_folder,
     service_address,
 )
+from keyedstate.service.queryable import QueryableStateClient, QueryableStateInfo, StateLookup
 
 __all__ = [
     "QueryServiceClient",
+    "QueryableStateClient",
+    "QueryableStateInfo",
+    "StateLookup",
     "RunningQuery",
     "ServiceAddress",
     "registry_folder",

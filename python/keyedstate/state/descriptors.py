@@ -58,9 +58,37 @@ class StateDescriptor:
         self.name = _check_name(name)
         self.type_info: TypeInformation = to_type_info(type_info)
         self._ttl_config: StateTtlConfig | None = None
+        self._queryable_state_name: str | None = None
 
     def get_name(self) -> str:
         return self.name
+
+    def set_queryable(self, queryable_state_name: str) -> None:
+        """Make the state readable from outside the query, by key, under
+        ``queryable_state_name`` (Flink's ``setQueryable``): lookups through
+        ``keyedstate.QueryableStateClient`` see the state of the query's last committed batch
+        (docs/queryable-state.md). Keyed states only; the name is set once."""
+        if not isinstance(queryable_state_name, str) or not queryable_state_name.strip():
+            raise StateUsageError(
+                f"a queryable state name must be a non-empty str, got {queryable_state_name!r}"
+            )
+        if queryable_state_name.strip() != queryable_state_name or "/" in queryable_state_name:
+            raise StateUsageError(
+                "a queryable state name must not start or end with spaces nor contain '/' "
+                f"(it is part of the lookup's URL), got {queryable_state_name!r}"
+            )
+        if self._queryable_state_name is not None:
+            raise StateUsageError(
+                f"state {self.name!r} is queryable as {self._queryable_state_name!r} already"
+            )
+        self._queryable_state_name = queryable_state_name
+
+    def get_queryable_state_name(self) -> str | None:
+        """The name lookups read the state by (``set_queryable``), or None."""
+        return self._queryable_state_name
+
+    def is_queryable(self) -> bool:
+        return self._queryable_state_name is not None
 
     def enable_time_to_live(self, ttl_config: StateTtlConfig) -> None:
         """Let the state's values expire (see ``StateTtlConfig``)."""

@@ -22,7 +22,7 @@ import io.keyedstate.checkpoint.retention.RetentionCleaner
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateError, KeyedStateErrors}
 import io.keyedstate.metrics.KeyedStateMetrics
-import io.keyedstate.rocks.LocalRocksDB
+import io.keyedstate.rocks.{DbSnapshot, LocalRocksDB}
 import io.keyedstate.ttl.{TtlClock, TtlStats}
 
 /**
@@ -228,6 +228,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   private def discardLoaded(reason: String): scala.concurrent.Future[Unit] = {
     val lost = if (loaded.db.healthy) "" else " (its RocksDB instance lost buffered writes)"
     logInfo(s"Dropping the loaded instance of $id at version ${lineage.version}: $reason$lost")
+    CommittedViews.withdraw(this, storePartition)
     loaded.close()
     loaded = null
     val uploads = lineage.close()
@@ -287,6 +288,9 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       loaded.ttlCleanup.beforeCommit(snapshot)
       loaded.db.throwIfWritesLost() // writes lost in the background fail the version before it is recorded
       loaded.db.releaseScanIterators() // they would pin the memtables the commit flushes
+      // Queryable state reads this version while the next batch writes: its snapshot is taken now,
+      // before the commit's flush, and published once the version is durable.
+      val view = if (loaded.queryable) Some(loaded.db.snapshot()) else None
       filesLock.lock()
       val (_, stats) =
         try {
@@ -294,7 +298,10 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
           lineage.commit(loaded.db, loaded.takeChangelog(), columnFamilies, columnFamilies.map(_.numKeys).sum,
             newVersion, commitId, store.forceSnapshot || snapshot, loaded.ttlCleanup.cursorsForManifest,
             loaded.declaration)
+        } catch {
+          case e: Throwable => view.foreach(_.close()); throw e
         } finally filesLock.unlock()
+      view.foreach(v => CommittedViews.publish(this, committedView(v, newVersion)))
       lastTtl = loaded.ttl.stats
       loaded.dirty = false
       loaded.forgetKnownKeys()
@@ -318,6 +325,18 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       activeThread = null
       notifyAll()
     }
+  }
+
+  private lazy val storePartition =
+    StorePartition(id.checkpointRootLocation, id.operatorId, id.partitionId, id.storeName)
+
+  /** The committed `version` as lookups read it, TTL judged at its batch's time when a family hides expired entries. */
+  private def committedView(snapshot: DbSnapshot, version: Long): CommittedView = {
+    val instance = loaded
+    val hidesExpired = instance.columnFamilyNames.exists(cf => instance.ttl.config(cf).hidesExpired)
+    val time = if (hidesExpired) Some(instance.ttl.lastBatchTime.getOrElse(instance.ttl.batchTime)) else None
+    new CommittedView(storePartition, Option(hadoopConf.get(StreamExecution.RUN_ID_KEY)).getOrElse(""), version,
+      snapshot, instance.ttl, time, instance.isMultiValue)
   }
 
   /** Tests only: blocks until a background snapshot upload of the loaded instance finished. */

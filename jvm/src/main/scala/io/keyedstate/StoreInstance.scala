@@ -86,6 +86,12 @@ private[keyedstate] final class StoreInstance(
     _declaration = Some(d)
   }
 
+  /**
+   * Whether lookups read this store (queryable state): each commit then publishes a view of the
+   * version ([[CommittedViews]]). Set by the store's user every batch; an instance keeps it.
+   */
+  @volatile var queryable: Boolean = false
+
   /** Whether the instance still is the version loaded or last committed: not dirty, no write lost. */
   def servable: Boolean = !dirty && db.healthy
 

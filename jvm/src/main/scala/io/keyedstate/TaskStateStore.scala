@@ -343,6 +343,9 @@ final class TaskStateStore private[keyedstate] (
   /** The manifest of the loaded version (for errors that name it). */
   def loadedManifest: Path = provider.loadedManifest
 
+  /** Lookups read this store's committed versions (queryable state): each commit publishes a view. */
+  def makeQueryable(): Unit = state.queryable = true
+
   // ---- lifecycle ----
 
   override def commit(): Long = {

@@ -98,8 +98,10 @@ final case class KeyedStateLookupExec(
       if (batch.firstOfRun) UnionListRestore.read(spec, info, KeyedProcessSqlBridge.hadoopConf(session))
       else Map.empty[String, Array[Byte]]
 
+    val queryable = specCopy.queryableStates.nonEmpty
     child.execute().mapPartitionsWithIndex { (partition, rows) =>
-      val store = StoreAccess.open(info, partition, layout, declaration, storeConf, hadoopConf.value.value)
+      val store = StoreAccess.open(info, partition, layout, declaration, queryable, storeConf,
+        hadoopConf.value.value)
       val task = TaskContext.get()
       StoreHandoff.put(task.taskAttemptId(), info.operatorId, store)
       task.addTaskCompletionListener[Unit] { _ =>

@@ -36,12 +36,22 @@ object StateKind {
     s"unknown state kind '$raw'; allowed: ${names.mkString(", ")}"))
 }
 
+/**
+ * Which parts of a state's values Python stores as pickles (`Types.PICKLED_BYTE_ARRAY()`, a
+ * binary column to the JVM): a lookup's client unpickles them.
+ */
+final case class PickledParts(value: Boolean, mapKey: Boolean)
+object PickledParts {
+  val None: PickledParts = PickledParts(value = false, mapKey = false)
+}
+
 /** Provider-side TTL of one state variable, in the provider's own option names (docs/ttl.md). */
 final case class StateTtl(options: Map[String, String])
 
 /**
  * One declared state variable: `valueType` is the value (value, reducing, aggregating), the
- * element (list) or the map value; `mapKeyType` the map key.
+ * element (list) or the map value; `mapKeyType` the map key. `queryableName` is the name lookups
+ * read it by (`set_queryable`, Flink's `setQueryable`), if any.
  */
 final case class StateVar(
     name: String,
@@ -49,7 +59,9 @@ final case class StateVar(
     declaredKind: String,
     valueType: DataType,
     mapKeyType: Option[DataType],
-    ttl: Option[StateTtl]) {
+    ttl: Option[StateTtl],
+    queryableName: Option[String] = None,
+    pickled: PickledParts = PickledParts.None) {
 
   /** The column family holding it. User names cannot start with `$` (reserved for internals). */
   def columnFamily: String =
@@ -83,6 +95,8 @@ final case class ProcessSpec(
   val broadcastStates: Seq[(StateVar, Int)] = states.zipWithIndex.filter(_._1.kind == StateKind.Broadcast)
   /** What the partition's operator-state row carries: operator lists and broadcast maps. */
   val partitionStates: Seq[(StateVar, Int)] = states.zipWithIndex.filter(_._1.kind.isPartitionLevel)
+  /** The states lookups read (queryable state), by the name they are read by. */
+  val queryableStates: Seq[(String, StateVar)] = states.flatMap(v => v.queryableName.map(_ -> v))
 }
 
 object ProcessSpec {
@@ -104,7 +118,10 @@ object ProcessSpec {
         kindName,
         dataType(s \ "type"),
         (s \ "keyType") match { case JNothing | JNull => None; case v => Some(dataType(v)) },
-        ttl)
+        ttl,
+        (s \ "queryable").extractOpt[String],
+        PickledParts((s \ "pickled" \ "value").extractOpt[Boolean].getOrElse(false),
+          (s \ "pickled" \ "mapKey").extractOpt[Boolean].getOrElse(false)))
     }
     ProcessSpec(
       (root \ "nodeId").extract[String],

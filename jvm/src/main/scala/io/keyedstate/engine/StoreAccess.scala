@@ -19,6 +19,7 @@ private[engine] object StoreAccess {
       partition: Int,
       layout: StateLayout,
       declaration: OperatorDeclaration,
+      queryable: Boolean,
       storeConf: StateStoreConf,
       hadoopConf: Configuration): TaskStateStore = {
     val providerId = StateStoreProviderId(
@@ -39,6 +40,7 @@ private[engine] object StoreAccess {
         store.createColFamilyIfAbsent(f.name, f.keySchema, f.valueSchema, f.spec, f.multipleValues,
           isInternal = f.name.startsWith("$"))
       }
+      if (queryable) store.makeQueryable()
     } catch {
       case e: Throwable =>
         store.abort()

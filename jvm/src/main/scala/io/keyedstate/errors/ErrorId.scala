@@ -152,6 +152,13 @@ object ErrorId {
   case object ServiceUnavailable extends ErrorId("KEYEDSTATE_SERVICE_UNAVAILABLE", Service,
     "the client could not reach the service (its address, and the operating system's reason), or its answer was " +
       "not the service's")
+  case object ServiceStateUnavailable extends ErrorId("KEYEDSTATE_SERVICE_STATE_UNAVAILABLE", Service,
+    "a lookup of queryable state the service cannot answer now (HTTP 503): the query has not committed a batch " +
+      "yet, or no state server holds the committed version of a key's partition (a restart, a lost executor); " +
+      "asking again later may succeed")
+  case object ServiceBatchNotReached extends ErrorId("KEYEDSTATE_SERVICE_BATCH_NOT_REACHED", Service,
+    "a lookup asked for the state of at least a batch (`min_batch`) that the query did not commit within the " +
+      "request's timeout (HTTP 504; the last committed batch is named)")
 
   /** Every identifier, in the order docs/errors.md lists them (`ErrorCatalogSuite` checks none is left out). */
   val all: Seq[ErrorId] = Seq(CheckpointFileMissing, CheckpointFileCorrupt, CheckpointWriteFailed,
@@ -160,7 +167,8 @@ object ErrorId {
     KeyedFunctionKeyChanged, KeyedFunctionStateChanged, KeyedFunctionCompleteMode, KeyedFunctionUidChanged,
     KeyedFunctionDuplicateUid, KeyedFunctionStateNotRestored, KeyedFunctionDeclarationMissing,
     KeyedFunctionUnsupportedProvider, KeyedFunctionPipelinedRunner, KafkaSinkFailed, KafkaInvalidRecord,
-    KafkaBatchAlreadyCommitted, ServiceBadRequest, ServiceUnauthorized, ServiceNotFound, ServiceUnavailable)
+    KafkaBatchAlreadyCommitted, ServiceBadRequest, ServiceUnauthorized, ServiceNotFound, ServiceUnavailable,
+    ServiceStateUnavailable, ServiceBatchNotReached)
 
   def named(name: String): Option[ErrorId] = all.find(_.name == name)
 }

@@ -135,6 +135,21 @@ final class LocalRocksDB private (native: NativeDb, initialHandles: Seq[ColumnFa
     try f(it) finally it.close()
   }
 
+  // Snapshots not closed yet: the instance's close closes them first (see DbSnapshot).
+  private val openSnapshots = java.util.concurrent.ConcurrentHashMap.newKeySet[DbSnapshot]()
+
+  /**
+   * A read-only view of everything written so far, which other threads may read while writes go
+   * on (the committed version a lookup reads). The heap buffer is written into RocksDB's
+   * memtables first: the snapshot is RocksDB's and sees only what RocksDB holds.
+   */
+  def snapshot(): DbSnapshot = families.usingDb("take a snapshot") {
+    val db = buffered.current
+    val taken = new DbSnapshot(native, families, db.getSnapshot, s => openSnapshots.remove(s))
+    openSnapshots.add(taken)
+    taken
+  }
+
   /** Writes every buffered write into RocksDB and flushes every column family's memtable to SST files. */
   def flush(): Unit = {
     buffered.written(None, asFiles = true)
@@ -196,7 +211,13 @@ final class LocalRocksDB private (native: NativeDb, initialHandles: Seq[ColumnFa
     finally opts.close()
   }
 
-  override def close(): Unit = if (families.retireAll()) {
+  override def close(): Unit = if (!families.isClosing) {
+    // Snapshots go first, once their reads in flight end (those hold family handles).
+    openSnapshots.forEach(_.close())
+    closeDatabase()
+  }
+
+  private def closeDatabase(): Unit = if (families.retireAll()) {
     // Operations in flight in other threads (a lookup, a maintenance scan) ended first; later ones fail.
     // Writes still buffered belong to versions that are lost with the instance or were never
     // committed; the background write may not be stopped half-way: it runs into the database.

@@ -18,13 +18,14 @@ import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.execution.streaming.runtime.{StreamExecution, StreamingQueryWrapper}
 import org.apache.spark.sql.streaming.StreamingQueryListener
 import org.apache.spark.sql.streaming.StreamingQueryListener.{QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent}
-import org.json4s.{DefaultFormats, Formats, JObject, JValue}
+import org.json4s.{DefaultFormats, Formats, JArray, JObject, JString, JValue}
 import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods
 
 import io.keyedstate.checkpoint.Transfers
 import io.keyedstate.errors.{ErrorId, KeyedStateError}
 import io.keyedstate.offline.SavepointMetadata
+import io.keyedstate.queryable.{QueryableState, StateLookups}
 
 /**
  * The query service (docs/query-service.md): an HTTP server with JSON on the driver, one per
@@ -44,6 +45,7 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
   private val savepointRunner = Transfers.daemonPool("keyedstate-service-savepoint", 1)
   private val queries = new ConcurrentHashMap[UUID, RunningQuery]()
   private val savepoints = new SavepointRequests(savepointRunner)
+  private val lookups = new StateLookups(sc)
 
   server.createContext("/", (exchange: HttpExchange) => serve(exchange))
   server.setExecutor(handlers)
@@ -69,6 +71,7 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
 
   private[service] def unregister(id: UUID, runId: UUID): Unit = {
     Option(queries.get(id)).filter(_.query.runId == runId).foreach(queries.remove(id, _))
+    lookups.forget(runId)
     ServiceRegistry.withdraw(runId.toString)
   }
 
@@ -85,6 +88,7 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
     try {
       val response = try route(exchange) catch {
         case e: ServiceRefusal => Response(e.status, error(e.id, e.getMessage), e.allow)
+        case e: StateLookups.LookupRefused => Response(e.status, error(e.id, e.getMessage))
         case NonFatal(e) =>
           logWarning(s"keyedstate query service: ${exchange.getRequestMethod} ${exchange.getRequestURI} failed", e)
           Response(500, errorOf(e))
@@ -127,10 +131,57 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
         Response(200, savepoints.status(id, requestId).getOrElse(throw new ServiceRefusal(404, ErrorId.ServiceNotFound,
           s"No savepoint request $requestId of query $id (the service keeps the last ${SavepointRequests.Kept})")))
       }
+      case List("v1", "state") => only(method, "GET")(Response(200, "states" -> activeQueries.flatMap(q =>
+        lookups.states(q).map(s => s.toJson merge JObject("query" -> JString(q.id.toString))))))
+      case List("v1", "state", name) => only(method, "POST") {
+        val (query, state) = queryableState(name, None)
+        lookup(query, state, readBody(exchange, MaxLookupBodyBytes))
+      }
+      case List("v1", "queries", id, "state") => only(method, "GET")(Response(200,
+        "states" -> lookups.states(running(id)).map(_.toJson)))
+      case List("v1", "queries", id, "state", name) => only(method, "POST") {
+        val (query, state) = queryableState(name, Some(running(id)))
+        lookup(query, state, readBody(exchange, MaxLookupBodyBytes))
+      }
       case _ => throw new ServiceRefusal(404, ErrorId.ServiceNotFound, s"No path ${exchange.getRequestURI.getPath}: " +
-        "the service serves GET /v1/queries, POST /v1/queries/<id>/savepoints and GET " +
-        "/v1/queries/<id>/savepoints/<request id>")
+        "the service serves GET /v1/queries, POST /v1/queries/<id>/savepoints, GET " +
+        "/v1/queries/<id>/savepoints/<request id>, GET /v1/state, POST /v1/state/<name>, " +
+        "GET /v1/queries/<id>/state and POST /v1/queries/<id>/state/<name>")
     }
+  }
+
+  private def activeQueries: List[StreamExecution] =
+    queries.values.asScala.toList.map(_.query).filter(_.isActive).sortBy(_.id.toString)
+
+  /** State `name` of `query`, or of the one running query that has it. */
+  private def queryableState(name: String, query: Option[StreamExecution]): (StreamExecution, QueryableState) = {
+    val candidates = query.toList.flatMap(q => lookups.states(q).map(q -> _)) match {
+      case Nil if query.isEmpty => activeQueries.flatMap(q => lookups.states(q).map(q -> _))
+      case found => found
+    }
+    candidates.filter(_._2.name == name) match {
+      case List(one) => one
+      case Nil =>
+        val known = candidates.map(_._2.name).distinct.sorted
+        throw new ServiceRefusal(404, ErrorId.ServiceNotFound, s"No queryable state '$name' in " +
+          query.fold(s"the running queries of application ${sc.applicationId}")(q => s"query ${q.id}") +
+          s" (queryable: ${if (known.isEmpty) "none; a state is made queryable with set_queryable(name), and is " +
+            "known once its query planned a batch" else known.mkString(", ")})")
+      case several => throw badRequest(s"Queryable state '$name' is in several running queries " +
+        s"(${several.map(_._1.id).mkString(", ")}): ask one, POST /v1/queries/<id>/state/$name")
+    }
+  }
+
+  private def lookup(query: StreamExecution, state: QueryableState, body: JValue): Response = {
+    val keys = body \ "keys" match {
+      case JArray(items) if items.nonEmpty => items
+      case _ => throw badRequest("The body needs \"keys\": a non-empty array of keys (a key of several columns is " +
+        "an array of their values)")
+    }
+    val minBatch = optionalLong(body, "min_batch", 0L)
+    val timeoutMs = optionalLong(body, "timeout_ms", 1L).getOrElse(DefaultLookupTimeoutMs)
+    val limit = optionalLong(body, "limit", 1L).map(l => math.min(l, Int.MaxValue.toLong).toInt).getOrElse(DefaultScanLimit)
+    Response(200, lookups.get(query, state, keys, minBatch, timeoutMs, limit))
   }
 
   private def authorize(exchange: HttpExchange): Unit = {
@@ -240,9 +291,13 @@ object QueryService extends Logging {
     else throw new ServiceRefusal(405, ErrorId.ServiceBadRequest,
       s"Method $method is not served on this path: allowed is $allowed", Some(allowed))
 
-  private def readBody(exchange: HttpExchange): JValue = {
-    val bytes = exchange.getRequestBody.readNBytes(MaxBodyBytes + 1)
-    if (bytes.length > MaxBodyBytes) throw badRequest(s"The body has more than $MaxBodyBytes bytes")
+  private val MaxLookupBodyBytes = 4 * 1024 * 1024
+  private val DefaultLookupTimeoutMs = 10000L
+  private val DefaultScanLimit = 10000
+
+  private def readBody(exchange: HttpExchange, maxBytes: Int = MaxBodyBytes): JValue = {
+    val bytes = exchange.getRequestBody.readNBytes(maxBytes + 1)
+    if (bytes.length > maxBytes) throw badRequest(s"The body has more than $maxBytes bytes")
     try JsonMethods.parse(new String(bytes, UTF_8)) catch {
       case NonFatal(e) => throw badRequest(s"The body is not JSON: ${e.getMessage.linesIterator.nextOption().getOrElse("")}")
     }
@@ -255,6 +310,14 @@ object QueryService extends Logging {
       case other => throw badRequest(s"\"$name\" must be a non-empty string, not ${JsonMethods.compact(other)}")
     }
     case _ => throw badRequest("The body must be a JSON object")
+  }
+
+  /** An optional integer field, at least `min`. */
+  private def optionalLong(body: JValue, name: String, min: Long): Option[Long] = (body \ name) match {
+    case org.json4s.JNothing | org.json4s.JNull => None
+    case org.json4s.JInt(i) if i >= min && i <= Long.MaxValue => Some(i.toLong)
+    case org.json4s.JLong(i) if i >= min => Some(i)
+    case other => throw badRequest(s"\"$name\" must be an integer of at least $min, not ${JsonMethods.compact(other)}")
   }
 
   private[service] def error(id: ErrorId, message: String): JValue =

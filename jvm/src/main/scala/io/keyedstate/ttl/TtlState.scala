@@ -94,6 +94,26 @@ final class TtlState(configOf: String => TtlConfig, rewrite: (String, Array[Byte
   }
 
   /**
+   * What a reader of a committed version sees of a stored entry, judged at that version's batch
+   * `time`: expired entries or elements hidden as reads hide them, nothing refreshed or counted.
+   */
+  def visibleAt(cf: String, multi: Boolean, bytes: Array[Byte], time: => BatchTime): Array[Byte] = {
+    val cfg = config(cf)
+    if (bytes == null || !cfg.hidesExpired) bytes
+    else {
+      val now = time.now(cfg.timeCharacteristic)
+      if (!multi) { if (cfg.expired(TtlValueCodec.stampOf(bytes, cf), now)) null else bytes }
+      else {
+        val elements = TtlValueCodec.elements(bytes, cf)
+        val live = elements.filterNot(e => cfg.expired(e.stamp, now))
+        if (live.isEmpty) null
+        else if (live.size == elements.size) bytes
+        else TtlValueCodec.rebuild(bytes, live, _.stamp)
+      }
+    }
+  }
+
+  /**
    * What a scan shows of a stored entry: as `onRead`, but scans never refresh (an operator that
    * scans all its state every batch, e.g. for timeouts, would otherwise keep everything alive).
    */

@@ -1,0 +1,138 @@
+package io.keyedstate.queryable
+
+import java.net.InetAddress
+import java.util.{Map => JMap, UUID}
+import java.util.concurrent.ConcurrentHashMap
+
+import scala.jdk.CollectionConverters._
+import scala.util.control.NonFatal
+
+import org.apache.spark.SparkContext
+import org.apache.spark.api.plugin.{DriverPlugin, ExecutorPlugin, PluginContext, SparkPlugin}
+import org.apache.spark.internal.Logging
+import org.apache.spark.scheduler.{SparkListener, SparkListenerExecutorRemoved}
+
+import io.keyedstate.{CommittedViews, StorePartition}
+
+/** What an executor tells the driver about its state server (Spark's plugin messages). */
+sealed trait StateServerMessage extends Serializable
+final case class ServerStarted(executorId: String, url: String) extends StateServerMessage
+final case class PartitionHeld(executorId: String, partition: StorePartition, runId: String) extends StateServerMessage
+final case class PartitionReleased(executorId: String, partition: StorePartition, runId: String)
+    extends StateServerMessage
+
+/**
+ * Queryable state's Spark plugin (`spark.plugins=io.keyedstate.queryable.QueryablePlugin`, set
+ * by `keyedstate.configure`): a [[StateServer]] in every executor, and on the driver the
+ * [[StateServers]] directory the proxy routes by, kept up to date by the executors' messages.
+ */
+final class QueryablePlugin extends SparkPlugin {
+  override def driverPlugin(): DriverPlugin = new QueryablePlugin.Driver
+  override def executorPlugin(): ExecutorPlugin = new QueryablePlugin.Executor
+}
+
+object QueryablePlugin extends Logging {
+  val ClassName: String = classOf[QueryablePlugin].getName
+  private val TokenKey = "token"
+  private val LoopbackKey = "loopback"
+
+  private final class Driver extends DriverPlugin {
+    override def init(sc: SparkContext, ctx: PluginContext): JMap[String, String] = {
+      val token = UUID.randomUUID().toString + UUID.randomUUID().toString
+      StateServers.started(sc, token)
+      sc.addSparkListener(new SparkListener {
+        override def onExecutorRemoved(removed: SparkListenerExecutorRemoved): Unit =
+          StateServers.executorLost(removed.executorId)
+      })
+      // The service binds to loopback by default: so do the executors' servers then.
+      val loopback = InetAddress.getByName(sc.getConf.get("spark.keyedstate.service.host", "127.0.0.1")).isLoopbackAddress
+      Map(TokenKey -> token, LoopbackKey -> loopback.toString).asJava
+    }
+
+    override def receive(message: Any): AnyRef = {
+      message match {
+        case ServerStarted(executor, url) => StateServers.serverStarted(executor, url)
+        case PartitionHeld(executor, partition, runId) => StateServers.held(executor, partition, runId)
+        case PartitionReleased(executor, partition, runId) => StateServers.released(executor, partition, runId)
+        case other => logWarning(s"keyedstate: unknown plugin message $other")
+      }
+      null
+    }
+
+    override def shutdown(): Unit = StateServers.stopped()
+  }
+
+  private final class Executor extends ExecutorPlugin {
+    @volatile private var server: StateServer = _
+    @volatile private var listener: CommittedViews.Listener = _
+
+    override def init(ctx: PluginContext, extraConf: JMap[String, String]): Unit = {
+      val conf = extraConf.asScala
+      val host = if (conf.get(LoopbackKey).contains("true")) "127.0.0.1" else ctx.hostname()
+      server = new StateServer(host, conf(TokenKey))
+      val executorId = ctx.executorID()
+      send(ctx, ServerStarted(executorId, server.url))
+      listener = new CommittedViews.Listener {
+        override def held(p: StorePartition, runId: String): Unit = send(ctx, PartitionHeld(executorId, p, runId))
+        override def released(p: StorePartition, runId: String): Unit =
+          send(ctx, PartitionReleased(executorId, p, runId))
+      }
+      CommittedViews.addListener(listener)
+      CommittedViews.partitions.foreach { case (p, run) => send(ctx, PartitionHeld(executorId, p, run)) }
+      logInfo(s"keyedstate state server of executor $executorId at ${server.url}")
+    }
+
+    private def send(ctx: PluginContext, m: StateServerMessage): Unit =
+      try ctx.send(m) catch { case NonFatal(e) => logWarning(s"keyedstate: cannot tell the driver $m", e) }
+
+    override def shutdown(): Unit = {
+      if (listener != null) CommittedViews.removeListener(listener)
+      if (server != null) server.close()
+    }
+  }
+}
+
+/**
+ * On the driver: each executor's state server and the store partitions whose committed views it
+ * holds, as the executors report them (the proxy's routing table, Flink's `KvStateLocationRegistry`).
+ */
+object StateServers {
+  private final case class Holder(executorId: String, runId: String)
+
+  @volatile private var internalToken: Option[String] = None
+  @volatile private var context: Option[SparkContext] = None
+  private val servers = new ConcurrentHashMap[String, String]()
+  private val holders = new ConcurrentHashMap[StorePartition, Holder]()
+
+  private[queryable] def started(sc: SparkContext, token: String): Unit = {
+    context = Some(sc)
+    internalToken = Some(token)
+  }
+
+  private[queryable] def stopped(): Unit = {
+    context = None
+    internalToken = None
+    servers.clear()
+    holders.clear()
+  }
+
+  /** The token the executors' servers require, when the plugin runs in this application. */
+  def token(sc: SparkContext): Option[String] = if (context.contains(sc)) internalToken else None
+
+  private[queryable] def serverStarted(executor: String, url: String): Unit = servers.put(executor, url)
+
+  private[queryable] def held(executor: String, p: StorePartition, runId: String): Unit =
+    holders.put(p, Holder(executor, runId))
+
+  private[queryable] def released(executor: String, p: StorePartition, runId: String): Unit =
+    holders.remove(p, Holder(executor, runId))
+
+  private[queryable] def executorLost(executor: String): Unit = {
+    servers.remove(executor)
+    holders.entrySet().removeIf(_.getValue.executorId == executor)
+  }
+
+  /** The executor holding `p`'s views and its server's URL, if one reported it. */
+  def holder(p: StorePartition): Option[(String, String)] =
+    Option(holders.get(p)).flatMap(h => Option(servers.get(h.executorId)).map(h.executorId -> _))
+}

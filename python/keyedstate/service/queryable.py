@@ -1,0 +1,323 @@
+"""Queryable state's client (Flink's ``QueryableStateClient``): lookups of a running query's
+state by key, through the query service of its application (docs/queryable-state.md).
+
+    client = QueryableStateClient.for_checkpoint("/data/ckpt")  # or (url, token)
+    client.get("count-per-user", "alice")  # 42: the value at the last committed batch
+    client.get_many("count-per-user", ["alice", "bob"], min_batch=812)
+    client.lookup("count-per-user", ["alice"]).batch  # the batch the answer reflects
+
+Plain HTTP and JSON with the standard library, on one kept-alive connection per thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import http.client
+import json
+import math
+import pickle
+import threading
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from keyedstate._error_catalog import SERVICE_NOT_FOUND, SERVICE_UNAVAILABLE
+from keyedstate.errors import QueryServiceError, error_of
+from keyedstate.service.client import service_address
+
+__all__ = ["QueryableStateClient", "QueryableStateInfo", "StateLookup"]
+
+Decoder = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class QueryableStateInfo:
+    """A queryable state of a running query (``GET /v1/state``)."""
+
+    name: str
+    query_id: str
+    kind: str
+    function: str
+    operator: int
+    partitions: int
+    key_columns: tuple[tuple[str, dict[str, Any] | str], ...]
+    value_type: dict[str, Any] | str
+    map_key_type: dict[str, Any] | str | None
+    pickled_value: bool
+    pickled_map_key: bool
+
+
+@dataclass(frozen=True)
+class StateLookup:
+    """The answer to one lookup: the values of the keys asked, in their order, as of ``batch``,
+    the query's last committed batch when the service answered (at least ``min_batch``)."""
+
+    name: str
+    query_id: str
+    batch: int
+    values: list[Any]
+
+
+def _decoder(data_type: dict[str, Any] | str, pickled: bool = False) -> Decoder:
+    """JSON (docs/queryable-state.md, "Values in JSON") -> the Python value of a Spark type."""
+    if pickled:
+        return lambda v: None if v is None else pickle.loads(base64.b64decode(v))  # noqa: S301
+    if isinstance(data_type, str):
+        if data_type in ("float", "double"):
+            return lambda v: None if v is None else float(v)  # "NaN", "Infinity" included
+        if data_type.startswith("decimal"):
+            return lambda v: None if v is None else decimal.Decimal(v)
+        if data_type == "date":
+            return lambda v: None if v is None else dt.date.fromisoformat(v)
+        if data_type == "timestamp":
+            # As pyspark's collect(): the local time, without a time zone.
+            return lambda v: (
+                None
+                if v is None
+                else dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+                .astimezone()
+                .replace(tzinfo=None)
+            )
+        if data_type == "timestamp_ntz":
+            return lambda v: None if v is None else dt.datetime.fromisoformat(v)
+        if data_type == "binary":
+            return lambda v: None if v is None else base64.b64decode(v)
+        return lambda v: v
+    kind = data_type["type"]
+    if kind == "array":
+        element = _decoder(data_type["elementType"])
+        return lambda v: None if v is None else [element(x) for x in v]
+    if kind == "map":
+        key, value = _decoder(data_type["keyType"]), _decoder(data_type["valueType"])
+        return lambda v: None if v is None else {key(k): value(x) for k, x in v}
+    if kind == "struct":
+        from pyspark.sql import Row
+
+        fields = [(f["name"], _decoder(f["type"])) for f in data_type["fields"]]
+        return lambda v: None if v is None else Row(**{n: d(v.get(n)) for n, d in fields})
+    return lambda v: v
+
+
+def _encode_key(value: Any) -> Any:  # noqa: ANN401 - a key column's value
+    """A key column's Python value as the service parses it."""
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        return (
+            value
+            if math.isfinite(value)
+            else ("NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity"))
+        )
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, dt.datetime):
+        # Naive datetimes are local times, as pyspark takes them.
+        aware = value if value.tzinfo is not None else value.astimezone()
+        return aware.isoformat()
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, tuple | list):
+        return [_encode_key(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _encode_key(v) for k, v in value.items()}
+    raise TypeError(
+        "a key's value must be a str, number, bool, date, datetime, Decimal or bytes, "
+        f"got {value!r}"
+    )
+
+
+class QueryableStateClient:
+    """Lookups of queryable state in one application's query service: ``url`` and ``token``
+    as its registry entry names them (:func:`keyedstate.service.service_address`), or
+    :meth:`for_checkpoint`. ``query_id`` names the query whose states lookups read (by
+    default: the one running query of the application that has the state asked). Refusals
+    raise ``keyedstate.errors.QueryServiceError`` with the service's ``error_id``.
+    Thread-safe: each thread keeps its own connection."""
+
+    def __init__(
+        self, url: str, token: str, *, query_id: str | None = None, timeout: float = 10.0
+    ) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme != "http" or not parsed.hostname:
+            raise ValueError(f"the query service's url must be http://host:port, got {url!r}")
+        self.url = url.rstrip("/")
+        self.token = token
+        self.query_id = query_id
+        self.timeout = timeout
+        self._host, self._port = parsed.hostname, parsed.port or 80
+        self._local = threading.local()
+        self._states: dict[tuple[str, str | None], QueryableStateInfo] = {}
+        self._decoders: dict[tuple[str, str], Decoder] = {}
+
+    @classmethod
+    def for_checkpoint(cls, checkpoint: str, *, timeout: float = 10.0) -> QueryableStateClient:
+        """The client of the query running on ``checkpoint`` on this machine (its lookups read
+        that query's states)."""
+        address = service_address(checkpoint)
+        if address is None:
+            raise error_of(
+                SERVICE_NOT_FOUND,
+                f"No running query on {checkpoint} serves its state on this machine (no entry in "
+                "the query service's registry)",
+            )
+        return cls(address.url, address.token, query_id=address.query_id, timeout=timeout)
+
+    # -- HTTP --------------------------------------------------------------------------------
+
+    def _connection(self) -> http.client.HTTPConnection:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+            self._local.connection = connection
+        return connection
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:  # noqa: ANN401
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        for attempt in (0, 1):
+            connection = self._connection()
+            try:
+                connection.request(method, path, body=data, headers=headers)
+                response = connection.getresponse()
+                payload = response.read()
+                status = response.status
+                break
+            except (http.client.HTTPException, OSError) as unreachable:
+                connection.close()
+                self._local.connection = None
+                # A kept connection the server closed meanwhile: once more on a new one.
+                if attempt == 0 and isinstance(
+                    unreachable,
+                    http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError,
+                ):
+                    continue
+                raise error_of(
+                    SERVICE_UNAVAILABLE,
+                    f"The query service at {self.url} does not answer: {unreachable}",
+                ) from unreachable
+        try:
+            answer = json.loads(payload)
+        except ValueError:
+            raise error_of(
+                SERVICE_UNAVAILABLE,
+                f"{self.url}{path} answered HTTP {status} with no JSON: is this a keyedstate "
+                "query service?",
+            ) from None
+        if status >= 400:
+            error_id, message = answer.get("error_id"), str(answer.get("message"))
+            if error_id is None:
+                raise QueryServiceError(f"HTTP {status}: {message}")
+            raise error_of(str(error_id), message)
+        return answer
+
+    def close(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            connection.close()
+            self._local.connection = None
+
+    # -- the states ----------------------------------------------------------------------------
+
+    def states(self) -> list[QueryableStateInfo]:
+        """The queryable states of the application's running queries (known once a query has
+        planned its first batch)."""
+        found = []
+        for s in self._request("GET", "/v1/state")["states"]:
+            info = QueryableStateInfo(
+                name=s["name"],
+                query_id=s["query"],
+                kind=s["kind"],
+                function=s["function"],
+                operator=int(s["operator"]),
+                partitions=int(s["partitions"]),
+                key_columns=tuple((c["name"], c["type"]) for c in s["key_columns"]),
+                value_type=s["value_type"],
+                map_key_type=s.get("map_key_type"),
+                pickled_value=bool(s["pickled"]["value"]),
+                pickled_map_key=bool(s["pickled"]["map_key"]),
+            )
+            self._states[(info.name, info.query_id)] = info
+            found.append(info)
+        return found
+
+    def _value_decoder(self, name: str, query_id: str, kind: str) -> Decoder:
+        known = self._decoders.get((name, query_id))
+        if known is not None:
+            return known
+        info = self._states.get((name, query_id))
+        if info is None:
+            self.states()
+            info = self._states.get((name, query_id))
+        if info is None:  # the query restarted meanwhile: its values as plain JSON
+            return lambda v: v
+        value = _decoder(info.value_type, info.pickled_value)
+        if kind == "list":
+            decode: Decoder = lambda v: None if v is None else [value(x) for x in v]  # noqa: E731
+        elif kind == "map":
+            key = _decoder(info.map_key_type or "string", info.pickled_map_key)
+            decode = lambda v: None if v is None else {key(k): value(x) for k, x in v["entries"]}  # noqa: E731
+        else:
+            decode = value
+        self._decoders[(name, query_id)] = decode
+        return decode
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def lookup(
+        self,
+        name: str,
+        keys: Sequence[Any],
+        *,
+        query_id: str | None = None,
+        min_batch: int | None = None,
+        timeout: float | None = None,
+        limit: int | None = None,
+    ) -> StateLookup:
+        """The values of ``keys`` in queryable state ``name`` at the query's last committed
+        batch, at least ``min_batch`` (waited for up to ``timeout`` seconds). A key of several
+        columns is a tuple. Value, reducing and aggregating state give the stored value (an
+        aggregating state's accumulator), list state a list, map state a dict (at most
+        ``limit`` entries per key: a key with more raises). A key without state gives None."""
+        if isinstance(keys, str | bytes) or not isinstance(keys, Sequence) or not keys:
+            raise TypeError(f"keys must be a non-empty sequence of keys, got {keys!r}")
+        body: dict[str, Any] = {"keys": [_encode_key(k) for k in keys]}
+        if min_batch is not None:
+            body["min_batch"] = int(min_batch)
+        body["timeout_ms"] = max(1, int(1000 * (self.timeout if timeout is None else timeout)))
+        if limit is not None:
+            body["limit"] = int(limit)
+        path = "/v1/state/" + urllib.parse.quote(name, safe="")
+        query_id = query_id or self.query_id
+        if query_id is not None:
+            path = (
+                f"/v1/queries/{urllib.parse.quote(query_id, safe='')}/state/"
+                + urllib.parse.quote(name, safe="")
+            )
+        answer = self._request("POST", path, body)
+        decode = self._value_decoder(name, answer["query"], answer["kind"])
+        if answer["kind"] == "map":
+            truncated = [k for k, v in zip(keys, answer["values"], strict=True) if v and v["more"]]
+            if truncated:
+                raise QueryServiceError(
+                    f"map state {name!r} holds more than limit={limit or 10000} entries for keys "
+                    f"{truncated[:5]!r}: ask with a larger limit"
+                )
+        return StateLookup(
+            name=name,
+            query_id=str(answer["query"]),
+            batch=int(answer["batch"]),
+            values=[decode(v) for v in answer["values"]],
+        )
+
+    def get(self, name: str, key: Any, **options: Any) -> Any:  # noqa: ANN401
+        """The value of one key (see :meth:`lookup` for the options), or None."""
+        return self.lookup(name, [key], **options).values[0]
+
+    def get_many(self, name: str, keys: Sequence[Any], **options: Any) -> list[Any]:  # noqa: ANN401
+        """The values of several keys, in their order, all of one batch."""
+        return self.lookup(name, keys, **options).values

@@ -1,0 +1,212 @@
+"""Queryable state (docs/queryable-state.md) against a real running query: the executors' state
+servers answer lookups through the driver's proxy, batch by batch equal to what the state reader
+shows for the batch each answer names; a batch whose stores committed but that then failed is
+never seen; bad requests get their error ids and the service keeps serving."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import keyedstate
+import pytest
+from keyedstate import key_by
+from keyedstate.errors import QueryServiceError
+from keyedstate.service import QueryableStateClient
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+from pyspark.sql.streaming import StreamingQuery
+
+from tests.support.keyed_functions import QueryableTotals
+from tests.support.streaming_harness import PROVIDER_UNDER_TEST, FileInput, committed_batches
+
+SCHEMA = T.StructType(
+    [
+        T.StructField("k", T.StringType()),
+        T.StructField("v", T.LongType()),
+        T.StructField("tag", T.StringType()),
+    ]
+)
+OUT = "k string, total long"
+KEYS = [f"user{i}" for i in range(12)]
+
+
+def _rows(batch: int) -> list[dict[str, Any]]:
+    return [
+        {"k": KEYS[(batch * 5 + i) % len(KEYS)], "v": batch * 100 + i, "tag": f"t{i % 3}"}
+        for i in range(9)
+    ]
+
+
+def _start(
+    spark: SparkSession,
+    source: FileInput,
+    checkpoint: Path,
+    sink: Any = None,  # noqa: ANN401
+) -> StreamingQuery:
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_UNDER_TEST)
+    frame = key_by(source.read_stream(spark), "k").process(QueryableTotals(), OUT, uid="totals")
+    writer = frame.writeStream.outputMode("append").option("checkpointLocation", str(checkpoint))
+    writer = writer.foreachBatch(sink) if sink is not None else writer.format("noop")
+    return writer.trigger(processingTime="100 milliseconds").start()
+
+
+def _client(checkpoint: Path, query: StreamingQuery) -> QueryableStateClient:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return QueryableStateClient.for_checkpoint(str(checkpoint))
+        except QueryServiceError:
+            assert query.isActive and time.monotonic() < deadline, query.exception()
+            time.sleep(0.05)
+
+
+def _await_batch(checkpoint: Path, query: StreamingQuery, batch: int) -> None:
+    deadline = time.monotonic() + 120
+    while batch not in committed_batches(checkpoint):
+        assert query.isActive and time.monotonic() < deadline, query.exception()
+        time.sleep(0.05)
+
+
+def _state_at(spark: SparkSession, checkpoint: Path, state: str, batch: int) -> dict[str, Any]:
+    """State ``state`` of every key at ``batch``, as the state reader shows it."""
+    frame = keyedstate.state.read(
+        spark, str(checkpoint), "totals", state, batch_id=batch, flatten=False
+    )
+    return {row["k"]: row["value"] for row in frame.collect()}
+
+
+@dataclass
+class Running:
+    query: StreamingQuery
+    checkpoint: Path
+    source: FileInput
+    client: QueryableStateClient
+
+
+@pytest.fixture(scope="module")
+def running(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    work = tmp_path_factory.mktemp("queryable")
+    source = FileInput(work / "input", SCHEMA)
+    source.add(_rows(0))
+    query = _start(spark, source, work / "checkpoint")
+    try:
+        _await_batch(work / "checkpoint", query, 0)
+        yield Running(query, work / "checkpoint", source, _client(work / "checkpoint", query))
+    finally:
+        query.stop()
+
+
+def test_lookups_equal_the_state_reader_batch_by_batch(
+    running: Running, spark: SparkSession
+) -> None:
+    for batch in range(1, 4):
+        running.source.add(_rows(batch))
+        _await_batch(running.checkpoint, running.query, batch)
+        asked = [*KEYS, "nobody"]
+        totals = running.client.lookup("totals", asked, min_batch=batch)
+        assert totals.batch >= batch and totals.query_id == str(running.query.id)
+        expected = _state_at(spark, running.checkpoint, "total", totals.batch)
+        assert expected, "the reader shows no state"
+        assert totals.values == [expected.get(k) for k in asked]
+        # Each state kind at the same batch: list, map and a pickled value.
+        amounts = running.client.lookup("amounts", asked, min_batch=totals.batch)
+        listed = _state_at(spark, running.checkpoint, "amounts", amounts.batch)
+        assert amounts.values == [listed.get(k) for k in asked]
+        tags = running.client.lookup("tags", asked, min_batch=totals.batch)
+        mapped = _state_at(spark, running.checkpoint, "tags", tags.batch)
+        assert tags.values == [None if mapped.get(k) is None else dict(mapped[k]) for k in asked]
+        last = running.client.lookup("last", KEYS, min_batch=totals.batch)
+        pickled = _state_at(spark, running.checkpoint, "last", last.batch)
+        assert last.values == [pickle.loads(pickled[k]) if k in pickled else None for k in KEYS]
+    assert running.client.get("totals", "nobody") is None
+    assert running.client.get("tags", KEYS[0])["t0"] >= 1
+    names = {s.name: s for s in running.client.states()}
+    assert set(names) == {"totals", "amounts", "tags", "last"}
+    assert names["totals"].key_columns == (("k", "string"),) and names["totals"].kind == "value"
+    assert names["last"].pickled_value and not names["totals"].pickled_value
+
+
+def test_bad_requests_get_their_error_ids_and_the_service_keeps_serving(running: Running) -> None:
+    client = running.client
+
+    def refused(call: Any, error_id: str) -> str:  # noqa: ANN401 - a thunk
+        with pytest.raises(QueryServiceError) as caught:
+            call()
+        assert caught.value.error_id == error_id, str(caught.value)
+        return str(caught.value)
+
+    message = refused(lambda: client.get("nothing", "a"), "KEYEDSTATE_SERVICE_NOT_FOUND")
+    assert "'nothing'" in message and "amounts, last, tags, totals" in message
+    message = refused(lambda: client.get("totals", 7), "KEYEDSTATE_SERVICE_BAD_REQUEST")
+    assert "key #0 is 7, not a string" in message and "(k string)" in message
+    message = refused(lambda: client.get("totals", ["a", "b"]), "KEYEDSTATE_SERVICE_BAD_REQUEST")
+    assert "not a string" in message
+    message = refused(
+        lambda: client.lookup("totals", ["a"], min_batch=10**6, timeout=0.3),
+        "KEYEDSTATE_SERVICE_BATCH_NOT_REACHED",
+    )
+    assert "did not commit batch 1000000" in message and "last committed batch is" in message
+    refused(
+        lambda: client._request("POST", "/v1/state/totals", {"keys": []}),
+        "KEYEDSTATE_SERVICE_BAD_REQUEST",
+    )
+    refused(lambda: client._request("POST", "/v1/state/totals", {"keys": ["a"], "min_batch": -1}),
+            "KEYEDSTATE_SERVICE_BAD_REQUEST")  # fmt: skip
+    refused(lambda: client._request("GET", "/v1/state/totals"), "KEYEDSTATE_SERVICE_BAD_REQUEST")
+    wrong = QueryableStateClient(client.url, "not-the-token")
+    refused(lambda: wrong.get("totals", "a"), "KEYEDSTATE_SERVICE_UNAUTHORIZED")
+    assert client.get("totals", KEYS[0]) is not None  # still serving
+
+
+def test_a_batch_whose_stores_committed_but_that_failed_is_never_seen(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Batch 1's stores commit when its sink computes it; the sink then waits, and fails: every
+    lookup meanwhile answers batch 0's state, and after the restart the batch's re-run."""
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add(_rows(0))
+    computed, release = threading.Event(), threading.Event()
+
+    def sink(frame: DataFrame, batch_id: int) -> None:
+        frame.collect()  # the keyed function runs: its stores commit this batch
+        if batch_id == 1:
+            computed.set()
+            release.wait(60)
+            raise RuntimeError("the sink fails batch 1")
+
+    checkpoint = tmp_path / "checkpoint"
+    query = _start(spark, source, checkpoint, sink)
+    try:
+        _await_batch(checkpoint, query, 0)
+        client = _client(checkpoint, query)
+        before = client.lookup("totals", KEYS)
+        assert before.batch == 0
+        source.add(_rows(1))
+        assert computed.wait(60), query.exception()
+        for _ in range(20):  # the stores hold batch 1, the commit log does not
+            during = client.lookup("totals", KEYS)
+            assert (during.batch, during.values) == (0, before.values)
+            time.sleep(0.02)
+    finally:
+        release.set()
+    with pytest.raises(Exception, match="the sink fails batch 1"):
+        query.awaitTermination(60)
+    assert committed_batches(checkpoint) == [0]
+
+    query = _start(spark, source, checkpoint)
+    try:
+        _await_batch(checkpoint, query, 1)
+        client = _client(checkpoint, query)
+        after = client.lookup("totals", KEYS, min_batch=1)
+        assert after.values == [
+            _state_at(spark, checkpoint, "total", after.batch).get(k) for k in KEYS
+        ]
+        assert after.values != before.values
+    finally:
+        query.stop()
