@@ -269,6 +269,7 @@ _SUBMODULES = frozenset(
         "keyed_stream",
         "offline",
         "runtime",
+        "service",
         "sinks",
         "state",
         "tools",

@@ -39,6 +39,7 @@ class QueryableStateInfo:
 
     name: str
     query_id: str
+    run_id: str
     kind: str
     function: str
     operator: int
@@ -101,8 +102,11 @@ def _decoder(data_type: dict[str, Any] | str, pickled: bool = False) -> Decoder:
     return lambda v: v
 
 
-def _encode_key(value: Any) -> Any:  # noqa: ANN401 - a key column's value
-    """A key column's Python value as the service parses it."""
+def _encode_key(value: Any, data_type: Any = None) -> Any:  # noqa: ANN401 - a key column's value
+    """A key column's Python value as the service parses it (``data_type``: its Spark type's
+    JSON, when known)."""
+    if isinstance(value, dt.datetime) and value.tzinfo is None and data_type == "timestamp_ntz":
+        return value.isoformat()
     if isinstance(value, bool | int | str) or value is None:
         return value
     if isinstance(value, float):
@@ -151,8 +155,8 @@ class QueryableStateClient:
         self.timeout = timeout
         self._host, self._port = parsed.hostname, parsed.port or 80
         self._local = threading.local()
-        self._states: dict[tuple[str, str | None], QueryableStateInfo] = {}
-        self._decoders: dict[tuple[str, str], Decoder] = {}
+        self._states: dict[tuple[str, str], QueryableStateInfo] = {}
+        self._decoders: dict[tuple[str, str], Decoder] = {}  # by state name and query run
 
     @classmethod
     def for_checkpoint(cls, checkpoint: str, *, timeout: float = 10.0) -> QueryableStateClient:
@@ -231,6 +235,7 @@ class QueryableStateClient:
             info = QueryableStateInfo(
                 name=s["name"],
                 query_id=s["query"],
+                run_id=s["run"],
                 kind=s["kind"],
                 function=s["function"],
                 operator=int(s["operator"]),
@@ -245,26 +250,49 @@ class QueryableStateClient:
             found.append(info)
         return found
 
-    def _value_decoder(self, name: str, query_id: str, kind: str) -> Decoder:
-        known = self._decoders.get((name, query_id))
+    def _info(
+        self, name: str, query_id: str | None, refresh: bool = False
+    ) -> QueryableStateInfo | None:
+        """What the service said of state ``name`` (of ``query_id``, or of the one query that
+        has it), asked again when unknown or ``refresh``."""
+
+        def known() -> list[QueryableStateInfo]:
+            return [
+                i
+                for (n, q), i in self._states.items()
+                if n == name and (query_id is None or q == query_id)
+            ]
+
+        if refresh or not known():
+            self._states = {}
+            self.states()
+        found = known()
+        return found[0] if len(found) == 1 else None
+
+    def _decoder_of(self, info: QueryableStateInfo) -> Decoder:
+        known = self._decoders.get((info.name, info.run_id))
         if known is not None:
             return known
-        info = self._states.get((name, query_id))
-        if info is None:
-            self.states()
-            info = self._states.get((name, query_id))
-        if info is None:  # the query restarted meanwhile: its values as plain JSON
-            return lambda v: v
         value = _decoder(info.value_type, info.pickled_value)
-        if kind == "list":
+        if info.kind == "list":
             decode: Decoder = lambda v: None if v is None else [value(x) for x in v]  # noqa: E731
-        elif kind == "map":
+        elif info.kind == "map":
             key = _decoder(info.map_key_type or "string", info.pickled_map_key)
             decode = lambda v: None if v is None else {key(k): value(x) for k, x in v["entries"]}  # noqa: E731
         else:
             decode = value
-        self._decoders[(name, query_id)] = decode
+        self._decoders[(info.name, info.run_id)] = decode
         return decode
+
+    def _encode(self, info: QueryableStateInfo | None, key: Any) -> Any:  # noqa: ANN401
+        if info is None:
+            return _encode_key(key)
+        types = [t for _, t in info.key_columns]
+        if len(types) == 1:
+            return _encode_key(key, types[0])
+        if isinstance(key, tuple | list) and len(key) == len(types):
+            return [_encode_key(v, t) for v, t in zip(key, types, strict=True)]
+        return _encode_key(key)  # the service names what is wrong
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -285,21 +313,24 @@ class QueryableStateClient:
         ``limit`` entries per key: a key with more raises). A key without state gives None."""
         if isinstance(keys, str | bytes) or not isinstance(keys, Sequence) or not keys:
             raise TypeError(f"keys must be a non-empty sequence of keys, got {keys!r}")
-        body: dict[str, Any] = {"keys": [_encode_key(k) for k in keys]}
+        query_id = query_id or self.query_id
+        info = self._info(name, query_id)
+        body: dict[str, Any] = {"keys": [self._encode(info, k) for k in keys]}
         if min_batch is not None:
             body["min_batch"] = int(min_batch)
         body["timeout_ms"] = max(1, int(1000 * (self.timeout if timeout is None else timeout)))
         if limit is not None:
             body["limit"] = int(limit)
         path = "/v1/state/" + urllib.parse.quote(name, safe="")
-        query_id = query_id or self.query_id
         if query_id is not None:
             path = (
                 f"/v1/queries/{urllib.parse.quote(query_id, safe='')}/state/"
                 + urllib.parse.quote(name, safe="")
             )
         answer = self._request("POST", path, body)
-        decode = self._value_decoder(name, answer["query"], answer["kind"])
+        if info is None or (info.query_id, info.run_id) != (answer["query"], answer["run"]):
+            info = self._info(name, answer["query"], refresh=True)  # a restart: types may differ
+        decode: Decoder = (lambda v: v) if info is None else self._decoder_of(info)
         if answer["kind"] == "map":
             truncated = [k for k, v in zip(keys, answer["values"], strict=True) if v and v["more"]]
             if truncated:

@@ -15,9 +15,9 @@ final case class StorePartition(checkpointRoot: String, operatorId: Long, partit
 
 /**
  * One committed version of a store partition that other threads read while the query's next
- * batch writes (queryable state): a RocksDB snapshot taken at the commit, with TTL judged at the
- * version's batch time. `version` is the store version; it holds the state after batch
- * `version - 1`.
+ * batch writes (queryable state): a RocksDB snapshot of the version, with TTL judged at the time
+ * of the batch that committed it. `version` is the store version; it holds the state after
+ * batch `version - 1`. Published by the run `runId` of the query.
  */
 final class CommittedView private[keyedstate] (
     val partition: StorePartition,
@@ -25,39 +25,40 @@ final class CommittedView private[keyedstate] (
     val version: Long,
     snapshot: DbSnapshot,
     ttl: TtlState,
-    batchTime: Option[BatchTime],
-    multipleValues: String => Boolean) extends AutoCloseable {
+    batchTime: () => BatchTime,
+    multipleValues: Map[String, Boolean]) {
 
   def batchId: Long = version - 1
 
-  private def time: BatchTime = batchTime.getOrElse(throw new IllegalStateException(
-    s"version $version of $partition has no batch time to judge TTL by"))
+  private lazy val time = batchTime()
+
+  private def multi(cf: String) = multipleValues.getOrElse(cf, false)
 
   /** The stored value of `key` in `cf` (TTL's hidden elements left out), or null. */
-  def get(cf: String, key: Array[Byte]): Array[Byte] =
-    ttl.visibleAt(cf, multipleValues(cf), snapshot.get(cf, key), time)
+  def get(cf: String, key: Array[Byte]): Array[Byte] = ttl.visibleAt(cf, multi(cf), snapshot.get(cf, key), time)
 
   /** Up to `limit` visible entries of `cf` under `prefix`, and whether more follow. */
   def prefixScan(cf: String, prefix: Array[Byte], limit: Int): (Seq[(Array[Byte], Array[Byte])], Boolean) = {
     val (entries, more) = snapshot.prefixScan(cf, prefix, limit)
-    val multi = multipleValues(cf)
-    (entries.flatMap { case (k, v) => Option(ttl.visibleAt(cf, multi, v, time)).map(k -> _) }, more)
+    (entries.flatMap { case (k, v) => Option(ttl.visibleAt(cf, multi(cf), v, time)).map(k -> _) }, more)
   }
 
-  override def close(): Unit = snapshot.close()
+  /** Gives the view up: the reads in flight finish, the last releases the snapshot. */
+  def release(): Unit = snapshot.release()
 
-  override def toString: String = s"version $version of $partition"
+  override def toString: String = s"version $version of $partition (run $runId)"
 }
 
 /**
- * The committed views this JVM holds, by store partition: the last two versions each loaded
- * provider committed (a lookup reads the version of the batch the query's commit log last
- * recorded, which is the latest or, while a batch commits, the one before). A provider publishes
- * a view at each commit and withdraws its views when it drops its instance. Listeners (the
- * executor's state server) learn when a partition starts or stops being held here.
+ * The committed views this JVM holds, by store partition and query run: the last two versions
+ * each run's loaded provider published (a lookup reads the version of the batch the query's
+ * commit log last recorded, which is the latest or, while a batch commits, the one before). A
+ * provider publishes a view when it loads a version and at each commit, and withdraws its views
+ * when it drops its instance. Listeners (the executor's state server) learn when a partition
+ * starts or stops being held here.
  */
 object CommittedViews {
-  /** Versions kept per partition. */
+  /** Versions kept per partition and run. */
   val Kept = 2
 
   trait Listener {
@@ -65,74 +66,83 @@ object CommittedViews {
     def released(partition: StorePartition, runId: String): Unit
   }
 
-  // The views of one partition, newest last, and the provider that published them.
-  private final case class Held(owner: AnyRef, runId: String, views: List[CommittedView])
+  // The views of one partition and run, newest last, and the provider that published them.
+  private final case class Held(owner: AnyRef, views: List[CommittedView])
 
-  private val held = new ConcurrentHashMap[StorePartition, Held]()
+  private val held = new ConcurrentHashMap[(StorePartition, String), Held]()
   private val listeners = new CopyOnWriteArrayList[Listener]()
   private val logger = org.slf4j.LoggerFactory.getLogger(getClass)
 
   def addListener(l: Listener): Unit = listeners.add(l)
   def removeListener(l: Listener): Unit = listeners.remove(l)
 
-  /** The partitions held here, with the run of the query that published them. */
-  def partitions: Map[StorePartition, String] = {
-    val out = Map.newBuilder[StorePartition, String]
-    held.forEach((p, h) => out += p -> h.runId)
+  /** The partitions held here, each with the run that published it. */
+  def partitions: Seq[(StorePartition, String)] = {
+    val out = Seq.newBuilder[(StorePartition, String)]
+    held.forEach((key, _) => out += key)
     out.result()
   }
 
-  /** Publishes `view` of `owner`'s instance; the views before the last [[Kept]] are released. */
+  /** Whether version `version` of `partition` by run `runId` is held here. */
+  def holds(partition: StorePartition, runId: String, version: Long): Boolean =
+    versions(partition, runId).contains(version)
+
+  /**
+   * Publishes `view` of `owner`'s instance; the views before the last [[Kept]] are released.
+   * Another provider of the same partition and run (a reloaded instance) replaces the views of
+   * the one before it.
+   */
   private[keyedstate] def publish(owner: AnyRef, view: CommittedView): Unit = {
     var dropped: List[CommittedView] = Nil
     var fresh = false
-    held.compute(view.partition, (_, before) => {
+    held.compute((view.partition, view.runId), (_, before) => {
       val sameOwner = before != null && (before.owner eq owner)
-      // Another provider's views (an earlier run's, a reloaded instance's) end with the new owner's first.
-      val kept = if (sameOwner) before.views.filter(_.version < view.version) else Nil
-      if (!sameOwner && before != null) dropped = before.views
-      fresh = !sameOwner
-      val views = (kept :+ view).takeRight(Kept)
-      dropped = dropped ++ kept.filterNot(views.contains)
-      Held(owner, view.runId, views)
+      val previous = if (before == null) Nil else before.views
+      val kept = (if (sameOwner) previous.filter(_.version < view.version) else Nil) :+ view
+      val views = kept.takeRight(Kept)
+      dropped = previous.filterNot(views.contains)
+      fresh = before == null
+      Held(owner, views)
     })
-    dropped.foreach(closeQuietly)
+    dropped.foreach(releaseQuietly)
     if (fresh) listeners.forEach(l => notify(l.held(view.partition, view.runId)))
   }
 
-  /** Withdraws the views `owner` published of `partition` (its instance is being dropped). */
-  private[keyedstate] def withdraw(owner: AnyRef, partition: StorePartition): Unit = {
+  /** Withdraws the views `owner` published of `partition` for run `runId` (its instance is being dropped). */
+  private[keyedstate] def withdraw(owner: AnyRef, partition: StorePartition, runId: String): Unit = {
     var removed: Held = null
-    held.computeIfPresent(partition, (_, h) => if (h.owner eq owner) { removed = h; null } else h)
+    held.computeIfPresent((partition, runId), (_, h) => if (h.owner eq owner) { removed = h; null } else h)
     if (removed != null) {
-      removed.views.foreach(closeQuietly)
-      listeners.forEach(l => notify(l.released(partition, removed.runId)))
+      removed.views.foreach(releaseQuietly)
+      listeners.forEach(l => notify(l.released(partition, runId)))
     }
   }
 
-  /** The versions held of `partition`, oldest first (empty when it is not held here). */
-  def versions(partition: StorePartition): Seq[Long] = Option(held.get(partition)).toSeq.flatMap(_.views.map(_.version))
+  /** The versions held of `partition` by run `runId`, oldest first (empty when none is held here). */
+  def versions(partition: StorePartition, runId: String): Seq[Long] =
+    Option(held.get((partition, runId))).toSeq.flatMap(_.views.map(_.version))
 
   /**
-   * `read` on version `version` of `partition`, if it is held here; waits up to `waitMs` for a
-   * commit to publish it. A view released meanwhile (a newer commit, an unload) makes the read
-   * fail with the store's "released" error: the caller asks again.
+   * `read` on version `version` of `partition` by run `runId`, if it is held here; waits up to
+   * `waitMs` for a commit to publish it. A view released meanwhile (a newer commit, an unload)
+   * makes the read fail with the store's "released" error: the caller asks again.
    */
-  def read[T](partition: StorePartition, version: Long, waitMs: Long)(read: CommittedView => T): Option[T] = {
+  def read[T](partition: StorePartition, runId: String, version: Long, waitMs: Long)(
+      read: CommittedView => T): Option[T] = {
     val deadline = System.nanoTime() + waitMs * 1000000L
-    var found = viewAt(partition, version)
-    while (found.isEmpty && System.nanoTime() < deadline && versions(partition).forall(_ < version)) {
+    var found = viewAt(partition, runId, version)
+    while (found.isEmpty && System.nanoTime() < deadline && versions(partition, runId).forall(_ < version)) {
       Thread.sleep(2)
-      found = viewAt(partition, version)
+      found = viewAt(partition, runId, version)
     }
     found.map(read)
   }
 
-  private def viewAt(partition: StorePartition, version: Long): Option[CommittedView] =
-    Option(held.get(partition)).flatMap(_.views.find(_.version == version))
+  private def viewAt(partition: StorePartition, runId: String, version: Long): Option[CommittedView] =
+    Option(held.get((partition, runId))).flatMap(_.views.find(_.version == version))
 
-  private def closeQuietly(v: CommittedView): Unit =
-    try v.close() catch { case NonFatal(e) => logger.warn(s"Could not release $v", e) }
+  private def releaseQuietly(v: CommittedView): Unit =
+    try v.release() catch { case NonFatal(e) => logger.warn(s"Could not release $v", e) }
 
   private def notify(body: => Unit): Unit =
     try body catch { case NonFatal(e) => logger.warn("A committed-view listener failed", e) }

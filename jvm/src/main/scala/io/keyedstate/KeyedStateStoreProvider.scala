@@ -23,7 +23,7 @@ import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateError, KeyedStateErrors}
 import io.keyedstate.metrics.KeyedStateMetrics
 import io.keyedstate.rocks.{DbSnapshot, LocalRocksDB}
-import io.keyedstate.ttl.{TtlClock, TtlStats}
+import io.keyedstate.ttl.{BatchTime, TtlClock, TtlStats}
 
 /**
  * keyedstate's state store provider: one RocksDB instance per (operator, partition, store),
@@ -228,7 +228,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   private def discardLoaded(reason: String): scala.concurrent.Future[Unit] = {
     val lost = if (loaded.db.healthy) "" else " (its RocksDB instance lost buffered writes)"
     logInfo(s"Dropping the loaded instance of $id at version ${lineage.version}: $reason$lost")
-    CommittedViews.withdraw(this, storePartition)
+    CommittedViews.withdraw(this, storePartition, runId)
     loaded.close()
     loaded = null
     val uploads = lineage.close()
@@ -301,7 +301,10 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
         } catch {
           case e: Throwable => view.foreach(_.close()); throw e
         } finally filesLock.unlock()
-      view.foreach(v => CommittedViews.publish(this, committedView(v, newVersion)))
+      view.foreach { v =>
+        val time = loaded.ttl.batchTime // the batch that committed the version
+        CommittedViews.publish(this, committedView(v, newVersion, () => time))
+      }
       lastTtl = loaded.ttl.stats
       loaded.dirty = false
       loaded.forgetKnownKeys()
@@ -329,14 +332,30 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 
   private lazy val storePartition =
     StorePartition(id.checkpointRootLocation, id.operatorId, id.partitionId, id.storeName)
+  private lazy val runId = Option(hadoopConf.get(StreamExecution.RUN_ID_KEY)).getOrElse("")
 
-  /** The committed `version` as lookups read it, TTL judged at its batch's time when a family hides expired entries. */
-  private def committedView(snapshot: DbSnapshot, version: Long): CommittedView = {
+  /**
+   * Lookups read `store`'s committed versions from now on (queryable state): the version it
+   * loaded is published at once unless this JVM holds it already (a restart, a retried batch or a
+   * partition moved here serves lookups before its first commit); each commit publishes its own.
+   */
+  private[keyedstate] def makeQueryable(store: TaskStateStore): Unit = synchronized {
+    if ((store eq activeStore) && loaded != null) {
+      loaded.queryable = true
+      if (!loaded.dirty && !CommittedViews.holds(storePartition, runId, store.version)) {
+        // The state after batch version - 1, judged by that batch's time.
+        val (root, conf, version) = (id.checkpointRootLocation, hadoopConf, store.version)
+        CommittedViews.publish(this, committedView(loaded.db.snapshot(), version,
+          () => TtlClock.at(root, version - 1, conf)))
+      }
+    }
+  }
+
+  /** The committed `version` as lookups read it, TTL judged at `batchTime` (read only when a family hides expired entries). */
+  private def committedView(snapshot: DbSnapshot, version: Long, batchTime: () => BatchTime): CommittedView = {
     val instance = loaded
-    val hidesExpired = instance.columnFamilyNames.exists(cf => instance.ttl.config(cf).hidesExpired)
-    val time = if (hidesExpired) Some(instance.ttl.lastBatchTime.getOrElse(instance.ttl.batchTime)) else None
-    new CommittedView(storePartition, Option(hadoopConf.get(StreamExecution.RUN_ID_KEY)).getOrElse(""), version,
-      snapshot, instance.ttl, time, instance.isMultiValue)
+    val multi = instance.columnFamilyNames.map(cf => cf -> instance.isMultiValue(cf)).toMap
+    new CommittedView(storePartition, runId, version, snapshot, instance.ttl, batchTime, multi)
   }
 
   /** Tests only: blocks until a background snapshot upload of the loaded instance finished. */

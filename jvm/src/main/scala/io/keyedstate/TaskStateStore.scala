@@ -343,8 +343,11 @@ final class TaskStateStore private[keyedstate] (
   /** The manifest of the loaded version (for errors that name it). */
   def loadedManifest: Path = provider.loadedManifest
 
-  /** Lookups read this store's committed versions (queryable state): each commit publishes a view. */
-  def makeQueryable(): Unit = state.queryable = true
+  /**
+   * Lookups read this store's committed versions (queryable state): the loaded version and each
+   * commit's are published as views. Called before any write.
+   */
+  def makeQueryable(): Unit = provider.makeQueryable(this)
 
   // ---- lifecycle ----
 

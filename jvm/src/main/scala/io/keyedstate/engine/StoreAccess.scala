@@ -35,12 +35,12 @@ private[engine] object StoreAccess {
         throw new IllegalStateException(s"keyed functions need keyedstate's provider, got ${other.getClass.getName}")
     }
     try {
+      if (queryable) store.makeQueryable() // before any write: the loaded version is a committed one
       OperatorDeclaration.checkAndDeclare(store, declaration, info.operatorId, partition)
       layout.families.foreach { f =>
         store.createColFamilyIfAbsent(f.name, f.keySchema, f.valueSchema, f.spec, f.multipleValues,
           isInternal = f.name.startsWith("$"))
       }
-      if (queryable) store.makeQueryable()
     } catch {
       case e: Throwable =>
         store.abort()

@@ -48,8 +48,17 @@ object JsonValues {
     case other => s"${other.simpleString} is not supported"
   }
 
-  /** `v` as a Spark internal value of type `dt` (null for JSON null); `path` names it in errors. */
-  def toInternal(v: JValue, dt: DataType, path: String): Any = (v, dt) match {
+  /**
+   * `v` as a Spark internal value of type `dt` (null for JSON null); `path` names it in errors.
+   * Nothing is rounded or truncated: a value the type cannot hold exactly is refused.
+   */
+  def toInternal(v: JValue, dt: DataType, path: String): Any =
+    try internal(v, dt, path) catch {
+      case e: BadValue => throw e
+      case _: ArithmeticException | _: java.time.DateTimeException => bad(path, v, dt)
+    }
+
+  private def internal(v: JValue, dt: DataType, path: String): Any = (v, dt) match {
     case (JNull | JNothing, _) => null
     case (JString(s), StringType) => UTF8String.fromString(s)
     case (JBool(b), BooleanType) => b
@@ -68,15 +77,19 @@ object JsonValues {
         case JDouble(x) => BigDecimal(x)
         case _ => bad(path, v, dt)
       }
-      val dec = Decimal(big)
-      if (!dec.changePrecision(d.precision, d.scale)) bad(path, v, dt)
-      dec
+      // Exactly: more fractional digits than the scale (rounding would name another key) or
+      // more integral digits than the precision allows are refused.
+      val exact = big.bigDecimal.stripTrailingZeros()
+      if (math.max(exact.scale, 0) > d.scale || exact.precision - exact.scale > d.precision - d.scale) bad(path, v, dt)
+      Decimal(big.setScale(d.scale))
     case (JString(s), DateType) =>
-      try LocalDate.parse(s).toEpochDay.toInt catch { case _: DateTimeParseException => bad(path, v, dt) }
+      try Math.toIntExact(LocalDate.parse(s).toEpochDay) catch { case _: DateTimeParseException => bad(path, v, dt) }
     case (JString(s), TimestampType) =>
-      try micros(OffsetDateTime.parse(s).toInstant) catch { case _: DateTimeParseException => bad(path, v, dt) }
+      try micros(OffsetDateTime.parse(s).toInstant, path, v, dt) catch {
+        case _: DateTimeParseException => bad(path, v, dt)
+      }
     case (JString(s), TimestampNTZType) =>
-      try micros(LocalDateTime.parse(s).toInstant(ZoneOffset.UTC)) catch {
+      try micros(LocalDateTime.parse(s).toInstant(ZoneOffset.UTC), path, v, dt) catch {
         case _: DateTimeParseException => bad(path, v, dt)
       }
     case (JString(s), BinaryType) =>
@@ -87,18 +100,18 @@ object JsonValues {
       if (unknown.nonEmpty) {
         throw new BadValue(s"$path has fields ${unknown.toSeq.sorted.mkString(", ")} that ${s.simpleString} does not")
       }
-      InternalRow.fromSeq(s.fields.toSeq.map(f => toInternal(byName.getOrElse(f.name, JNull), f.dataType,
+      InternalRow.fromSeq(s.fields.toSeq.map(f => internal(byName.getOrElse(f.name, JNull), f.dataType,
         s"$path.${f.name}")))
     case (JArray(items), s: StructType) =>
       if (items.length != s.length) {
         throw new BadValue(s"$path has ${items.length} values, ${s.simpleString} has ${s.length} fields")
       }
-      InternalRow.fromSeq(s.fields.toSeq.zip(items).map { case (f, i) => toInternal(i, f.dataType, s"$path.${f.name}") })
+      InternalRow.fromSeq(s.fields.toSeq.zip(items).map { case (f, i) => internal(i, f.dataType, s"$path.${f.name}") })
     case (JArray(items), a: ArrayType) =>
-      new GenericArrayData(items.zipWithIndex.map { case (i, n) => toInternal(i, a.elementType, s"$path[$n]") }.toArray)
+      new GenericArrayData(items.zipWithIndex.map { case (i, n) => internal(i, a.elementType, s"$path[$n]") }.toArray)
     case (JArray(items), m: MapType) =>
       val pairs = items.zipWithIndex.map {
-        case (JArray(List(k, x)), n) => (toInternal(k, m.keyType, s"$path[$n][0]"), toInternal(x, m.valueType, s"$path[$n][1]"))
+        case (JArray(List(k, x)), n) => (internal(k, m.keyType, s"$path[$n][0]"), internal(x, m.valueType, s"$path[$n][1]"))
         case (other, n) => bad(s"$path[$n]", other, m)
       }
       ArrayBasedMapData(pairs.map(_._1).toArray, pairs.map(_._2).toArray)
@@ -128,7 +141,12 @@ object JsonValues {
     case _ => bad(path, v, dt)
   }
 
-  private def micros(i: Instant): Long = Math.addExact(Math.multiplyExact(i.getEpochSecond, 1000000L), i.getNano / 1000L)
+  /** Microseconds since the epoch: Spark's precision; a finer instant is refused. */
+  private def micros(i: Instant, path: String, v: JValue, dt: DataType): Long = {
+    if (i.getNano % 1000 != 0) throw new BadValue(s"$path has a fraction of a second finer than microseconds, " +
+      s"which a ${dt.simpleString} cannot hold")
+    Math.addExact(Math.multiplyExact(i.getEpochSecond, 1000000L), i.getNano / 1000L)
+  }
 
   private def instant(micros: Long): Instant =
     Instant.ofEpochSecond(Math.floorDiv(micros, 1000000L), Math.floorMod(micros, 1000000L) * 1000L)

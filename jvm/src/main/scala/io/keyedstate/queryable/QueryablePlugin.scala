@@ -1,6 +1,5 @@
 package io.keyedstate.queryable
 
-import java.net.InetAddress
 import java.util.{Map => JMap, UUID}
 import java.util.concurrent.ConcurrentHashMap
 
@@ -34,7 +33,6 @@ final class QueryablePlugin extends SparkPlugin {
 object QueryablePlugin extends Logging {
   val ClassName: String = classOf[QueryablePlugin].getName
   private val TokenKey = "token"
-  private val LoopbackKey = "loopback"
 
   private final class Driver extends DriverPlugin {
     override def init(sc: SparkContext, ctx: PluginContext): JMap[String, String] = {
@@ -44,9 +42,7 @@ object QueryablePlugin extends Logging {
         override def onExecutorRemoved(removed: SparkListenerExecutorRemoved): Unit =
           StateServers.executorLost(removed.executorId)
       })
-      // The service binds to loopback by default: so do the executors' servers then.
-      val loopback = InetAddress.getByName(sc.getConf.get("spark.keyedstate.service.host", "127.0.0.1")).isLoopbackAddress
-      Map(TokenKey -> token, LoopbackKey -> loopback.toString).asJava
+      Map(TokenKey -> token).asJava
     }
 
     override def receive(message: Any): AnyRef = {
@@ -66,10 +62,15 @@ object QueryablePlugin extends Logging {
     @volatile private var server: StateServer = _
     @volatile private var listener: CommittedViews.Listener = _
 
-    override def init(ctx: PluginContext, extraConf: JMap[String, String]): Unit = {
-      val conf = extraConf.asScala
-      val host = if (conf.get(LoopbackKey).contains("true")) "127.0.0.1" else ctx.hostname()
-      server = new StateServer(host, conf(TokenKey))
+    override def init(ctx: PluginContext, extraConf: JMap[String, String]): Unit =
+      // An executor runs without a state server rather than not at all: lookups of its partitions fail.
+      try start(ctx, extraConf.asScala(TokenKey)) catch {
+        case NonFatal(e) => logWarning(s"keyedstate: no state server in executor ${ctx.executorID()}", e)
+      }
+
+    /** The server on the executor's host (the driver reaches it there), known to the driver. */
+    private def start(ctx: PluginContext, token: String): Unit = {
+      server = new StateServer(ctx.hostname(), token)
       val executorId = ctx.executorID()
       send(ctx, ServerStarted(executorId, server.url))
       listener = new CommittedViews.Listener {
@@ -97,12 +98,11 @@ object QueryablePlugin extends Logging {
  * holds, as the executors report them (the proxy's routing table, Flink's `KvStateLocationRegistry`).
  */
 object StateServers {
-  private final case class Holder(executorId: String, runId: String)
-
   @volatile private var internalToken: Option[String] = None
   @volatile private var context: Option[SparkContext] = None
   private val servers = new ConcurrentHashMap[String, String]()
-  private val holders = new ConcurrentHashMap[StorePartition, Holder]()
+  // Per partition and query run, the executor that last reported holding its views.
+  private val holders = new ConcurrentHashMap[(StorePartition, String), String]()
 
   private[queryable] def started(sc: SparkContext, token: String): Unit = {
     context = Some(sc)
@@ -122,17 +122,17 @@ object StateServers {
   private[queryable] def serverStarted(executor: String, url: String): Unit = servers.put(executor, url)
 
   private[queryable] def held(executor: String, p: StorePartition, runId: String): Unit =
-    holders.put(p, Holder(executor, runId))
+    holders.put((p, runId), executor)
 
   private[queryable] def released(executor: String, p: StorePartition, runId: String): Unit =
-    holders.remove(p, Holder(executor, runId))
+    holders.remove((p, runId), executor)
 
   private[queryable] def executorLost(executor: String): Unit = {
     servers.remove(executor)
-    holders.entrySet().removeIf(_.getValue.executorId == executor)
+    holders.values().removeIf(_ == executor)
   }
 
-  /** The executor holding `p`'s views and its server's URL, if one reported it. */
-  def holder(p: StorePartition): Option[(String, String)] =
-    Option(holders.get(p)).flatMap(h => Option(servers.get(h.executorId)).map(h.executorId -> _))
+  /** The executor holding the views of `p` published by run `runId`, and its server's URL, if one reported them. */
+  def holder(p: StorePartition, runId: String): Option[(String, String)] =
+    Option(holders.get((p, runId))).flatMap(e => Option(servers.get(e)).map(e -> _))
 }

@@ -4,7 +4,7 @@ import java.net.URI
 import java.net.http.{HttpClient, HttpRequest, HttpResponse}
 import java.nio.charset.StandardCharsets.UTF_8
 import java.time.Duration
-import java.util.{Base64, UUID}
+import java.util.UUID
 import java.util.concurrent.{CompletableFuture, ConcurrentHashMap}
 
 import scala.jdk.CollectionConverters._
@@ -45,7 +45,10 @@ final class StateLookups(sc: SparkContext) {
     }
   }
 
-  def forget(runId: UUID): Unit = catalogs.remove(runId)
+  def forget(runId: UUID): Unit = {
+    catalogs.remove(runId)
+    latest.remove(runId)
+  }
 
   /**
    * The values of `keys` in state `name` at the query's last committed batch, at least
@@ -57,7 +60,7 @@ final class StateLookups(sc: SparkContext) {
     val rows = keys.zipWithIndex.map { case (k, i) => keyRow(state, k, s"key #$i") }
     val located = state.withCodec(c => rows.map(c.locate))
     val batch = committedBatch(query, minBatch, deadline)
-    val read = readVersion(state, located, batch + 1, deadline, limit)
+    val read = readVersion(query, state, located, batch + 1, deadline, limit)
     val values = state.withCodec { c =>
       read.map {
         case Left(bytes) => c.valueJson(bytes)
@@ -66,7 +69,7 @@ final class StateLookups(sc: SparkContext) {
           ("entries" -> JArray(entries.toList.map { case (k, v) => c.entryJson(k, v) })) ~ ("more" -> more)
       }
     }
-    ("query" -> query.id.toString) ~ ("name" -> state.name) ~ ("kind" -> state.state.declaredKind) ~
+    ("query" -> query.id.toString) ~ ("run" -> query.runId.toString) ~ ("name" -> state.name) ~ ("kind" -> state.state.declaredKind) ~
       ("batch" -> batch) ~ ("values" -> JArray(values.toList))
   }
 
@@ -75,7 +78,11 @@ final class StateLookups(sc: SparkContext) {
     val schema = state.keySchema
     try {
       if (schema.length == 1) InternalRow(JsonValues.toInternal(key, schema.head.dataType, what))
-      else JsonValues.toInternal(key, schema, what).asInstanceOf[InternalRow]
+      else key match {
+        case JArray(_) | JObject(_) => JsonValues.toInternal(key, schema, what).asInstanceOf[InternalRow]
+        case other => throw new JsonValues.BadValue(s"$what is ${JsonMethods.compact(other)}, not an array of " +
+          s"${schema.length} key column values")
+      }
     } catch {
       case e: JsonValues.BadValue => throw new LookupRefused(400, ErrorId.ServiceBadRequest,
         s"${e.getMessage}; the keys of '${state.name}' are (${schema.fields.map(f =>
@@ -101,65 +108,85 @@ final class StateLookups(sc: SparkContext) {
     }
   }
 
-  private def latestBatch(query: StreamExecution): Option[Long] = query.commitLog.getLatestBatchId()
+  // The commit log's last batch per query run, listed at most once per LatestBatchCacheMs: a
+  // listing of the log's folder costs more than a lookup, and lookups come by the thousand.
+  private val latest = new ConcurrentHashMap[UUID, (Long, Option[Long])]()
+
+  private def latestBatch(query: StreamExecution): Option[Long] = {
+    val now = System.nanoTime()
+    val cached = latest.get(query.runId)
+    if (cached != null && now - cached._1 < LatestBatchCacheMs * 1000000L) cached._2
+    else {
+      val found = query.commitLog.getLatestBatchId()
+      latest.put(query.runId, (now, found))
+      found
+    }
+  }
 
   /**
-   * Each located key's stored value (value and list state) or entries (map state) at `version`,
-   * asked of the servers holding their partitions, one request per partition, all at once.
+   * Each located key's stored value (value and list state) or entries (map state) at `version`
+   * of the query's run, asked of the servers holding their partitions, one read per partition,
+   * all at once (a server in this JVM, local mode's, is read directly).
    */
-  private def readVersion(state: QueryableState, located: Seq[(Int, Array[Byte])], version: Long, deadline: Long,
-      limit: Int): Seq[Either[Array[Byte], (Seq[(Array[Byte], Array[Byte])], Boolean)]] = {
+  private def readVersion(query: StreamExecution, state: QueryableState, located: Seq[(Int, Array[Byte])],
+      version: Long, deadline: Long, limit: Int): Seq[Either[Array[Byte], (Seq[(Array[Byte], Array[Byte])], Boolean)]] = {
     val token = StateServers.token(sc).getOrElse(throw new LookupRefused(503, ErrorId.ServiceStateUnavailable,
       s"queryable state needs keyedstate's Spark plugin: start the application with spark.plugins=" +
         s"${QueryablePlugin.ClassName} (keyedstate.configure sets it)"))
     val map = state.kind == StateKind.Map
-    val byPartition = located.zipWithIndex.groupBy(_._1._1)
-    val requests = byPartition.toSeq.map { case (p, keys) =>
+    val runId = query.runId.toString
+    val waitMs = math.max(0L, math.min(ServerWaitMs, (deadline - System.nanoTime()) / 1000000L))
+    val reads = located.zipWithIndex.groupBy(_._1._1).toSeq.map { case (p, keys) =>
       val partition = state.partition(p)
-      val (_, url) = StateServers.holder(partition).getOrElse(throw new LookupRefused(503,
-        ErrorId.ServiceStateUnavailable, s"no state server holds $partition (the query is restarting, or its " +
-          "executor was lost); ask again"))
-      val encoded = JArray(keys.toList.map { case ((_, k), _) => JString(Base64.getEncoder.encodeToString(k)) })
-      val body = ("partition" -> StateServer.partitionJson(partition)) ~ ("version" -> version) ~
-        ("family" -> state.column) ~ ("limit" -> limit) ~
-        ("wait_ms" -> math.max(0L, math.min(ServerWaitMs, (deadline - System.nanoTime()) / 1000000L))) ~
-        (if (map) "prefixes" -> encoded else "gets" -> encoded)
-      val request = HttpRequest.newBuilder(URI.create(url + StateServer.ReadPath))
-        .timeout(Duration.ofMillis(math.max(1L, (deadline - System.nanoTime()) / 1000000L)))
-        .header("Authorization", s"Bearer $token")
-        .POST(HttpRequest.BodyPublishers.ofString(JsonMethods.compact(JsonMethods.render(body)), UTF_8)).build()
-      (partition, keys.map(_._2), url, http.sendAsync(request, HttpResponse.BodyHandlers.ofString(UTF_8)))
+      val (executor, url) = StateServers.holder(partition, runId).getOrElse(throw new LookupRefused(503,
+        ErrorId.ServiceStateUnavailable, s"no state server holds $partition for the query's run $runId (the " +
+          "query is starting or restarting, has run no batch since it started, or its executor was lost); ask again"))
+      val encoded = keys.map(_._1._2)
+      val read = ViewRead(partition, runId, version, state.column, if (map) Nil else encoded,
+        if (map) encoded else Nil, limit, waitMs)
+      val answer =
+        if (executor == LocalExecutorId) CompletableFuture.completedFuture(localRead(read))
+        else remoteRead(url, token, read, deadline)
+      (keys.map(_._2), url, read, answer)
     }
-    CompletableFuture.allOf(requests.map(_._4): _*).exceptionally(_ => null).join()
     val out = new Array[Either[Array[Byte], (Seq[(Array[Byte], Array[Byte])], Boolean)]](located.length)
-    requests.foreach { case (partition, indices, url, future) =>
-      val response = try future.join() catch {
-        case NonFatal(e) => throw new LookupRefused(503, ErrorId.ServiceStateUnavailable,
-          s"the state server at $url holding $partition did not answer: ${Option(e.getCause).getOrElse(e).toString}")
+    reads.foreach { case (indices, url, read, future) =>
+      val answer = future.join() match {
+        case Right(a) => a
+        case Left(e: StateServer.Refused) if e.status == 404 => throw new LookupRefused(503,
+          ErrorId.ServiceStateUnavailable, s"the state server at $url does not hold version $version of " +
+            s"${read.partition} (it holds ${if (e.versions.isEmpty) "none" else e.versions.mkString(", ")}); ask again")
+        case Left(e) => throw new LookupRefused(503, ErrorId.ServiceStateUnavailable,
+          s"the state server at $url holding ${read.partition} failed: ${e.getMessage}")
       }
-      val answer = JsonMethods.parse(response.body())
-      if (response.statusCode() != 200) {
-        val held = (answer \ "versions").extractOpt[List[Long]].getOrElse(Nil)
-        throw new LookupRefused(503, ErrorId.ServiceStateUnavailable, s"the state server at $url does not hold " +
-          s"version $version of $partition (it holds ${if (held.isEmpty) "none" else held.mkString(", ")}): " +
-          s"${(answer \ "message").extractOpt[String].getOrElse(response.body())}; ask again")
-      }
-      def bytes(v: JValue): Array[Byte] = v match {
-        case JString(s) => Base64.getDecoder.decode(s)
-        case _ => null
-      }
-      if (map) {
-        val scans = (answer \ "scans").extract[List[JValue]]
-        indices.zip(scans).foreach { case (i, scan) =>
-          val entries = (scan \ "entries").extract[List[List[JValue]]].map(e => bytes(e.head) -> bytes(e(1)))
-          out(i) = Right(entries -> (scan \ "more").extract[Boolean])
-        }
-      } else {
-        val values = (answer \ "values").extract[List[JValue]]
-        indices.zip(values).foreach { case (i, v) => out(i) = Left(bytes(v)) }
-      }
+      if (map) indices.zip(answer.scans).foreach { case (i, scan) => out(i) = Right(scan) }
+      else indices.zip(answer.values).foreach { case (i, v) => out(i) = Left(v) }
     }
     out.toSeq
+  }
+
+  private def localRead(read: ViewRead): Either[Throwable, ViewAnswer] =
+    try Right(StateServer.read(read)) catch { case NonFatal(e) => Left(e) }
+
+  private def remoteRead(url: String, token: String, read: ViewRead, deadline: Long)
+      : CompletableFuture[Either[Throwable, ViewAnswer]] = {
+    val request = HttpRequest.newBuilder(URI.create(url + StateServer.ReadPath))
+      .timeout(Duration.ofMillis(math.max(1L, (deadline - System.nanoTime()) / 1000000L)))
+      .header("Authorization", s"Bearer $token")
+      .POST(HttpRequest.BodyPublishers.ofString(JsonMethods.compact(JsonMethods.render(StateServer.readJson(read))),
+        UTF_8)).build()
+    http.sendAsync(request, HttpResponse.BodyHandlers.ofString(UTF_8)).handle { (response, failure) =>
+      if (failure != null) Left(new IllegalStateException(s"no answer: ${Option(failure.getCause).getOrElse(failure)}"))
+      else try {
+        val body = JsonMethods.parse(response.body())
+        if (response.statusCode() == 200) Right(StateServer.answerOf(body))
+        else Left(new StateServer.Refused(response.statusCode(), (body \ "error").extractOpt[String].getOrElse("?"),
+          s"HTTP ${response.statusCode()}: ${(body \ "message").extractOpt[String].getOrElse(response.body())}",
+          (body \ "versions").extractOpt[List[Long]].getOrElse(Nil)))
+      } catch {
+        case NonFatal(e) => Left(new IllegalStateException(s"an answer that is not a state server's: ${e.getMessage}"))
+      }
+    }
   }
 }
 
@@ -167,6 +194,10 @@ object StateLookups {
   implicit private val formats: Formats = DefaultFormats
   /** How long a state server waits for a version being committed. */
   private val ServerWaitMs = 2000L
+  /** Local mode's one executor, in the driver's JVM (Spark's `SparkContext.DRIVER_IDENTIFIER`). */
+  private val LocalExecutorId = "driver"
+  /** How long the last committed batch read off the commit log is trusted (bounds freshness). */
+  private val LatestBatchCacheMs = 10L
 
   /** A lookup refused, with the HTTP status and error id the service answers. */
   final class LookupRefused(val status: Int, val id: ErrorId, message: String) extends Exception(message)

@@ -1,51 +1,53 @@
 package io.keyedstate.queryable
 
-import java.net.InetSocketAddress
 import java.nio.charset.StandardCharsets.UTF_8
 import java.security.MessageDigest
 import java.util.Base64
 
 import scala.util.control.NonFatal
 
-import com.sun.net.httpserver.{HttpExchange, HttpServer}
+import com.sun.net.httpserver.HttpExchange
 import org.json4s._
 import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods
 
 import io.keyedstate.{CommittedViews, StorePartition}
-import io.keyedstate.checkpoint.Transfers
 import io.keyedstate.errors.{ErrorId, KeyedStateStateException}
 
+/** One read of a partition's committed version: point reads or prefix scans of one column family. */
+final case class ViewRead(
+    partition: StorePartition,
+    runId: String,
+    version: Long,
+    family: String,
+    gets: Seq[Array[Byte]],
+    prefixes: Seq[Array[Byte]],
+    limit: Int,
+    waitMs: Long)
+
+/** What a read found: a value (or null) per point read, the entries (and whether more follow) per scan. */
+final case class ViewAnswer(values: Seq[Array[Byte]], scans: Seq[(Seq[(Array[Byte], Array[Byte])], Boolean)])
+
 /**
- * The state server of one executor (Flink's `KvStateServer`): answers the driver's lookups
- * from the committed views this JVM holds ([[CommittedViews]]), in stored bytes. It never writes,
- * and reads only the exact version a request names, so an answer is always one committed
- * batch's state. The protocol is internal (docs/queryable-state.md, "Architecture"): the
- * driver's proxy is its only client, with the application's internal token.
+ * The state server of one executor (Flink's `KvStateServer`): answers the driver's reads from
+ * the committed views this JVM holds ([[CommittedViews]]), in stored bytes. It never writes, and
+ * reads only the exact version of the exact query run a request names, so an answer is always
+ * one committed batch's state. The protocol is internal (docs/queryable-state.md,
+ * "Architecture"): the driver's proxy is its only client, with the application's internal token.
  *
- * `POST /internal/v1/read` with `{"partition": {...}, "version", "wait_ms", "family",
- * "gets": [base64 key], "prefixes": [base64 prefix], "limit"}` answers `{"version", "values":
- * [base64 or null], "scans": [{"entries": [[key, value]], "more"}]}`, or 404 with the versions
- * held when the version is not.
+ * `POST /internal/v1/read` with `{"partition": {...}, "run", "version", "wait_ms", "family",
+ * "gets": [base64 key], "prefixes": [base64 prefix], "limit"}` answers `{"values": [base64 or
+ * null], "scans": [{"entries": [[key, value]], "more"}]}`; 404 with the versions held when the
+ * version is not, 400 for a request it cannot parse.
  */
 final class StateServer(host: String, token: String) extends AutoCloseable {
   import StateServer._
 
-  private val server = HttpServer.create(new InetSocketAddress(host, 0), 0)
-  private val handlers = Transfers.daemonPool("keyedstate-state-server", HandlerThreads)
-  server.createContext("/", (exchange: HttpExchange) => serve(exchange))
-  server.setExecutor(handlers)
-  private val starter = new Thread(() => server.start(), "keyedstate-state-server-start")
-  starter.setDaemon(true) // the dispatcher thread takes its daemon flag from its starter
-  starter.start()
-  starter.join()
+  private val running = HttpServers.start(host, 0, "keyedstate-state-server", HandlerThreads)(serve)
 
-  val url: String = s"http://${if (host.contains(":")) s"[$host]" else host}:${server.getAddress.getPort}"
+  val url: String = s"http://${HttpServers.urlHost(host)}:${running.port}"
 
-  override def close(): Unit = {
-    server.stop(0)
-    handlers.shutdownNow()
-  }
+  override def close(): Unit = running.stop()
 
   private def serve(exchange: HttpExchange): Unit =
     try {
@@ -73,52 +75,69 @@ final class StateServer(host: String, token: String) extends AutoCloseable {
     if (exchange.getRequestMethod != "POST" || exchange.getRequestURI.getPath != ReadPath) {
       throw new Refused(404, "not_found", s"no ${exchange.getRequestMethod} ${exchange.getRequestURI.getPath}", Nil)
     }
-    val request = JsonMethods.parse(new String(exchange.getRequestBody.readAllBytes(), UTF_8))
-    (200, read(request))
+    val request =
+      try readOf(JsonMethods.parse(new String(exchange.getRequestBody.readNBytes(MaxRequestBytes), UTF_8)))
+      catch { case NonFatal(e) => throw new Refused(400, "bad_request", s"not a read request: ${e.getMessage}", Nil) }
+    (200, answerJson(read(request)))
   }
 }
 
 object StateServer {
   implicit private val formats: Formats = DefaultFormats
   private val logger = org.slf4j.LoggerFactory.getLogger(classOf[StateServer])
-  private val HandlerThreads = 4
+  // Reads may wait for a version being committed (ServerWaitMs): a few more threads than cores.
+  private val HandlerThreads = 8
+  private val MaxRequestBytes = 8 * 1024 * 1024
   val ReadPath = "/internal/v1/read"
 
   /** A read the server does not serve, with the versions it holds of the partition. */
   final class Refused(val status: Int, val kind: String, message: String, val versions: Seq[Long])
       extends Exception(message)
 
-  private def b64(bytes: Array[Byte]): JValue = JString(Base64.getEncoder.encodeToString(bytes))
-  private def unb64(v: JValue): Array[Byte] = Base64.getDecoder.decode(v.extract[String])
+  private def b64(bytes: Array[Byte]): JValue = if (bytes == null) JNull else JString(Base64.getEncoder.encodeToString(bytes))
+  private def unb64(v: JValue): Array[Byte] = v match {
+    case JString(s) => Base64.getDecoder.decode(s)
+    case _ => null
+  }
 
-  def partitionJson(p: StorePartition): JValue =
-    ("checkpoint" -> p.checkpointRoot) ~ ("operator" -> p.operatorId) ~ ("partition" -> p.partitionId) ~
-      ("store" -> p.storeName)
+  def readJson(r: ViewRead): JValue =
+    ("partition" -> (("checkpoint" -> r.partition.checkpointRoot) ~ ("operator" -> r.partition.operatorId) ~
+      ("partition" -> r.partition.partitionId) ~ ("store" -> r.partition.storeName))) ~
+      ("run" -> r.runId) ~ ("version" -> r.version) ~ ("family" -> r.family) ~ ("limit" -> r.limit) ~
+      ("wait_ms" -> r.waitMs) ~ ("gets" -> JArray(r.gets.toList.map(b64))) ~
+      ("prefixes" -> JArray(r.prefixes.toList.map(b64)))
 
-  def partitionOf(v: JValue): StorePartition = StorePartition((v \ "checkpoint").extract[String],
-    (v \ "operator").extract[Long], (v \ "partition").extract[Int], (v \ "store").extract[String])
+  private def readOf(v: JValue): ViewRead = {
+    val p = v \ "partition"
+    ViewRead(StorePartition((p \ "checkpoint").extract[String], (p \ "operator").extract[Long],
+      (p \ "partition").extract[Int], (p \ "store").extract[String]), (v \ "run").extract[String],
+      (v \ "version").extract[Long], (v \ "family").extract[String],
+      (v \ "gets").extract[List[JValue]].map(unb64), (v \ "prefixes").extract[List[JValue]].map(unb64),
+      (v \ "limit").extract[Int], (v \ "wait_ms").extract[Long])
+  }
 
-  /** One read request, answered from this JVM's committed views. */
-  def read(request: JValue): JValue = {
-    val partition = partitionOf(request \ "partition")
-    val version = (request \ "version").extract[Long]
-    val cf = (request \ "family").extract[String]
-    val gets = (request \ "gets").extractOpt[List[JValue]].getOrElse(Nil).map(unb64)
-    val prefixes = (request \ "prefixes").extractOpt[List[JValue]].getOrElse(Nil).map(unb64)
-    val limit = (request \ "limit").extractOpt[Int].getOrElse(10000)
-    val waitMs = (request \ "wait_ms").extractOpt[Long].getOrElse(0L)
-    def notHeld = new Refused(404, "version_not_held", s"version $version of $partition is not held here",
-      CommittedViews.versions(partition))
-    try CommittedViews.read(partition, version, waitMs) { view =>
-      ("version" -> view.version) ~
-        ("values" -> JArray(gets.map(k => Option(view.get(cf, k)).map(b64).getOrElse(JNull)))) ~
-        ("scans" -> JArray(prefixes.map { p =>
-          val (entries, more) = view.prefixScan(cf, p, limit)
-          ("entries" -> JArray(entries.toList.map { case (k, v) => JArray(List(b64(k), b64(v))) })) ~ ("more" -> more)
-        }))
+  def answerJson(a: ViewAnswer): JValue =
+    ("values" -> JArray(a.values.toList.map(b64))) ~
+      ("scans" -> JArray(a.scans.toList.map { case (entries, more) =>
+        ("entries" -> JArray(entries.toList.map { case (k, v) => JArray(List(b64(k), b64(v))) })) ~ ("more" -> more)
+      }))
+
+  def answerOf(v: JValue): ViewAnswer = ViewAnswer(
+    (v \ "values").extract[List[JValue]].map(unb64),
+    (v \ "scans").extract[List[JValue]].map { scan =>
+      ((scan \ "entries").extract[List[List[JValue]]].map(e => unb64(e.head) -> unb64(e(1))),
+        (scan \ "more").extract[Boolean])
+    })
+
+  /** One read, answered from this JVM's committed views (the proxy calls it directly when they are its own). */
+  def read(r: ViewRead): ViewAnswer = {
+    def notHeld = new Refused(404, "version_not_held", s"version ${r.version} of ${r.partition} (run ${r.runId}) " +
+      "is not held here", CommittedViews.versions(r.partition, r.runId))
+    try CommittedViews.read(r.partition, r.runId, r.version, r.waitMs) { view =>
+      ViewAnswer(r.gets.map(view.get(r.family, _)), r.prefixes.map(view.prefixScan(r.family, _, r.limit)))
     }.getOrElse(throw notHeld) catch {
       // Released under the read (a newer commit, an unload): not held any more.
-      case e: KeyedStateStateException if e.errorId == ErrorId.StoreClosed.name => throw notHeld
+      case e: KeyedStateStateException if e.error == ErrorId.StoreClosed => throw notHeld
     }
   }
 }

@@ -1,7 +1,5 @@
 package io.keyedstate.rocks
 
-import java.util.concurrent.locks.ReentrantReadWriteLock
-
 import scala.collection.mutable.ArrayBuffer
 
 import org.rocksdb.{ReadOptions, Snapshot, Slice}
@@ -12,32 +10,42 @@ import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
  * A point-in-time, read-only view of a [[LocalRocksDB]]: every write made before it was taken,
  * none after. Other threads read it while the instance's owner goes on writing (RocksDB's own
  * snapshot: a sequence number reads stop at). Its native snapshot and read options are owned
- * here; [[close]] waits for the reads in flight, and the instance's close closes every snapshot
- * still open first, so no read ever touches a released snapshot or a closed database.
+ * here, and released once no read uses them: [[release]] never waits (a newer view replaces
+ * this one while lookups still read it: the last of them releases it), [[close]] waits for the
+ * reads in flight (the instance's close, before the database goes).
  */
 final class DbSnapshot private[rocks] (
     native: NativeDb,
     families: FamilyHandles,
     snapshot: Snapshot,
-    onClose: DbSnapshot => Unit) extends AutoCloseable {
+    onReleased: DbSnapshot => Unit) extends AutoCloseable {
 
   private val readOptions = new ReadOptions().setSnapshot(snapshot)
-  private val lock = new ReentrantReadWriteLock()
-  private var closed = false
+  // Reads in flight and whether the snapshot was given up, under `this`.
+  private var readers = 0
+  private var givenUp = false
+  private var released = false
 
   private def reading[T](op: String)(body: => T): T = {
-    lock.readLock().lock()
-    try {
-      if (closed) throw KeyedStateErrors.badState(ErrorId.StoreClosed,
+    synchronized {
+      if (givenUp) throw KeyedStateErrors.badState(ErrorId.StoreClosed,
         s"Cannot $op: the snapshot of RocksDB at ${native.dir} was released (a newer version replaced it, or the " +
           "instance was unloaded)")
-      body
-    } finally lock.readLock().unlock()
+      readers += 1
+    }
+    try body finally synchronized {
+      readers -= 1
+      if (readers == 0) {
+        if (givenUp) releaseNative()
+        notifyAll()
+      }
+    }
   }
 
-  /** The value of `key` in `cf` when the snapshot was taken, or null. */
+  /** The value of `key` in `cf` when the snapshot was taken, or null (also when `cf` does not exist). */
   def get(cf: String, key: Array[Byte]): Array[Byte] = reading("read a snapshot") {
-    families.using(cf, "read a snapshot")(h => native.localIo(native.db.get(h, readOptions, key)))
+    if (!families.contains(cf)) null
+    else families.using(cf, "read a snapshot")(h => native.localIo(native.db.get(h, readOptions, key)))
   }
 
   /**
@@ -46,7 +54,8 @@ final class DbSnapshot private[rocks] (
    */
   def prefixScan(cf: String, prefix: Array[Byte], limit: Int): (Seq[(Array[Byte], Array[Byte])], Boolean) =
     reading("scan a snapshot") {
-      families.using(cf, "scan a snapshot") { h =>
+      if (!families.contains(cf)) (Nil, false)
+      else families.using(cf, "scan a snapshot") { h =>
         val options = new ReadOptions().setSnapshot(snapshot)
         val upper = KeyBytes.prefixUpperBound(prefix).map(new Slice(_))
         upper.foreach(options.setIterateUpperBound)
@@ -69,14 +78,23 @@ final class DbSnapshot private[rocks] (
       }
     }
 
-  /** Releases the snapshot once the reads in flight end; later reads fail. Idempotent. */
-  override def close(): Unit = {
-    lock.writeLock().lock()
-    try if (!closed) {
-      closed = true
-      native.db.releaseSnapshot(snapshot)
-      readOptions.close()
-      onClose(this)
-    } finally lock.writeLock().unlock()
+  /** Gives the snapshot up: later reads fail, the last read in flight releases it. Never waits. */
+  def release(): Unit = synchronized {
+    givenUp = true
+    if (readers == 0) releaseNative()
+  }
+
+  /** Gives the snapshot up and waits until it is released (the database may close then). */
+  override def close(): Unit = synchronized {
+    release()
+    while (!released) wait()
+  }
+
+  private def releaseNative(): Unit = if (!released) {
+    released = true
+    native.db.releaseSnapshot(snapshot)
+    readOptions.close()
+    onReleased(this)
+    notifyAll()
   }
 }

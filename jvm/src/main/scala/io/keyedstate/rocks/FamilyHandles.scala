@@ -97,12 +97,13 @@ private[rocks] final class FamilyHandles(native: NativeDb, initialHandles: Seq[C
     family.handle.close()
   }
 
+  /** Whether the instance's close has begun. */
+  def isClosing: Boolean = closing.get()
+
   /**
    * The close's first step, once (false if it was taken already): every family leaves the map,
    * the calls in flight in other threads end first, later ones fail as closed.
    */
-  def isClosing: Boolean = closing.get()
-
   def retireAll(): Boolean = closing.compareAndSet(false, true) && {
     val handles = lock.synchronized { val all = families; families = Map.empty; all.values.toList }
     retired = handles

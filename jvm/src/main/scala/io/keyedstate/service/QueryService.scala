@@ -1,6 +1,5 @@
 package io.keyedstate.service
 
-import java.net.InetSocketAddress
 import java.nio.charset.StandardCharsets.UTF_8
 import java.security.MessageDigest
 import java.util.{Collections, UUID, WeakHashMap}
@@ -9,7 +8,7 @@ import java.util.concurrent.ConcurrentHashMap
 import scala.jdk.CollectionConverters._
 import scala.util.control.NonFatal
 
-import com.sun.net.httpserver.{HttpExchange, HttpServer}
+import com.sun.net.httpserver.HttpExchange
 import org.apache.hadoop.fs.Path
 import org.apache.spark.SparkContext
 import org.apache.spark.internal.Logging
@@ -25,7 +24,7 @@ import org.json4s.jackson.JsonMethods
 import io.keyedstate.checkpoint.Transfers
 import io.keyedstate.errors.{ErrorId, KeyedStateError}
 import io.keyedstate.offline.SavepointMetadata
-import io.keyedstate.queryable.{QueryableState, StateLookups}
+import io.keyedstate.queryable.{HttpServers, QueryableState, StateLookups}
 
 /**
  * The query service (docs/query-service.md): an HTTP server with JSON on the driver, one per
@@ -40,26 +39,14 @@ import io.keyedstate.queryable.{QueryableState, StateLookups}
 final class QueryService private (sc: SparkContext, settings: ServiceSettings) extends Logging {
   import QueryService._
 
-  private val server = HttpServer.create(new InetSocketAddress(settings.host, settings.port), 0)
-  private val handlers = Transfers.daemonPool("keyedstate-service", HandlerThreads)
   private val savepointRunner = Transfers.daemonPool("keyedstate-service-savepoint", 1)
   private val queries = new ConcurrentHashMap[UUID, RunningQuery]()
   private val savepoints = new SavepointRequests(savepointRunner)
   private val lookups = new StateLookups(sc)
+  // Started last: requests may come at once, and use every field above.
+  private val server = HttpServers.start(settings.host, settings.port, "keyedstate-service", HandlerThreads)(serve)
 
-  server.createContext("/", (exchange: HttpExchange) => serve(exchange))
-  server.setExecutor(handlers)
-  startAsDaemon()
-
-  /** The server's dispatcher thread takes its daemon flag from the thread that starts it: never keep a JVM alive. */
-  private def startAsDaemon(): Unit = {
-    val starter = new Thread(() => server.start(), "keyedstate-service-start")
-    starter.setDaemon(true)
-    starter.start()
-    starter.join()
-  }
-
-  val url: String = s"http://${hostForUrl(settings.host)}:${server.getAddress.getPort}"
+  val url: String = s"http://${HttpServers.urlHost(settings.host)}:${server.port}"
   logInfo(s"keyedstate query service at $url")
 
   /** Serves `query` (its latest run) until it terminates; this machine's registry names the service. */
@@ -77,8 +64,7 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
 
   /** Stops serving, and withdraws the registry entries of the queries it still served. */
   private[service] def stop(): Unit = {
-    server.stop(0)
-    handlers.shutdownNow()
+    server.stop()
     savepointRunner.shutdownNow()
     queries.values.asScala.foreach(q => ServiceRegistry.withdraw(q.query.runId.toString))
     queries.clear()
@@ -132,13 +118,17 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
           s"No savepoint request $requestId of query $id (the service keeps the last ${SavepointRequests.Kept})")))
       }
       case List("v1", "state") => only(method, "GET")(Response(200, "states" -> activeQueries.flatMap(q =>
-        lookups.states(q).map(s => s.toJson merge JObject("query" -> JString(q.id.toString))))))
+        lookups.states(q).map(s => s.toJson merge JObject("query" -> JString(q.id.toString),
+          "run" -> JString(q.runId.toString))))))
       case List("v1", "state", name) => only(method, "POST") {
         val (query, state) = queryableState(name, None)
         lookup(query, state, readBody(exchange, MaxLookupBodyBytes))
       }
-      case List("v1", "queries", id, "state") => only(method, "GET")(Response(200,
-        "states" -> lookups.states(running(id)).map(_.toJson)))
+      case List("v1", "queries", id, "state") => only(method, "GET") {
+        val query = running(id)
+        Response(200, "states" -> lookups.states(query).map(s => s.toJson merge JObject(
+          "query" -> JString(query.id.toString), "run" -> JString(query.runId.toString))))
+      }
       case List("v1", "queries", id, "state", name) => only(method, "POST") {
         val (query, state) = queryableState(name, Some(running(id)))
         lookup(query, state, readBody(exchange, MaxLookupBodyBytes))
@@ -167,6 +157,9 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
           query.fold(s"the running queries of application ${sc.applicationId}")(q => s"query ${q.id}") +
           s" (queryable: ${if (known.isEmpty) "none; a state is made queryable with set_queryable(name), and is " +
             "known once its query planned a batch" else known.mkString(", ")})")
+      case several if several.map(_._1.id).distinct.size == 1 => throw badRequest(s"Several states of query " +
+        s"${several.head._1.id} are queryable as '$name' (of ${several.map(_._2.functionName).mkString(", ")}): " +
+        "give each its own name")
       case several => throw badRequest(s"Queryable state '$name' is in several running queries " +
         s"(${several.map(_._1.id).mkString(", ")}): ask one, POST /v1/queries/<id>/state/$name")
     }
@@ -178,9 +171,9 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
       case _ => throw badRequest("The body needs \"keys\": a non-empty array of keys (a key of several columns is " +
         "an array of their values)")
     }
-    val minBatch = optionalLong(body, "min_batch", 0L)
-    val timeoutMs = optionalLong(body, "timeout_ms", 1L).getOrElse(DefaultLookupTimeoutMs)
-    val limit = optionalLong(body, "limit", 1L).map(l => math.min(l, Int.MaxValue.toLong).toInt).getOrElse(DefaultScanLimit)
+    val minBatch = optionalLong(body, "min_batch", 0L, Long.MaxValue)
+    val timeoutMs = optionalLong(body, "timeout_ms", 1L, MaxLookupTimeoutMs).getOrElse(DefaultLookupTimeoutMs)
+    val limit = optionalLong(body, "limit", 1L, MaxScanLimit).map(_.toInt).getOrElse(DefaultScanLimit)
     Response(200, lookups.get(query, state, keys, minBatch, timeoutMs, limit))
   }
 
@@ -208,7 +201,8 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
 
 object QueryService extends Logging {
   private implicit val jsonFormats: Formats = DefaultFormats
-  private val HandlerThreads = 4
+  // Lookups may wait for a batch (min_batch): enough threads that a few waiting leave others free.
+  private val HandlerThreads = 16
   private val MaxBodyBytes = 64 * 1024
 
   private val services = Collections.synchronizedMap(new WeakHashMap[SparkContext, Option[QueryService]]())
@@ -276,8 +270,6 @@ object QueryService extends Logging {
     try f catch { case NonFatal(e) => logWarning(s"keyedstate query service: cannot $what: ${e.getMessage}", e) }
   }
 
-  private def hostForUrl(host: String): String = if (host.contains(":") && !host.startsWith("[")) s"[$host]" else host
-
   private final case class Response(status: Int, body: JValue, allow: Option[String] = None)
 
   /** A request the service refuses, with its HTTP status (and, for a method it does not serve, the allowed one). */
@@ -294,6 +286,9 @@ object QueryService extends Logging {
   private val MaxLookupBodyBytes = 4 * 1024 * 1024
   private val DefaultLookupTimeoutMs = 10000L
   private val DefaultScanLimit = 10000
+  // A scan holds its snapshot (and answers) in memory; a wait holds a request thread.
+  private val MaxScanLimit = 100000L
+  private val MaxLookupTimeoutMs = 60000L
 
   private def readBody(exchange: HttpExchange, maxBytes: Int = MaxBodyBytes): JValue = {
     val bytes = exchange.getRequestBody.readNBytes(maxBytes + 1)
@@ -312,12 +307,12 @@ object QueryService extends Logging {
     case _ => throw badRequest("The body must be a JSON object")
   }
 
-  /** An optional integer field, at least `min`. */
-  private def optionalLong(body: JValue, name: String, min: Long): Option[Long] = (body \ name) match {
+  /** An optional integer field, from `min` to `max`. */
+  private def optionalLong(body: JValue, name: String, min: Long, max: Long): Option[Long] = (body \ name) match {
     case org.json4s.JNothing | org.json4s.JNull => None
-    case org.json4s.JInt(i) if i >= min && i <= Long.MaxValue => Some(i.toLong)
-    case org.json4s.JLong(i) if i >= min => Some(i)
-    case other => throw badRequest(s"\"$name\" must be an integer of at least $min, not ${JsonMethods.compact(other)}")
+    case org.json4s.JInt(i) if i >= min && i <= max => Some(i.toLong)
+    case org.json4s.JLong(i) if i >= min && i <= max => Some(i)
+    case other => throw badRequest(s"\"$name\" must be an integer from $min to $max, not ${JsonMethods.compact(other)}")
   }
 
   private[service] def error(id: ErrorId, message: String): JValue =

@@ -1,0 +1,44 @@
+package io.keyedstate.queryable
+
+import java.net.InetSocketAddress
+import java.util.concurrent.ExecutorService
+
+import com.sun.net.httpserver.{HttpExchange, HttpServer}
+
+import io.keyedstate.checkpoint.Transfers
+
+/**
+ * The JDK's HTTP server as keyedstate's servers (the driver's query service, the executors'
+ * state servers) run it: on a pool of daemon threads, with a dispatcher thread that never keeps
+ * a JVM alive, and with Nagle's algorithm off.
+ */
+object HttpServers {
+  /** A started server and the pool serving its requests; stop both with [[stop]]. */
+  final case class Running(server: HttpServer, handlers: ExecutorService) {
+    def port: Int = server.getAddress.getPort
+    def stop(): Unit = {
+      server.stop(0)
+      handlers.shutdownNow()
+    }
+  }
+
+  def start(host: String, port: Int, name: String, threads: Int)(serve: HttpExchange => Unit): Running = {
+    // Without it a response's headers and body leave in two packets, and the second waits for
+    // the client's delayed ACK of the first: 40 ms per request on Linux. Read once, when the
+    // JDK's server configuration is first loaded: set before any server is created.
+    System.setProperty("sun.net.httpserver.nodelay", "true")
+    val server = HttpServer.create(new InetSocketAddress(host, port), 0)
+    val handlers = Transfers.daemonPool(name, threads)
+    server.createContext("/", (exchange: HttpExchange) => serve(exchange))
+    server.setExecutor(handlers)
+    // The dispatcher thread takes its daemon flag from the thread that starts it.
+    val starter = new Thread(() => server.start(), s"$name-start")
+    starter.setDaemon(true)
+    starter.start()
+    starter.join()
+    Running(server, handlers)
+  }
+
+  /** `host` as a URL's authority writes it (an IPv6 address in brackets). */
+  def urlHost(host: String): String = if (host.contains(":") && !host.startsWith("[")) s"[$host]" else host
+}
