@@ -5,6 +5,8 @@ never seen; bad requests get their error ids and the service keeps serving."""
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import pickle
 import threading
 import time
@@ -15,10 +17,10 @@ from typing import Any
 
 import keyedstate
 import pytest
-from keyedstate import key_by
+from keyedstate import Types, key_by
 from keyedstate.errors import QueryServiceError
 from keyedstate.service import QueryableStateClient
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
@@ -210,3 +212,107 @@ def test_a_batch_whose_stores_committed_but_that_failed_is_never_seen(
         assert after.values != before.values
     finally:
         query.stop()
+
+
+DAILY = T.StructType(
+    [
+        T.StructField("k", T.StringType()),
+        T.StructField("day", T.DateType()),
+        T.StructField("bucket", T.IntegerType()),
+        T.StructField("at", T.TimestampType()),
+        T.StructField("price", T.DecimalType(38, 18)),
+    ]
+)
+
+
+def test_keys_of_several_typed_columns_and_struct_values(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from tests.support.keyed_functions import QueryableDaily
+
+    def utc(*parts: int) -> dt.datetime:
+        return dt.datetime(*parts, tzinfo=dt.timezone.utc)  # type: ignore[misc]
+
+    day = dt.date(2026, 11, 28)
+    # (k, day, bucket, at, price): written as JSON lines, read back as the client decodes them
+    # (timestamps in local time, as pyspark's collect()).
+    given = [
+        ("a", day, 1, utc(2026, 11, 28, 10, 0, 1, 250000), decimal.Decimal("12.5")),
+        ("a", day, 2, utc(2026, 11, 28, 11, 0), decimal.Decimal("-0.25")),
+        ("b", day + dt.timedelta(days=1), 1, utc(2026, 11, 29, 0, 0), decimal.Decimal("7")),
+    ]
+    rows = [
+        {"k": k, "day": d.isoformat(), "bucket": b, "at": at.isoformat(), "price": float(p)}
+        for k, d, b, at, p in given
+    ]
+    source = FileInput(tmp_path / "input", DAILY)
+    source.add(rows)
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_UNDER_TEST)
+    frame = key_by(source.read_stream(spark), "k", "day", "bucket").process(
+        QueryableDaily(), "k string, price decimal(38,18)", uid="daily"
+    )
+    checkpoint = tmp_path / "checkpoint"
+    query = (
+        frame.writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        _await_batch(checkpoint, query, 0)
+        client = _client(checkpoint, query)
+        keys = [(k, d, b) for k, d, b, _, _ in given] + [("a", day, 3)]
+        values = client.get_many("daily", keys)
+        local = [at.astimezone().replace(tzinfo=None) for _, _, _, at, _ in given]
+        assert values == [
+            Row(at=at, price=p.quantize(decimal.Decimal(10) ** -18))
+            for at, (_, _, _, _, p) in zip(local, given, strict=True)
+        ] + [None]
+        # The same through plain JSON: a key is an array of its columns' values.
+        answer = client._request("POST", "/v1/state/daily", {"keys": [["b", "2026-11-29", 1]]})
+        assert answer["values"] == [{"at": "2026-11-29T00:00:00Z", "price": "7.000000000000000000"}]
+
+        def refused(key: Any, *needles: str) -> None:  # noqa: ANN401
+            with pytest.raises(QueryServiceError) as caught:
+                client._request("POST", "/v1/state/daily", {"keys": [key]})
+            assert caught.value.error_id == "KEYEDSTATE_SERVICE_BAD_REQUEST", str(caught.value)
+            for needle in needles:
+                assert needle in str(caught.value), str(caught.value)
+
+        refused(["a", "2026-11-28"], "has 2 values", "3 fields", "(k string, day date, bucket int)")
+        refused(["a", "28.11.2026", 1], "key #0.day", "YYYY-MM-DD")
+        refused(["a", "2026-11-28", 2**40], "key #0.bucket", "range of int")
+        refused("a", "not an array of 3 key column values")
+        refused(None, "not an array of 3 key column values")
+    finally:
+        query.stop()
+
+
+def test_set_queryable_is_checked_where_it_is_called(spark: SparkSession, tmp_path: Path) -> None:
+    from keyedstate import (
+        ListStateDescriptor,
+        MapStateDescriptor,
+        StateUsageError,
+        ValueStateDescriptor,
+    )
+
+    total = ValueStateDescriptor("total", Types.LONG())
+    for bad in ("", " x", "a/b", 7):
+        with pytest.raises(StateUsageError, match="queryable state name"):
+            total.set_queryable(bad)  # type: ignore[arg-type]
+    total.set_queryable("totals")
+    assert total.get_queryable_state_name() == "totals" and total.is_queryable()
+    with pytest.raises(StateUsageError, match="queryable as 'totals' already"):
+        total.set_queryable("again")
+    # Broadcast state is kept per partition, not by key: refused when the query is planned.
+    rules = MapStateDescriptor("rules", Types.STRING(), Types.LONG())
+    rules.set_queryable("rules")
+    events = FileInput(tmp_path / "events", SCHEMA).read_stream(spark)
+    updates = FileInput(tmp_path / "rules", SCHEMA).read_stream(spark)
+    from tests.support.keyed_functions import RuleMatches
+
+    with pytest.raises(StateUsageError, match="broadcast state, which is not queryable"):
+        key_by(events, "k").connect(keyedstate.broadcast(updates, rules)).process(
+            RuleMatches(), "k string, v long"
+        )
+    assert ListStateDescriptor("l", Types.LONG()).get_queryable_state_name() is None

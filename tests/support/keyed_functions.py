@@ -229,3 +229,19 @@ class QueryableTotals(KeyedProcessFunction):
         self.tags.put(value.tag, (self.tags.get(value.tag) or 0) + 1)
         self.last.update({"v": value.v, "tag": value.tag})
         yield ctx.get_current_key(), total
+
+
+class QueryableDaily(KeyedProcessFunction):
+    """Keyed by ``(k, day, amount_class)``: the last ``Row(at, price)`` per key, queryable as
+    ``daily`` (a key of several typed columns, a struct value with a timestamp and a decimal)."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        last = ValueStateDescriptor(
+            "last", Types.ROW_NAMED(["at", "price"], [Types.SQL_TIMESTAMP(), Types.BIG_DEC()])
+        )
+        last.set_queryable("daily")
+        self.last = runtime_context.get_state(last)
+
+    def process_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
+        self.last.update((value.at, value.price))
+        yield value.k, value.price

@@ -6,7 +6,7 @@ import java.util.concurrent.ConcurrentHashMap
 import scala.jdk.CollectionConverters._
 import scala.util.control.NonFatal
 
-import org.apache.spark.SparkContext
+import org.apache.spark.{SparkContext, SparkEnv}
 import org.apache.spark.api.plugin.{DriverPlugin, ExecutorPlugin, PluginContext, SparkPlugin}
 import org.apache.spark.internal.Logging
 import org.apache.spark.scheduler.{SparkListener, SparkListenerExecutorRemoved}
@@ -70,7 +70,7 @@ object QueryablePlugin extends Logging {
 
     /** The server on the executor's host (the driver reaches it there), known to the driver. */
     private def start(ctx: PluginContext, token: String): Unit = {
-      server = new StateServer(ctx.hostname(), token)
+      server = new StateServer(executorHost, token)
       val executorId = ctx.executorID()
       send(ctx, ServerStarted(executorId, server.url))
       listener = new CommittedViews.Listener {
@@ -82,6 +82,15 @@ object QueryablePlugin extends Logging {
       CommittedViews.partitions.foreach { case (p, run) => send(ctx, PartitionHeld(executorId, p, run)) }
       logInfo(s"keyedstate state server of executor $executorId at ${server.url}")
     }
+
+    /**
+     * The host the executor is known by: its block manager's (the driver reaches its blocks
+     * there). `PluginContext.hostname` fails in executors, whose RPC environment has no address.
+     */
+    private def executorHost: String =
+      Option(SparkEnv.get).flatMap(e => Option(e.blockManager)).flatMap(b => Option(b.blockManagerId))
+        .map(_.host).orElse(sys.env.get("SPARK_LOCAL_IP"))
+        .getOrElse(java.net.InetAddress.getLocalHost.getHostAddress)
 
     private def send(ctx: PluginContext, m: StateServerMessage): Unit =
       try ctx.send(m) catch { case NonFatal(e) => logWarning(s"keyedstate: cannot tell the driver $m", e) }
