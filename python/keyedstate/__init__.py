@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         PROVIDER_CLASS,
         configure,
         jar_path,
+        queryable,
     )
     from keyedstate.errors import (
         CheckpointError,
@@ -141,6 +142,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "PROVIDER_CLASS",
         "configure",
         "jar_path",
+        "queryable",
     ),
     "keyedstate.errors": (
         "CheckpointError",
@@ -299,6 +301,7 @@ __all__ = [
     "PROVIDER_CLASS",
     "configure",
     "jar_path",
+    "queryable",
     "CheckpointError",
     "CheckpointOperationError",
     "InvalidOptionError",

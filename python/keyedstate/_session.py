@@ -26,6 +26,8 @@ ENGINE_EXTENSIONS = [EXTENSIONS_CLASS, SERVICE_EXTENSIONS_CLASS]
 QUERYABLE_PLUGIN_CLASS = "io.keyedstate.queryable.QueryablePlugin"
 PLUGINS_KEY = "spark.plugins"
 OPTION_PREFIX = "spark.sql.streaming.stateStore.keyedstate."
+# io.keyedstate.conf.KeyedStateConf.QueryablePrefix: Spark's operators lookups read.
+QUERYABLE_OPERATOR_PREFIX = OPTION_PREFIX + "queryable.operator."
 
 
 def _load_options() -> dict[str, dict[str, Any]]:
@@ -95,6 +97,26 @@ def _option_value(name: str, value: Any) -> str:  # noqa: ANN401 - any option's 
             INVALID_OPTION,
         )
     return text
+
+
+def queryable(df: Any, operator: int, name: str) -> Any:  # noqa: ANN401 - a DataFrame
+    """Make the state of Spark's stateful operator ``operator`` (its operator id: 0 for a query's
+    first, see ``keyedstate inspect``) readable by key under ``name`` (docs/queryable-state.md):
+    an aggregation's values per group, a deduplication's keys, a ``(flat)mapGroupsWithState``
+    state. Sets the session option ``spark.sql.streaming.stateStore.keyedstate.queryable.operator.
+    <operator>`` of ``df``'s session, read when a query starts: call it before ``start()``; it
+    applies to the queries the session starts from then on. Returns ``df``."""
+    if isinstance(operator, bool) or not isinstance(operator, int) or operator < 0:
+        raise ValueError(f"operator must be an operator id (an int from 0), got {operator!r}")
+    if not isinstance(name, str) or not name.strip() or name.strip() != name or "/" in name:
+        raise ValueError(
+            f"name must be a non-empty str without '/' nor surrounding spaces, got {name!r}"
+        )
+    session = getattr(df, "sparkSession", None)
+    if session is None or not getattr(df, "isStreaming", False):
+        raise TypeError(f"queryable() takes a streaming DataFrame (before start()), got {df!r}")
+    session.conf.set(f"{QUERYABLE_OPERATOR_PREFIX}{operator}", name)
+    return df
 
 
 def configure(

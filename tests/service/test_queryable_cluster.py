@@ -62,6 +62,7 @@ def test_lookups_through_the_executors_servers_and_an_executor_lost(
 
     # While an executor is lost: a committed batch's exact values, or a clear "unavailable".
     by_batch = summary["readers_by_batch"]
+    assert summary["during_loss"], "no lookup ran while the executor was lost"
     for answer in summary["during_loss"]:
         if "error_id" in answer:
             assert answer["error_id"] == "KEYEDSTATE_SERVICE_STATE_UNAVAILABLE", answer

@@ -316,3 +316,87 @@ def test_set_queryable_is_checked_where_it_is_called(spark: SparkSession, tmp_pa
             RuleMatches(), "k string, v long"
         )
     assert ListStateDescriptor("l", Types.LONG()).get_queryable_state_name() is None
+
+
+def test_a_restarted_query_is_served_from_the_version_its_first_batch_loads(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A new run's first batch publishes the version it loads before it writes: while that batch
+    runs (held in the function), lookups answer the last batch of the run before."""
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add(_rows(0))
+    checkpoint = tmp_path / "checkpoint"
+    query = _start(spark, source, checkpoint)
+    try:
+        _await_batch(checkpoint, query, 0)
+    finally:
+        query.stop()
+    pause = tmp_path / "pause"
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_UNDER_TEST)
+    frame = key_by(source.read_stream(spark), "k").process(
+        QueryableTotals(pause_file=str(pause)), OUT, uid="totals"
+    )
+    query = (
+        frame.writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        source.add([*_rows(1), {"k": KEYS[0], "v": 1, "tag": "pause"}])
+        deadline = time.monotonic() + 120
+        while not Path(str(pause) + ".reached").exists():
+            assert query.isActive and time.monotonic() < deadline, query.exception()
+            time.sleep(0.05)
+        client = _client(checkpoint, query)
+        before = _state_at(spark, checkpoint, "total", 0)
+        during = client.lookup("totals", KEYS)
+        assert (during.batch, during.values) == (0, [before.get(k) for k in KEYS])
+        pause.touch()
+        _await_batch(checkpoint, query, 1)
+        after = client.lookup("totals", KEYS, min_batch=1)
+        assert after.values == [_state_at(spark, checkpoint, "total", 1).get(k) for k in KEYS]
+        assert after.values != during.values
+    finally:
+        pause.touch()
+        query.stop()
+
+
+def test_the_state_of_spark_s_aggregation_is_queryable(spark: SparkSession, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add(_rows(0))
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_UNDER_TEST)
+    totals = source.read_stream(spark).groupBy("k").agg(F.sum("v").alias("total"), F.count("v"))
+    key = "spark.sql.streaming.stateStore.keyedstate.queryable.operator.0"
+    checkpoint = tmp_path / "checkpoint"
+    try:
+        query = (
+            keyedstate.queryable(totals, operator=0, name="sums")
+            .writeStream.outputMode("update")
+            .format("noop")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="100 milliseconds")
+            .start()
+        )
+    finally:
+        spark.conf.unset(key)  # the setting is the session's: the query took it at its start
+    try:
+        _await_batch(checkpoint, query, 0)
+        source.add(_rows(1))
+        _await_batch(checkpoint, query, 1)
+        client = _client(checkpoint, query)
+        answer = client.lookup("sums", [*KEYS, "nobody"], min_batch=1)
+        stored = keyedstate.state.read(spark, str(checkpoint), 0, batch_id=answer.batch).collect()
+        expected = {row["key"]["k"]: row["value"].asDict() for row in stored}
+        assert expected
+        assert [None if v is None else v.asDict() for v in answer.values] == [
+            expected.get(k) for k in [*KEYS, "nobody"]
+        ]
+        [info] = [s for s in client.states() if s.name == "sums"]
+        assert info.kind == "store" and info.key_columns == (("k", "string"),)
+        with pytest.raises(ValueError, match="operator id"):
+            keyedstate.queryable(totals, operator=-1, name="x")
+    finally:
+        query.stop()

@@ -201,10 +201,12 @@ class QueryableTotals(KeyedProcessFunction):
     """Per key: the running total of ``v`` (value state, queryable as ``totals``), every ``v``
     seen (list state, ``amounts``), the count per ``tag`` (map state, ``tags``), and a pickled
     object (``last``); emits ``(key, total)`` per element. ``fail_on`` makes an element with that
-    ``v`` raise (a failing batch)."""
+    ``v`` raise (a failing batch); an element tagged ``pause`` writes ``<pause_file>.reached`` and
+    waits (up to 120 s) until ``pause_file`` exists."""
 
-    def __init__(self, fail_on: int | None = None) -> None:
+    def __init__(self, fail_on: int | None = None, pause_file: str | None = None) -> None:
         self.fail_on = fail_on
+        self.pause_file = pause_file
 
     def open(self, runtime_context: RuntimeContext) -> None:
         total = ValueStateDescriptor("total", Types.LONG())
@@ -223,6 +225,14 @@ class QueryableTotals(KeyedProcessFunction):
     def process_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
         if self.fail_on is not None and value.v == self.fail_on:
             raise RuntimeError(f"failing on v={value.v}")
+        if self.pause_file is not None and value.tag == "pause":
+            import os
+            import time
+
+            open(self.pause_file + ".reached", "w").close()  # noqa: SIM115
+            deadline = time.monotonic() + 120
+            while not os.path.exists(self.pause_file) and time.monotonic() < deadline:
+                time.sleep(0.05)
         total = (self.total.value() or 0) + value.v
         self.total.update(total)
         self.amounts.add(value.v)

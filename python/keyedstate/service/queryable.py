@@ -31,6 +31,8 @@ from keyedstate.service.client import service_address
 __all__ = ["QueryableStateClient", "QueryableStateInfo", "StateLookup"]
 
 Decoder = Callable[[Any], Any]
+# The longest a lookup may wait for a batch (the service's bound).
+MAX_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -180,11 +182,18 @@ class QueryableStateClient:
             self._local.connection = connection
         return connection
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:  # noqa: ANN401
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, wait: float = 0.0
+    ) -> Any:  # noqa: ANN401
+        """One request; ``wait`` is how long the service may take beyond the client's timeout
+        (a lookup that waits for a batch)."""
         data = None if body is None else json.dumps(body).encode("utf-8")
         headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
         for attempt in (0, 1):
             connection = self._connection()
+            connection.timeout = self.timeout + wait
+            if connection.sock is not None:
+                connection.sock.settimeout(connection.timeout)
             try:
                 connection.request(method, path, body=data, headers=headers)
                 response = connection.getresponse()
@@ -318,7 +327,12 @@ class QueryableStateClient:
         body: dict[str, Any] = {"keys": [self._encode(info, k) for k in keys]}
         if min_batch is not None:
             body["min_batch"] = int(min_batch)
-        body["timeout_ms"] = max(1, int(1000 * (self.timeout if timeout is None else timeout)))
+        wait = min(self.timeout, MAX_TIMEOUT_S) if timeout is None else timeout
+        if not 0 < wait <= MAX_TIMEOUT_S:
+            raise ValueError(
+                f"timeout must be more than 0 and at most {MAX_TIMEOUT_S} s, got {wait!r}"
+            )
+        body["timeout_ms"] = max(1, int(1000 * wait))
         if limit is not None:
             body["limit"] = int(limit)
         path = "/v1/state/" + urllib.parse.quote(name, safe="")
@@ -327,7 +341,7 @@ class QueryableStateClient:
                 f"/v1/queries/{urllib.parse.quote(query_id, safe='')}/state/"
                 + urllib.parse.quote(name, safe="")
             )
-        answer = self._request("POST", path, body)
+        answer = self._request("POST", path, body, wait=wait)
         if info is None or (info.query_id, info.run_id) != (answer["query"], answer["run"]):
             info = self._info(name, answer["query"], refresh=True)  # a restart: types may differ
         decode: Decoder = (lambda v: v) if info is None else self._decoder_of(info)

@@ -7,7 +7,7 @@ usage: queryable_job.py MASTER_URL WORKDIR
 Runs a keyed function with queryable states (tests/support/keyed_functions.py's
 ``QueryableTotals``) over 4 partitions. For each of BATCHES batches: every key's value through
 the client, with the batch it reflects, and the state reader's values at that batch. Then it
-SIGKILLs the executor that holds the most partitions, records what lookups answer meanwhile
+SIGKILLs one of the two executors, records what lookups answer meanwhile
 (values of a committed batch, or "state unavailable"; never anything else), writes more input,
 and records the lookups once the query has run a batch on the new executors.
 """

@@ -62,7 +62,8 @@ object CommittedViews {
   val Kept = 2
 
   trait Listener {
-    def held(partition: StorePartition, runId: String): Unit
+    /** `version` of `partition` by run `runId` is held here (published, or loaded again). */
+    def held(partition: StorePartition, runId: String, version: Long): Unit
     def released(partition: StorePartition, runId: String): Unit
   }
 
@@ -94,19 +95,21 @@ object CommittedViews {
    */
   private[keyedstate] def publish(owner: AnyRef, view: CommittedView): Unit = {
     var dropped: List[CommittedView] = Nil
-    var fresh = false
     held.compute((view.partition, view.runId), (_, before) => {
       val sameOwner = before != null && (before.owner eq owner)
       val previous = if (before == null) Nil else before.views
       val kept = (if (sameOwner) previous.filter(_.version < view.version) else Nil) :+ view
       val views = kept.takeRight(Kept)
       dropped = previous.filterNot(views.contains)
-      fresh = before == null
       Held(owner, views)
     })
     dropped.foreach(releaseQuietly)
-    if (fresh) listeners.forEach(l => notify(l.held(view.partition, view.runId)))
+    announce(view.partition, view.runId, view.version)
   }
+
+  /** Tells the listeners that `version` of `partition` by run `runId` is held here. */
+  private[keyedstate] def announce(partition: StorePartition, runId: String, version: Long): Unit =
+    listeners.forEach(l => notify(l.held(partition, runId, version)))
 
   /** Withdraws the views `owner` published of `partition` for run `runId` (its instance is being dropped). */
   private[keyedstate] def withdraw(owner: AnyRef, partition: StorePartition, runId: String): Unit = {

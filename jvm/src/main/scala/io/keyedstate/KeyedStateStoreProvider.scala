@@ -23,7 +23,7 @@ import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateError, KeyedStateErrors}
 import io.keyedstate.metrics.KeyedStateMetrics
 import io.keyedstate.rocks.{DbSnapshot, LocalRocksDB}
-import io.keyedstate.ttl.{BatchTime, TtlClock, TtlStats}
+import io.keyedstate.ttl.{TtlClock, TtlStats}
 
 /**
  * keyedstate's state store provider: one RocksDB instance per (operator, partition, store),
@@ -166,6 +166,10 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
         val store = new TaskStateStore(this, loaded, version, writable, forceSnapshot)
         activeStore = store
         activeThread = Thread.currentThread()
+        // Spark's operators made queryable (keyedstate.queryable): one store each, by operator id.
+        if (conf.queryableOperators.contains(id.operatorId) && id.storeName == StateStoreId.DEFAULT_STORE_NAME) {
+          makeQueryable(store)
+        }
         store
       } catch {
         case NonFatal(e) =>
@@ -301,10 +305,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
         } catch {
           case e: Throwable => view.foreach(_.close()); throw e
         } finally filesLock.unlock()
-      view.foreach { v =>
-        val time = loaded.ttl.batchTime // the batch that committed the version
-        CommittedViews.publish(this, committedView(v, newVersion, () => time))
-      }
+      view.foreach(v => publishView(v, newVersion))
       lastTtl = loaded.ttl.stats
       loaded.dirty = false
       loaded.forgetKnownKeys()
@@ -342,20 +343,32 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
   private[keyedstate] def makeQueryable(store: TaskStateStore): Unit = synchronized {
     if ((store eq activeStore) && loaded != null) {
       loaded.queryable = true
-      if (!loaded.dirty && !CommittedViews.holds(storePartition, runId, store.version)) {
-        // The state after batch version - 1, judged by that batch's time.
-        val (root, conf, version) = (id.checkpointRootLocation, hadoopConf, store.version)
-        CommittedViews.publish(this, committedView(loaded.db.snapshot(), version,
-          () => TtlClock.at(root, version - 1, conf)))
-      }
+      if (loaded.dirty) ()
+      else if (CommittedViews.holds(storePartition, runId, store.version)) {
+        CommittedViews.announce(storePartition, runId, store.version) // the driver routes here again
+      } else publishView(loaded.db.snapshot(), store.version)
     }
   }
 
-  /** The committed `version` as lookups read it, TTL judged at `batchTime` (read only when a family hides expired entries). */
-  private def committedView(snapshot: DbSnapshot, version: Long, batchTime: () => BatchTime): CommittedView = {
+  /**
+   * Publishes `snapshot` as committed `version`, TTL judged by the time of batch `version - 1`
+   * (read only when a family hides expired entries). A failure is logged: the version is durable,
+   * only lookups of it are lost.
+   */
+  private def publishView(snapshot: DbSnapshot, version: Long): Unit = {
     val instance = loaded
-    val multi = instance.columnFamilyNames.map(cf => cf -> instance.isMultiValue(cf)).toMap
-    new CommittedView(storePartition, runId, version, snapshot, instance.ttl, batchTime, multi)
+    try {
+      // Every family of the database, a restored one's included (described by the manifest until
+      // the task registers it): whether a family holds lists decides how TTL reads its values.
+      val multi = instance.db.columnFamilies.map(cf => cf -> instance.isMultiValue(cf)).toMap
+      val (root, conf) = (id.checkpointRootLocation, hadoopConf)
+      CommittedViews.publish(this, new CommittedView(storePartition, runId, version, snapshot, instance.ttl,
+        () => TtlClock.at(root, version - 1, conf), multi))
+    } catch {
+      case NonFatal(e) =>
+        snapshot.release()
+        logWarning(s"Lookups cannot read version $version of $id: ${e.getMessage}", e)
+    }
   }
 
   /** Tests only: blocks until a background snapshot upload of the loaded instance finished. */

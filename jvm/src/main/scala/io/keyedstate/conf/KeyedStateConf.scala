@@ -31,12 +31,16 @@ final case class KeyedStateConf(
     acquireTimeoutMs: Long,
     // The `ttl.*` options (docs/ttl.md), resolved per operator and column family.
     ttl: TtlSettings,
+    // `queryable.operator.<id>=<name>`: Spark's operators whose state lookups read (docs/queryable-state.md).
+    queryableOperators: Map[Long, String],
     // From Spark's own StateStoreConf:
     minVersionsToRetain: Int,
     checkpointIdsEnabled: Boolean)
 
 object KeyedStateConf {
   val Prefix = "spark.sql.streaming.stateStore.keyedstate."
+  /** `<QueryablePrefix><operator id>=<name>`: Spark's operators whose state lookups read (`keyedstate.queryable`). */
+  val QueryablePrefix: String = Prefix + "queryable.operator."
 
   /** The folder keyedstate creates in its local directory (`<localDir>/keyedstate/jvm-<uuid>`). */
   val LocalSubdir = "keyedstate"
@@ -166,13 +170,15 @@ object KeyedStateConf {
       settings: Map[String, String],
       minVersionsToRetain: Int = 100,
       checkpointIdsEnabled: Boolean = false): KeyedStateConf = {
-    val (ttlKeys, ours) = settings.filter { case (k, _) => k.startsWith(Prefix) }
-      .partition { case (k, _) => k.startsWith(Prefix + TtlSettings.Prefix) }
+    val (queryableKeys, others) = settings.filter { case (k, _) => k.startsWith(Prefix) }
+      .partition { case (k, _) => k.startsWith(QueryablePrefix) }
+    val (ttlKeys, ours) = others.partition { case (k, _) => k.startsWith(Prefix + TtlSettings.Prefix) }
     val unknown = ours.keySet.map(_.stripPrefix(Prefix)) -- optionNames
     if (unknown.nonEmpty) {
       throw KeyedStateErrors.invalidOption(
         s"Unknown keyedstate option(s) ${unknown.toSeq.sorted.map(Prefix + _).mkString(", ")}; " +
-          s"allowed: ${optionNames.map(Prefix + _).mkString(", ")} and the TTL options ${Prefix}ttl.* (docs/ttl.md)")
+          s"allowed: ${optionNames.map(Prefix + _).mkString(", ")}, the TTL options ${Prefix}ttl.* (docs/ttl.md) and " +
+          s"${QueryablePrefix}<operator id> (docs/queryable-state.md)")
     }
     def get[T](opt: Opt[T]): T = ours.get(opt.key) match {
       case None => opt.default
@@ -198,6 +204,16 @@ object KeyedStateConf {
       changelogCompression = get(ChangelogCompression),
       acquireTimeoutMs = get(AcquireTimeoutMs),
       ttl = TtlSettings.parse(ttlKeys.map { case (k, v) => k.stripPrefix(Prefix) -> v }, Prefix),
+      queryableOperators = queryableKeys.map { case (k, v) =>
+        val id = k.stripPrefix(QueryablePrefix).toLongOption.filter(_ >= 0)
+          .getOrElse(throw KeyedStateErrors.invalidOptionValue(k, k.stripPrefix(QueryablePrefix),
+            s"an operator id (an integer of at least 0) after $QueryablePrefix"))
+        val name = v.trim
+        if (name.isEmpty || name.contains("/")) {
+          throw KeyedStateErrors.invalidOptionValue(k, v, "a non-empty name without '/'")
+        }
+        id -> name
+      },
       minVersionsToRetain = minVersionsToRetain,
       checkpointIdsEnabled = checkpointIdsEnabled)
   }

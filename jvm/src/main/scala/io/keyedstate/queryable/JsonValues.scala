@@ -168,9 +168,7 @@ object JsonValues {
       case TimestampType => JString(instant(row.getLong(i)).toString)
       case TimestampNTZType => JString(LocalDateTime.ofInstant(instant(row.getLong(i)), ZoneOffset.UTC).toString)
       case BinaryType => JString(Base64.getEncoder.encodeToString(row.getBinary(i)))
-      case s: StructType =>
-        val r = row.getStruct(i, s.length)
-        JObject(s.fields.toList.zipWithIndex.map { case (f, n) => f.name -> toJson(r, n, f.dataType) })
+      case s: StructType => rowJson(row.getStruct(i, s.length), s)
       case a: ArrayType => arrayJson(row.getArray(i), a.elementType)
       case m: MapType =>
         val map = row.getMap(i)
@@ -180,6 +178,10 @@ object JsonValues {
           JArray(List(toJson(keys, n, m.keyType), toJson(values, n, m.valueType)))))
       case other => JString(String.valueOf(row.get(i, other)))
     }
+
+  /** A whole row of `schema` as a JSON object. */
+  def rowJson(row: SpecializedGetters, schema: StructType): JValue =
+    JObject(schema.fields.toList.zipWithIndex.map { case (f, n) => f.name -> toJson(row, n, f.dataType) })
 
   def arrayJson(a: ArrayData, elementType: DataType): JValue =
     JArray((0 until a.numElements()).toList.map(n => toJson(a, n, elementType)))

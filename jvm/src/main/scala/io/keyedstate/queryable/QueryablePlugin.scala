@@ -16,7 +16,8 @@ import io.keyedstate.{CommittedViews, StorePartition}
 /** What an executor tells the driver about its state server (Spark's plugin messages). */
 sealed trait StateServerMessage extends Serializable
 final case class ServerStarted(executorId: String, url: String) extends StateServerMessage
-final case class PartitionHeld(executorId: String, partition: StorePartition, runId: String) extends StateServerMessage
+final case class PartitionHeld(executorId: String, partition: StorePartition, runId: String, version: Long)
+    extends StateServerMessage
 final case class PartitionReleased(executorId: String, partition: StorePartition, runId: String)
     extends StateServerMessage
 
@@ -48,7 +49,7 @@ object QueryablePlugin extends Logging {
     override def receive(message: Any): AnyRef = {
       message match {
         case ServerStarted(executor, url) => StateServers.serverStarted(executor, url)
-        case PartitionHeld(executor, partition, runId) => StateServers.held(executor, partition, runId)
+        case PartitionHeld(executor, partition, runId, version) => StateServers.held(executor, partition, runId, version)
         case PartitionReleased(executor, partition, runId) => StateServers.released(executor, partition, runId)
         case other => logWarning(s"keyedstate: unknown plugin message $other")
       }
@@ -74,12 +75,15 @@ object QueryablePlugin extends Logging {
       val executorId = ctx.executorID()
       send(ctx, ServerStarted(executorId, server.url))
       listener = new CommittedViews.Listener {
-        override def held(p: StorePartition, runId: String): Unit = send(ctx, PartitionHeld(executorId, p, runId))
+        override def held(p: StorePartition, runId: String, version: Long): Unit =
+          send(ctx, PartitionHeld(executorId, p, runId, version))
         override def released(p: StorePartition, runId: String): Unit =
           send(ctx, PartitionReleased(executorId, p, runId))
       }
       CommittedViews.addListener(listener)
-      CommittedViews.partitions.foreach { case (p, run) => send(ctx, PartitionHeld(executorId, p, run)) }
+      CommittedViews.partitions.foreach { case (p, run) =>
+        CommittedViews.versions(p, run).lastOption.foreach(v => send(ctx, PartitionHeld(executorId, p, run, v)))
+      }
       logInfo(s"keyedstate state server of executor $executorId at ${server.url}")
     }
 
@@ -110,8 +114,10 @@ object StateServers {
   @volatile private var internalToken: Option[String] = None
   @volatile private var context: Option[SparkContext] = None
   private val servers = new ConcurrentHashMap[String, String]()
-  // Per partition and query run, the executor that last reported holding its views.
-  private val holders = new ConcurrentHashMap[(StorePartition, String), String]()
+  // Per partition and query run, the executor holding its newest version (the last to report it
+  // on a tie: a retried attempt's commit after a failed attempt's).
+  private final case class Holder(executorId: String, version: Long)
+  private val holders = new ConcurrentHashMap[(StorePartition, String), Holder]()
 
   private[queryable] def started(sc: SparkContext, token: String): Unit = {
     context = Some(sc)
@@ -130,18 +136,20 @@ object StateServers {
 
   private[queryable] def serverStarted(executor: String, url: String): Unit = servers.put(executor, url)
 
-  private[queryable] def held(executor: String, p: StorePartition, runId: String): Unit =
-    holders.put((p, runId), executor)
+  private[queryable] def held(executor: String, p: StorePartition, runId: String, version: Long): Unit =
+    holders.compute((p, runId), (_, before) =>
+      if (before == null || version >= before.version || before.executorId == executor) Holder(executor, version)
+      else before)
 
   private[queryable] def released(executor: String, p: StorePartition, runId: String): Unit =
-    holders.remove((p, runId), executor)
+    holders.computeIfPresent((p, runId), (_, h) => if (h.executorId == executor) null else h)
 
   private[queryable] def executorLost(executor: String): Unit = {
     servers.remove(executor)
-    holders.values().removeIf(_ == executor)
+    holders.values().removeIf(_.executorId == executor)
   }
 
   /** The executor holding the views of `p` published by run `runId`, and its server's URL, if one reported them. */
   def holder(p: StorePartition, runId: String): Option[(String, String)] =
-    Option(holders.get((p, runId))).flatMap(e => Option(servers.get(e)).map(e -> _))
+    Option(holders.get((p, runId))).flatMap(h => Option(servers.get(h.executorId)).map(h.executorId -> _))
 }

@@ -17,7 +17,6 @@ import org.json4s._
 import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods
 
-import io.keyedstate.engine.StateKind
 import io.keyedstate.errors.ErrorId
 
 /**
@@ -69,7 +68,7 @@ final class StateLookups(sc: SparkContext) {
           ("entries" -> JArray(entries.toList.map { case (k, v) => c.entryJson(k, v) })) ~ ("more" -> more)
       }
     }
-    ("query" -> query.id.toString) ~ ("run" -> query.runId.toString) ~ ("name" -> state.name) ~ ("kind" -> state.state.declaredKind) ~
+    ("query" -> query.id.toString) ~ ("run" -> query.runId.toString) ~ ("name" -> state.name) ~ ("kind" -> state.kind) ~
       ("batch" -> batch) ~ ("values" -> JArray(values.toList))
   }
 
@@ -133,10 +132,11 @@ final class StateLookups(sc: SparkContext) {
     val token = StateServers.token(sc).getOrElse(throw new LookupRefused(503, ErrorId.ServiceStateUnavailable,
       s"queryable state needs keyedstate's Spark plugin: start the application with spark.plugins=" +
         s"${QueryablePlugin.ClassName} (keyedstate.configure sets it)"))
-    val map = state.kind == StateKind.Map
+    val map = state.answer == Answer.Entries
     val runId = query.runId.toString
-    val waitMs = math.max(0L, math.min(ServerWaitMs, (deadline - System.nanoTime()) / 1000000L))
-    val reads = located.zipWithIndex.groupBy(_._1._1).toSeq.map { case (p, keys) =>
+    def waitMs = math.max(0L, math.min(ServerWaitMs, (deadline - System.nanoTime()) / 1000000L))
+    val byPartition = located.zipWithIndex.groupBy(_._1._1).toSeq
+    val reads = byPartition.map { case (p, keys) =>
       val partition = state.partition(p)
       val (executor, url) = StateServers.holder(partition, runId).getOrElse(throw new LookupRefused(503,
         ErrorId.ServiceStateUnavailable, s"no state server holds $partition for the query's run $runId (the " +
@@ -145,19 +145,22 @@ final class StateLookups(sc: SparkContext) {
       val read = ViewRead(partition, runId, version, state.column, if (map) Nil else encoded,
         if (map) encoded else Nil, limit, waitMs)
       val answer =
-        if (executor == LocalExecutorId) CompletableFuture.completedFuture(localRead(read))
-        else remoteRead(url, token, read, deadline)
+        if (executor != LocalExecutorId) remoteRead(url, token, read, deadline)
+        else if (byPartition.size == 1) CompletableFuture.completedFuture(localRead(read)) // no thread handoff
+        else CompletableFuture.supplyAsync(() => localRead(read.copy(waitMs = waitMs)))
       (keys.map(_._2), url, read, answer)
     }
     val out = new Array[Either[Array[Byte], (Seq[(Array[Byte], Array[Byte])], Boolean)]](located.length)
     reads.foreach { case (indices, url, read, future) =>
       val answer = future.join() match {
         case Right(a) => a
-        case Left(e: StateServer.Refused) if e.status == 404 => throw new LookupRefused(503,
+        case Left(e: StateServer.Refused) if e.kind == StateServer.VersionNotHeld => throw new LookupRefused(503,
           ErrorId.ServiceStateUnavailable, s"the state server at $url does not hold version $version of " +
             s"${read.partition} (it holds ${if (e.versions.isEmpty) "none" else e.versions.mkString(", ")}); ask again")
-        case Left(e) => throw new LookupRefused(503, ErrorId.ServiceStateUnavailable,
-          s"the state server at $url holding ${read.partition} failed: ${e.getMessage}")
+        case Left(e: Unreachable) => throw new LookupRefused(503, ErrorId.ServiceStateUnavailable,
+          s"the state server at $url holding ${read.partition} does not answer: ${e.getMessage}; ask again")
+        case Left(e) => throw new IllegalStateException(
+          s"the state server at $url failed to read ${read.partition}: ${e.getMessage}", e) // 500, logged
       }
       if (map) indices.zip(answer.scans).foreach { case (i, scan) => out(i) = Right(scan) }
       else indices.zip(answer.values).foreach { case (i, v) => out(i) = Left(v) }
@@ -176,7 +179,7 @@ final class StateLookups(sc: SparkContext) {
       .POST(HttpRequest.BodyPublishers.ofString(JsonMethods.compact(JsonMethods.render(StateServer.readJson(read))),
         UTF_8)).build()
     http.sendAsync(request, HttpResponse.BodyHandlers.ofString(UTF_8)).handle { (response, failure) =>
-      if (failure != null) Left(new IllegalStateException(s"no answer: ${Option(failure.getCause).getOrElse(failure)}"))
+      if (failure != null) Left(new Unreachable(String.valueOf(Option(failure.getCause).getOrElse(failure))))
       else try {
         val body = JsonMethods.parse(response.body())
         if (response.statusCode() == 200) Right(StateServer.answerOf(body))
@@ -198,6 +201,9 @@ object StateLookups {
   private val LocalExecutorId = "driver"
   /** How long the last committed batch read off the commit log is trusted (bounds freshness). */
   private val LatestBatchCacheMs = 10L
+
+  /** A state server that did not answer (connection refused or lost, timed out). */
+  private final class Unreachable(message: String) extends Exception(message)
 
   /** A lookup refused, with the HTTP status and error id the service answers. */
   final class LookupRefused(val status: Int, val id: ErrorId, message: String) extends Exception(message)

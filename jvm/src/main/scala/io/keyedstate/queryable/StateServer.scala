@@ -75,8 +75,12 @@ final class StateServer(host: String, token: String) extends AutoCloseable {
     if (exchange.getRequestMethod != "POST" || exchange.getRequestURI.getPath != ReadPath) {
       throw new Refused(404, "not_found", s"no ${exchange.getRequestMethod} ${exchange.getRequestURI.getPath}", Nil)
     }
+    val bytes = exchange.getRequestBody.readNBytes(MaxRequestBytes + 1)
+    if (bytes.length > MaxRequestBytes) {
+      throw new Refused(413, "too_large", s"a read request of more than $MaxRequestBytes bytes", Nil)
+    }
     val request =
-      try readOf(JsonMethods.parse(new String(exchange.getRequestBody.readNBytes(MaxRequestBytes), UTF_8)))
+      try readOf(JsonMethods.parse(new String(bytes, UTF_8)))
       catch { case NonFatal(e) => throw new Refused(400, "bad_request", s"not a read request: ${e.getMessage}", Nil) }
     (200, answerJson(read(request)))
   }
@@ -89,6 +93,8 @@ object StateServer {
   private val HandlerThreads = 8
   private val MaxRequestBytes = 8 * 1024 * 1024
   val ReadPath = "/internal/v1/read"
+  /** The refusal of a read whose version (of its run) this JVM does not hold: the proxy may ask again. */
+  val VersionNotHeld = "version_not_held"
 
   /** A read the server does not serve, with the versions it holds of the partition. */
   final class Refused(val status: Int, val kind: String, message: String, val versions: Seq[Long])
@@ -131,7 +137,7 @@ object StateServer {
 
   /** One read, answered from this JVM's committed views (the proxy calls it directly when they are its own). */
   def read(r: ViewRead): ViewAnswer = {
-    def notHeld = new Refused(404, "version_not_held", s"version ${r.version} of ${r.partition} (run ${r.runId}) " +
+    def notHeld = new Refused(404, VersionNotHeld, s"version ${r.version} of ${r.partition} (run ${r.runId}) " +
       "is not held here", CommittedViews.versions(r.partition, r.runId))
     try CommittedViews.read(r.partition, r.runId, r.version, r.waitMs) { view =>
       ViewAnswer(r.gets.map(view.get(r.family, _)), r.prefixes.map(view.prefixScan(r.family, _, r.limit)))

@@ -158,7 +158,7 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
           s" (queryable: ${if (known.isEmpty) "none; a state is made queryable with set_queryable(name), and is " +
             "known once its query planned a batch" else known.mkString(", ")})")
       case several if several.map(_._1.id).distinct.size == 1 => throw badRequest(s"Several states of query " +
-        s"${several.head._1.id} are queryable as '$name' (of ${several.map(_._2.functionName).mkString(", ")}): " +
+        s"${several.head._1.id} are queryable as '$name' (of ${several.map(_._2.owner).mkString(", ")}): " +
         "give each its own name")
       case several => throw badRequest(s"Queryable state '$name' is in several running queries " +
         s"(${several.map(_._1.id).mkString(", ")}): ask one, POST /v1/queries/<id>/state/$name")
