@@ -87,6 +87,7 @@ def lookup_load(
     from keyedstate import QueryableStateClient
 
     client = QueryableStateClient(url, token, query_id=query_id, timeout=30)
+    cpu = os.times()
     records: list[tuple[float, float, int]] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -118,7 +119,9 @@ def lookup_load(
         t.start()
     for t in threads:
         t.join()
-    Path(out).write_text(json.dumps({"records": records, "errors": errors}))
+    done = os.times()
+    seconds = (done.user - cpu.user) + (done.system - cpu.system)
+    Path(out).write_text(json.dumps({"records": records, "errors": errors, "cpu_s": seconds}))
 
 
 def await_batch(
@@ -190,6 +193,7 @@ def main() -> None:
         freshness_ms: list[float] = []
         reader_s: list[float] = []
         lookup_errors: list[str] = []
+        client_cpu_s = 0.0
         for round_ in range(args.rounds):
             order = modes if round_ % 2 == 0 else modes[::-1]
             for mode in order:
@@ -226,6 +230,7 @@ def main() -> None:
                     result = json.loads(Path(out).read_text())
                     latencies += [lat for _, lat, _ in result["records"]]
                     lookup_errors += result["errors"]
+                    client_cpu_s += result["cpu_s"]
                     freshness_ms += freshness(checkpoint, first, batch, out_records(result))
                 print(f"round {round_} {mode}: {load_average()}", flush=True)
             for _ in range(args.reader_runs):
@@ -250,6 +255,10 @@ def main() -> None:
     )
     print(f"lookups: {len(latencies):,}, errors {len(lookup_errors)}{first_error}")
     print(f"lookup latency through the client: p50 {1000 * p50:.2f} ms, p99 {1000 * p99:.2f} ms")
+    print(
+        f"the client's own CPU (a process on the same 2 cores): "
+        f"{1e6 * client_cpu_s / max(1, len(latencies)):.0f} us per lookup"
+    )
     print(
         f"state reader filtered to one key: median {reader:.2f} s ({len(reader_s)} runs): "
         f"{reader / p50:,.0f}x the p50 lookup"

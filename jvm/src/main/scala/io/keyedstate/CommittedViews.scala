@@ -43,6 +43,9 @@ final class CommittedView private[keyedstate] (
     (entries.flatMap { case (k, v) => Option(ttl.visibleAt(cf, multi(cf), v, time)).map(k -> _) }, more)
   }
 
+  /** `body` with the view kept readable until it returns (a newer version may replace it meanwhile). */
+  def reading[T](body: => T): T = snapshot.reading("read a committed view")(body)
+
   /** Gives the view up: the reads in flight finish, the last releases the snapshot. */
   def release(): Unit = snapshot.release()
 
@@ -138,7 +141,7 @@ object CommittedViews {
       Thread.sleep(2)
       found = viewAt(partition, runId, version)
     }
-    found.map(read)
+    found.map(v => v.reading(read(v)))
   }
 
   private def viewAt(partition: StorePartition, runId: String, version: Long): Option[CommittedView] =

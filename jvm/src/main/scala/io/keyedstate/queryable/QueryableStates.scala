@@ -108,8 +108,12 @@ final class QueryableState(
 object QueryableStates {
   private val logger = org.slf4j.LoggerFactory.getLogger(getClass)
 
-  def of(query: StreamExecution): Seq[QueryableState] = Option(query.lastExecution).toSeq.flatMap { execution =>
-    keyedFunctionStates(execution) ++ sparkOperatorStates(query, execution)
+  /** The states, and whether they are complete (every operator named by a setting was found in the plan and typed). */
+  def of(query: StreamExecution): (Seq[QueryableState], Boolean) = Option(query.lastExecution) match {
+    case None => (Nil, false)
+    case Some(execution) =>
+      val (operators, complete) = sparkOperatorStates(query, execution)
+      (keyedFunctionStates(execution) ++ operators, complete)
   }
 
   private def keyedFunctionStates(execution: IncrementalExecution): Seq[QueryableState] =
@@ -130,31 +134,33 @@ object QueryableStates {
     }
 
   /** The stores of Spark's operators named in the query's `queryable.operator.<id>` settings. */
-  private def sparkOperatorStates(query: StreamExecution, execution: IncrementalExecution): Seq[QueryableState] = {
+  private def sparkOperatorStates(query: StreamExecution, execution: IncrementalExecution)
+      : (Seq[QueryableState], Boolean) = {
     val named = KeyedStateConf(StateStoreConf(execution.sparkSession.sessionState.conf)).queryableOperators
-    if (named.isEmpty) Nil
+    if (named.isEmpty) (Nil, true)
     else {
       val writers = execution.executedPlan.collect { case w: StateStoreWriter => w }
         .flatMap(w => w.stateInfo.map(w -> _)).filter { case (_, info) => named.contains(info.operatorId) }
-      if (writers.isEmpty) Nil
+      if (writers.isEmpty) (Nil, false)
       else {
         val ckpt = new QueryCheckpoint(new Path(query.resolvedCheckpointRoot), execution.sparkSession.sessionState.newHadoopConf())
         val tables = StateTables(ckpt, ckpt.lastBatch("commits").getOrElse(0L))
-        writers.flatMap { case (writer, info) =>
+        // Per operator: its state, None when it cannot be queryable, unknown (no schema yet) left out.
+        val found: Seq[Option[QueryableState]] = writers.flatMap { case (writer, info) =>
           val name = named(info.operatorId)
           try {
             val (_, found) = tables.operatorOf(info.operatorId.toString)
             found.filter(_.storeName == StateStoreId.DEFAULT_STORE_NAME) match {
               case Seq(t) if t.family.spec.isInstanceOf[NoPrefixKeyStateEncoderSpec] =>
                 val keySchema = t.family.keySchema
-                Seq(new QueryableState(name, "store", s"${writer.nodeName}", info.operatorId, info.numPartitions,
-                  info.checkpointLocation, t.storeName, Answer.Row, keySchema,
+                Seq(Some(new QueryableState(name, "store", s"${writer.nodeName}", info.operatorId,
+                  info.numPartitions, info.checkpointLocation, t.storeName, Answer.Row, keySchema,
                   KeyGroups.partitionKeyOrdinals(t.storeName, keySchema, t.family.spec), t.family, t.family.valueSchema,
-                  None, PickledParts.None))
+                  None, PickledParts.None)))
               case other =>
                 logger.warn(s"keyedstate: operator ${info.operatorId} (${writer.nodeName}) cannot be queryable as " +
                   s"'$name': only operators with one store keyed by whole keys are (found ${other.map(_.describe)})")
-                Nil
+                Seq(None)
             }
           } catch {
             case NonFatal(e) =>
@@ -162,6 +168,7 @@ object QueryableStates {
               Nil
           }
         }
+        (found.flatten, found.size == writers.size)
       }
     }
   }

@@ -38,8 +38,10 @@ final class StateLookups(sc: SparkContext) {
     val known = catalogs.get(query.runId)
     if (known != null) known
     else {
-      val found = QueryableStates.of(query)
-      if (query.lastExecution != null) catalogs.put(query.runId, found)
+      // Kept once complete: a run's queryable states do not change (before its first batch is
+      // planned, or an operator's schema file is written, they are asked again).
+      val (found, complete) = QueryableStates.of(query)
+      if (complete) catalogs.put(query.runId, found)
       found
     }
   }

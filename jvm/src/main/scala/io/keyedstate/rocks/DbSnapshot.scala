@@ -26,9 +26,13 @@ final class DbSnapshot private[rocks] (
   private var givenUp = false
   private var released = false
 
-  private def reading[T](op: String)(body: => T): T = {
+  /**
+   * `body` with the snapshot kept alive until it returns: a reader that holds the snapshot when it
+   * is given up goes on reading it; once released (no reader left), reads fail.
+   */
+  def reading[T](op: String)(body: => T): T = {
     synchronized {
-      if (givenUp) throw KeyedStateErrors.badState(ErrorId.StoreClosed,
+      if (released) throw KeyedStateErrors.badState(ErrorId.StoreClosed,
         s"Cannot $op: the snapshot of RocksDB at ${native.dir} was released (a newer version replaced it, or the " +
           "instance was unloaded)")
       readers += 1
