@@ -50,10 +50,25 @@ def _start(
     source: FileInput,
     checkpoint: Path,
     sink: Any = None,  # noqa: ANN401
+    function: Any = None,  # noqa: ANN401
 ) -> StreamingQuery:
+    """``function`` (QueryableTotals by default) keyed by ``k`` over ``source``."""
+    frame = key_by(source.read_stream(spark), "k").process(
+        function or QueryableTotals(), OUT, uid="totals"
+    )
+    return _run(spark, frame, checkpoint, sink)
+
+
+def _run(
+    spark: SparkSession,
+    frame: DataFrame,
+    checkpoint: Path,
+    sink: Any = None,  # noqa: ANN401
+    mode: str = "append",
+) -> StreamingQuery:
+    """``frame`` running on keyedstate's provider into ``sink`` (or nowhere)."""
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_UNDER_TEST)
-    frame = key_by(source.read_stream(spark), "k").process(QueryableTotals(), OUT, uid="totals")
-    writer = frame.writeStream.outputMode("append").option("checkpointLocation", str(checkpoint))
+    writer = frame.writeStream.outputMode(mode).option("checkpointLocation", str(checkpoint))
     writer = writer.foreachBatch(sink) if sink is not None else writer.format("noop")
     return writer.trigger(processingTime="100 milliseconds").start()
 
@@ -247,17 +262,11 @@ def test_keys_of_several_typed_columns_and_struct_values(
     ]
     source = FileInput(tmp_path / "input", DAILY)
     source.add(rows)
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_UNDER_TEST)
     frame = key_by(source.read_stream(spark), "k", "day", "bucket").process(
         QueryableDaily(), "k string, price decimal(38,18)", uid="daily"
     )
     checkpoint = tmp_path / "checkpoint"
-    query = (
-        frame.writeStream.format("noop")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="100 milliseconds")
-        .start()
-    )
+    query = _run(spark, frame, checkpoint)
     try:
         _await_batch(checkpoint, query, 0)
         client = _client(checkpoint, query)
@@ -332,16 +341,7 @@ def test_a_restarted_query_is_served_from_the_version_its_first_batch_loads(
     finally:
         query.stop()
     pause = tmp_path / "pause"
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_UNDER_TEST)
-    frame = key_by(source.read_stream(spark), "k").process(
-        QueryableTotals(pause_file=str(pause)), OUT, uid="totals"
-    )
-    query = (
-        frame.writeStream.format("noop")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="100 milliseconds")
-        .start()
-    )
+    query = _start(spark, source, checkpoint, function=QueryableTotals(pause_file=str(pause)))
     try:
         source.add([*_rows(1), {"k": KEYS[0], "v": 1, "tag": "pause"}])
         deadline = time.monotonic() + 120
@@ -367,19 +367,12 @@ def test_the_state_of_spark_s_aggregation_is_queryable(spark: SparkSession, tmp_
 
     source = FileInput(tmp_path / "input", SCHEMA)
     source.add(_rows(0))
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDER_UNDER_TEST)
     totals = source.read_stream(spark).groupBy("k").agg(F.sum("v").alias("total"), F.count("v"))
     key = "spark.sql.streaming.stateStore.keyedstate.queryable.operator.0"
     checkpoint = tmp_path / "checkpoint"
     try:
-        query = (
-            keyedstate.queryable(totals, operator=0, name="sums")
-            .writeStream.outputMode("update")
-            .format("noop")
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(processingTime="100 milliseconds")
-            .start()
-        )
+        frame = keyedstate.queryable(totals, operator=0, name="sums")
+        query = _run(spark, frame, checkpoint, mode="update")
     finally:
         spark.conf.unset(key)  # the setting is the session's: the query took it at its start
     try:
