@@ -393,3 +393,27 @@ def test_the_state_of_spark_s_aggregation_is_queryable(spark: SparkSession, tmp_
             keyedstate.queryable(totals, operator=-1, name="x")
     finally:
         query.stop()
+
+
+def test_expired_elements_of_a_ttl_state_are_hidden_as_at_the_batch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from tests.support.keyed_functions import QueryableRecent
+
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add([{"k": "old", "v": 1, "tag": "x"}, {"k": "both", "v": 2, "tag": "x"}])
+    checkpoint = tmp_path / "checkpoint"
+    query = _start(spark, source, checkpoint, function=QueryableRecent(ttl_s=2))
+    try:
+        _await_batch(checkpoint, query, 0)
+        client = _client(checkpoint, query)
+        assert client.get_many("recent", ["old", "both"], min_batch=0) == [[1], [2]]
+        time.sleep(2.5)  # batch 1's processing time is past the elements of batch 0
+        source.add([{"k": "both", "v": 3, "tag": "x"}, {"k": "new", "v": 4, "tag": "x"}])
+        _await_batch(checkpoint, query, 1)
+        answer = client.lookup("recent", ["old", "both", "new"], min_batch=1)
+        assert answer.batch == 1 and answer.values == [None, [3], [4]]
+        stored = _state_at(spark, checkpoint, "recent", 1)  # the reader hides them alike
+        assert answer.values == [stored.get(k) for k in ["old", "both", "new"]]
+    finally:
+        query.stop()

@@ -14,6 +14,8 @@ from keyedstate import (
     ListStateDescriptor,
     MapStateDescriptor,
     RuntimeContext,
+    StateTtlConfig,
+    Time,
     Types,
     ValueStateDescriptor,
 )
@@ -255,3 +257,21 @@ class QueryableDaily(KeyedProcessFunction):
     def process_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
         self.last.update((value.at, value.price))
         yield value.k, value.price
+
+
+class QueryableRecent(KeyedProcessFunction):
+    """Every ``v`` of the last ``ttl_s`` seconds of processing time per key (a list state with a
+    TTL, queryable as ``recent``): lookups hide expired elements as the function does."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        recent = ListStateDescriptor("recent", Types.LONG())
+        recent.enable_time_to_live(StateTtlConfig.new_builder(Time.seconds(self.ttl_s)).build())
+        recent.set_queryable("recent")
+        self.recent = runtime_context.get_list_state(recent)
+
+    def process_element(self, value: Any, ctx: Any):  # noqa: ANN401, ANN201
+        self.recent.add(value.v)
+        yield ctx.get_current_key(), value.v
