@@ -61,30 +61,43 @@ object QueryablePlugin extends Logging {
 
   private final class Executor extends ExecutorPlugin {
     @volatile private var server: StateServer = _
+    private var failed = false
     @volatile private var listener: CommittedViews.Listener = _
 
-    override def init(ctx: PluginContext, extraConf: JMap[String, String]): Unit =
-      // An executor runs without a state server rather than not at all: lookups of its partitions fail.
-      try start(ctx, extraConf.asScala(TokenKey)) catch {
-        case NonFatal(e) => logWarning(s"keyedstate: no state server in executor ${ctx.executorID()}", e)
-      }
-
-    /** The server on the executor's host (the driver reaches it there), known to the driver. */
-    private def start(ctx: PluginContext, token: String): Unit = {
-      server = new StateServer(executorHost, token)
+    override def init(ctx: PluginContext, extraConf: JMap[String, String]): Unit = {
+      val token = extraConf.asScala(TokenKey)
       val executorId = ctx.executorID()
-      send(ctx, ServerStarted(executorId, server.url))
       listener = new CommittedViews.Listener {
         override def held(p: StorePartition, runId: String, version: Long): Unit =
-          send(ctx, PartitionHeld(executorId, p, runId, version))
+          if (started(ctx, token)) send(ctx, PartitionHeld(executorId, p, runId, version))
         override def released(p: StorePartition, runId: String): Unit =
           send(ctx, PartitionReleased(executorId, p, runId))
       }
       CommittedViews.addListener(listener)
       CommittedViews.partitions.foreach { case (p, run) =>
-        CommittedViews.versions(p, run).lastOption.foreach(v => send(ctx, PartitionHeld(executorId, p, run, v)))
+        CommittedViews.versions(p, run).lastOption.foreach(v => listener.held(p, run, v))
       }
-      logInfo(s"keyedstate state server of executor $executorId at ${server.url}")
+    }
+
+    /**
+     * Whether the server runs, started with the first queryable partition this executor holds (an
+     * application without queryable state opens no port): on the executor's host, where the
+     * driver reaches it, and told to the driver before any partition is. An executor whose server
+     * cannot start runs on; lookups of its partitions fail.
+     */
+    private def started(ctx: PluginContext, token: String): Boolean = synchronized {
+      if (server == null && !failed) {
+        try {
+          server = new StateServer(executorHost, token)
+          send(ctx, ServerStarted(ctx.executorID(), server.url))
+          logInfo(s"keyedstate state server of executor ${ctx.executorID()} at ${server.url}")
+        } catch {
+          case NonFatal(e) =>
+            failed = true
+            logWarning(s"keyedstate: no state server in executor ${ctx.executorID()}", e)
+        }
+      }
+      server != null
     }
 
     /**
@@ -99,7 +112,7 @@ object QueryablePlugin extends Logging {
     private def send(ctx: PluginContext, m: StateServerMessage): Unit =
       try ctx.send(m) catch { case NonFatal(e) => logWarning(s"keyedstate: cannot tell the driver $m", e) }
 
-    override def shutdown(): Unit = {
+    override def shutdown(): Unit = synchronized {
       if (listener != null) CommittedViews.removeListener(listener)
       if (server != null) server.close()
     }
