@@ -143,6 +143,12 @@ def test_lookups_equal_the_state_reader_batch_by_batch(
         assert last.values == [pickle.loads(pickled[k]) if k in pickled else None for k in KEYS]
     assert running.client.get("totals", "nobody") is None
     assert running.client.get("tags", KEYS[0])["t0"] >= 1
+    # One entry of each key's map: the same as the whole map's, at one batch.
+    whole = running.client.lookup("tags", KEYS, min_batch=3)
+    entry = running.client.lookup("tags", KEYS, min_batch=whole.batch, map_key="t1")
+    assert entry.batch == whole.batch  # no input arrives meanwhile: no batch runs
+    assert entry.values == [None if m is None else m.get("t1") for m in whole.values]
+    assert running.client.get("tags", KEYS[0], map_key="no-such-tag") is None
     names = {s.name: s for s in running.client.states()}
     assert set(names) == {"totals", "amounts", "tags", "last"}
     assert names["totals"].key_columns == (("k", "string"),) and names["totals"].kind == "value"
@@ -176,6 +182,12 @@ def test_bad_requests_get_their_error_ids_and_the_service_keeps_serving(running:
     refused(lambda: client._request("POST", "/v1/state/totals", {"keys": ["a"], "min_batch": -1}),
             "KEYEDSTATE_SERVICE_BAD_REQUEST")  # fmt: skip
     refused(lambda: client._request("GET", "/v1/state/totals"), "KEYEDSTATE_SERVICE_BAD_REQUEST")
+    message = refused(
+        lambda: client.get("totals", "a", map_key="x"), "KEYEDSTATE_SERVICE_BAD_REQUEST"
+    )
+    assert "map_key" in message and "value state" in message
+    message = refused(lambda: client.get("tags", "a", map_key=5), "KEYEDSTATE_SERVICE_BAD_REQUEST")
+    assert "map_key is 5, not a string" in message
     wrong = QueryableStateClient(client.url, "not-the-token")
     refused(lambda: wrong.get("totals", "a"), "KEYEDSTATE_SERVICE_UNAUTHORIZED")
     assert client.get("totals", KEYS[0]) is not None  # still serving
@@ -417,3 +429,77 @@ def test_expired_elements_of_a_ttl_state_are_hidden_as_at_the_batch(
         assert answer.values == [stored.get(k) for k in ["old", "both", "new"]]
     finally:
         query.stop()
+
+
+def test_a_rescaled_query_routes_keys_by_its_new_partition_count(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """2 partitions -> keyedstate.rescale to 3 -> restarted: lookups route each key by the new
+    count (pmod(hash, 3)) and equal the reader, before and after the rescaled query's batches."""
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add(_rows(0))
+    checkpoint, rescaled = tmp_path / "checkpoint", tmp_path / "rescaled"
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "2")  # a new checkpoint pins the session's count
+    try:
+        query = _start(spark, source, checkpoint)
+        try:
+            _await_batch(checkpoint, query, 0)
+            client = _client(checkpoint, query)
+            [info] = [
+                s for s in client.states() if s.query_id == client.query_id and s.name == "totals"
+            ]
+            assert info.partitions == 2
+        finally:
+            query.stop()
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous)
+    keyedstate.rescale(spark, str(checkpoint), 3, output=str(rescaled))
+    query = _start(spark, source, rescaled)
+    try:
+        source.add(_rows(1))
+        _await_batch(rescaled, query, 1)
+        client = _client(rescaled, query)
+        [info] = [
+            s for s in client.states() if s.query_id == client.query_id and s.name == "totals"
+        ]
+        assert info.partitions == 3
+        answer = client.lookup("totals", KEYS, min_batch=1)
+        assert answer.values == [
+            _state_at(spark, rescaled, "total", answer.batch).get(k) for k in KEYS
+        ]
+        assert all(v is not None for v in answer.values)
+    finally:
+        query.stop()
+
+
+def test_a_bounded_load_of_lookups_while_batches_commit(
+    running: Running, spark: SparkSession
+) -> None:
+    """Four threads, 150 lookups each, while two more batches commit: no lookup fails, and each
+    answer is exactly the reader's state at the batch it names."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    start = max(committed_batches(running.checkpoint))
+
+    def lookups(seed: int) -> list[tuple[int, list[Any]]]:
+        client = QueryableStateClient(running.client.url, running.client.token)
+        out = []
+        for i in range(150):
+            keys = [KEYS[(seed * 7 + i + j) % len(KEYS)] for j in range(3)]
+            answer = client.lookup("totals", keys, query_id=str(running.query.id))
+            out.append((answer.batch, list(zip(keys, answer.values, strict=True))))
+        return out
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(lookups, seed) for seed in range(4)]
+        for batch in (start + 1, start + 2):
+            running.source.add(_rows(batch))
+            _await_batch(running.checkpoint, running.query, batch)
+        answers = [a for f in futures for a in f.result()]
+    assert len(answers) == 600
+    seen = {batch for batch, _ in answers}
+    assert seen <= set(range(start, start + 3)), seen
+    expected = {b: _state_at(spark, running.checkpoint, "total", b) for b in seen}
+    for batch, pairs in answers:
+        assert all(value == expected[batch].get(key) for key, value in pairs), (batch, pairs)

@@ -31,6 +31,8 @@ from keyedstate.service.client import service_address
 __all__ = ["QueryableStateClient", "QueryableStateInfo", "StateLookup"]
 
 Decoder = Callable[[Any], Any]
+# No map key given: a map state's lookup answers each key's whole map.
+_NO_MAP_KEY: Any = object()
 # The longest a lookup may wait for a batch (the service's bound).
 MAX_TIMEOUT_S = 60.0
 
@@ -314,12 +316,14 @@ class QueryableStateClient:
         min_batch: int | None = None,
         timeout: float | None = None,
         limit: int | None = None,
+        map_key: Any = _NO_MAP_KEY,  # noqa: ANN401 - a map state's key
     ) -> StateLookup:
         """The values of ``keys`` in queryable state ``name`` at the query's last committed
         batch, at least ``min_batch`` (waited for up to ``timeout`` seconds). A key of several
         columns is a tuple. Value, reducing and aggregating state give the stored value (an
         aggregating state's accumulator), list state a list, map state a dict (at most
-        ``limit`` entries per key: a key with more raises). A key without state gives None."""
+        ``limit`` entries per key: a key with more raises), or with ``map_key`` the value of that
+        one entry of each key's map. A key without state gives None."""
         if isinstance(keys, str | bytes) or not isinstance(keys, Sequence) or not keys:
             raise TypeError(f"keys must be a non-empty sequence of keys, got {keys!r}")
         query_id = query_id or self.query_id
@@ -335,6 +339,14 @@ class QueryableStateClient:
         body["timeout_ms"] = max(1, int(1000 * wait))
         if limit is not None:
             body["limit"] = int(limit)
+        entry = map_key is not _NO_MAP_KEY
+        if entry:
+            if info is not None and info.pickled_map_key:
+                raise TypeError(
+                    f"map_key reads an entry of a map whose keys are typed; {name!r} has pickled "
+                    "keys: read the whole map"
+                )
+            body["map_key"] = _encode_key(map_key, None if info is None else info.map_key_type)
         path = "/v1/state/" + urllib.parse.quote(name, safe="")
         if query_id is not None:
             path = (
@@ -345,7 +357,9 @@ class QueryableStateClient:
         if info is None or (info.query_id, info.run_id) != (answer["query"], answer["run"]):
             info = self._info(name, answer["query"], refresh=True)  # a restart: types may differ
         decode: Decoder = (lambda v: v) if info is None else self._decoder_of(info)
-        if answer["kind"] == "map":
+        if entry and info is not None:
+            decode = _decoder(info.value_type, info.pickled_value)
+        if answer["kind"] == "map" and not entry:
             truncated = [k for k, v in zip(keys, answer["values"], strict=True) if v and v["more"]]
             if truncated:
                 raise QueryServiceError(

@@ -62,6 +62,8 @@ final class QueryableState(
   private val codec = new ColumnFamilyCodec(storeName, family.name, family.keySchema, family.valueSchema,
     family.spec, family.multipleValues, isInternal = false)
   private val toUnsafe = UnsafeProjection.create(keySchema)
+  // A map entry's stored key: the key columns, then the map key.
+  private lazy val toEntryKey = UnsafeProjection.create(family.keySchema)
   private val hasher = new KeyGroupHasher(keySchema, routing)
 
   def withCodec[T](f: Codec => T): T = synchronized(f(new Codec))
@@ -74,6 +76,17 @@ final class QueryableState(
       val owner = KeyGroups.owner(hasher.tag(row), numPartitions)
       (owner, if (answer == Answer.Entries) codec.encodePrefix(row) else codec.encodeKey(row))
     }
+
+    /** The partition owning `key` and the stored key of its map entry `mapKey` (a map state's). */
+    def locateEntry(key: InternalRow, mapKey: Any): (Int, Array[Byte]) = {
+      val owner = KeyGroups.owner(hasher.tag(toUnsafe(key)), numPartitions)
+      val values = (0 until keySchema.length).map(i => key.get(i, keySchema(i).dataType)) :+ mapKey
+      (owner, codec.encodeKey(toEntryKey(InternalRow.fromSeq(values))))
+    }
+
+    /** A map entry's stored value as JSON. */
+    def entryValueJson(bytes: Array[Byte]): JValue =
+      if (bytes == null) JNull else JsonValues.toJson(codec.decodeValue(bytes), 0, valueType)
 
     /** A stored value as JSON: the value, the list of elements, or the value row. */
     def valueJson(bytes: Array[Byte]): JValue =

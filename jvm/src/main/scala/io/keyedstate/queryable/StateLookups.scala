@@ -56,14 +56,25 @@ final class StateLookups(sc: SparkContext) {
    * `minBatch`: `{"batch", "values": [...]}`, values in `keys`' order.
    */
   def get(query: StreamExecution, state: QueryableState, keys: Seq[JValue], minBatch: Option[Long],
-      timeoutMs: Long, limit: Int): JValue = {
+      timeoutMs: Long, limit: Int, mapKey: Option[JValue] = None): JValue = {
     val deadline = System.nanoTime() + timeoutMs * 1000000L
     val rows = keys.zipWithIndex.map { case (k, i) => keyRow(state, k, s"key #$i") }
-    val located = state.withCodec(c => rows.map(c.locate))
+    // A map state's whole map per key (a scan of its entries), or the value of one map key.
+    val entry = mapKey.map { m =>
+      val keyType = state.mapKeyType.filter(_ => state.answer == Answer.Entries).getOrElse(
+        throw new LookupRefused(400, ErrorId.ServiceBadRequest, s"\"map_key\" reads one entry of a map state; " +
+          s"'${state.name}' is ${state.kind} state"))
+      try JsonValues.toInternal(m, keyType, "map_key") catch {
+        case e: JsonValues.BadValue => throw new LookupRefused(400, ErrorId.ServiceBadRequest, e.getMessage)
+      }
+    }
+    val located = state.withCodec(c => rows.map(r => entry.fold(c.locate(r))(c.locateEntry(r, _))))
     val batch = committedBatch(query, minBatch, deadline)
-    val read = readVersion(query, state, located, batch + 1, deadline, limit)
+    val read = readVersion(query, state, located, batch + 1, deadline, limit, scan = state.answer == Answer.Entries &&
+      entry.isEmpty)
     val values = state.withCodec { c =>
       read.map {
+        case Left(bytes) if entry.isDefined => c.entryValueJson(bytes)
         case Left(bytes) => c.valueJson(bytes)
         case Right((entries, _)) if entries.isEmpty => JNull // no state, as for the other kinds
         case Right((entries, more)) =>
@@ -125,16 +136,17 @@ final class StateLookups(sc: SparkContext) {
   }
 
   /**
-   * Each located key's stored value (value and list state) or entries (map state) at `version`
+   * Each located key's stored value (or, to `scan`, its entries: a map state's) at `version`
    * of the query's run, asked of the servers holding their partitions, one read per partition,
    * all at once (a server in this JVM, local mode's, is read directly).
    */
   private def readVersion(query: StreamExecution, state: QueryableState, located: Seq[(Int, Array[Byte])],
-      version: Long, deadline: Long, limit: Int): Seq[Either[Array[Byte], (Seq[(Array[Byte], Array[Byte])], Boolean)]] = {
+      version: Long, deadline: Long, limit: Int, scan: Boolean)
+      : Seq[Either[Array[Byte], (Seq[(Array[Byte], Array[Byte])], Boolean)]] = {
     val token = StateServers.token(sc).getOrElse(throw new LookupRefused(503, ErrorId.ServiceStateUnavailable,
       s"queryable state needs keyedstate's Spark plugin: start the application with spark.plugins=" +
         s"${QueryablePlugin.ClassName} (keyedstate.configure sets it)"))
-    val map = state.answer == Answer.Entries
+    val map = scan
     val runId = query.runId.toString
     def waitMs = math.max(0L, math.min(ServerWaitMs, (deadline - System.nanoTime()) / 1000000L))
     val byPartition = located.zipWithIndex.groupBy(_._1._1).toSeq

@@ -174,7 +174,11 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
     val minBatch = optionalLong(body, "min_batch", 0L, Long.MaxValue)
     val timeoutMs = optionalLong(body, "timeout_ms", 1L, MaxLookupTimeoutMs).getOrElse(DefaultLookupTimeoutMs)
     val limit = optionalLong(body, "limit", 1L, MaxScanLimit).map(_.toInt).getOrElse(DefaultScanLimit)
-    Response(200, lookups.get(query, state, keys, minBatch, timeoutMs, limit))
+    val mapKey = body \ "map_key" match {
+      case org.json4s.JNothing => None
+      case v => Some(v)
+    }
+    Response(200, lookups.get(query, state, keys, minBatch, timeoutMs, limit, mapKey))
   }
 
   private def authorize(exchange: HttpExchange): Unit = {
