@@ -503,3 +503,25 @@ def test_a_bounded_load_of_lookups_while_batches_commit(
     expected = {b: _state_at(spark, running.checkpoint, "total", b) for b in seen}
     for batch, pairs in answers:
         assert all(value == expected[batch].get(key) for key, value in pairs), (batch, pairs)
+
+
+def test_a_deduplication_s_keys_are_queryable(spark: SparkSession, tmp_path: Path) -> None:
+    """dropDuplicates made queryable: a key it has seen answers its stored row, another None."""
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add(_rows(0))
+    unique = source.read_stream(spark).dropDuplicates(["k"])
+    key = "spark.sql.streaming.stateStore.keyedstate.queryable.operator.0"
+    checkpoint = tmp_path / "checkpoint"
+    try:
+        query = _run(spark, keyedstate.queryable(unique, operator=0, name="seen"), checkpoint)
+    finally:
+        spark.conf.unset(key)
+    try:
+        _await_batch(checkpoint, query, 0)
+        client = _client(checkpoint, query)
+        seen = {row["k"] for row in _rows(0)}
+        answer = client.lookup("seen", [*KEYS, "nobody"], min_batch=0)
+        assert [v is not None for v in answer.values] == [k in seen for k in [*KEYS, "nobody"]]
+        assert len(seen) < len(KEYS)  # some keys are unseen
+    finally:
+        query.stop()
