@@ -525,3 +525,56 @@ def test_a_deduplication_s_keys_are_queryable(spark: SparkSession, tmp_path: Pat
         assert len(seen) < len(KEYS)  # some keys are unseen
     finally:
         query.stop()
+
+
+def test_an_apply_in_pandas_with_state_s_state_is_queryable(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """applyInPandasWithState (Spark's flatMapGroupsWithState for Python) made queryable: each
+    group's stored state row, as the reader shows it."""
+    import pandas as pd
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    def running_count(key: tuple, pdfs: Any, state: Any) -> Any:  # noqa: ANN401
+        cnt, total = state.get if state.exists else (0, 0)
+        for pdf in pdfs:
+            cnt, total = cnt + len(pdf), total + int(pdf["v"].sum())
+        state.update((cnt, total))
+        yield pd.DataFrame({"k": [key[0]], "cnt": [cnt], "total": [total]})
+
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add(_rows(0))
+    counts = (
+        source.read_stream(spark)
+        .groupBy("k")
+        .applyInPandasWithState(
+            running_count,
+            outputStructType="k string, cnt long, total long",
+            stateStructType="cnt long, total long",
+            outputMode="update",
+            timeoutConf=GroupStateTimeout.NoTimeout,
+        )
+    )
+    key = "spark.sql.streaming.stateStore.keyedstate.queryable.operator.0"
+    checkpoint = tmp_path / "checkpoint"
+    try:
+        query = _run(
+            spark,
+            keyedstate.queryable(counts, operator=0, name="groups"),
+            checkpoint,
+            mode="update",
+        )
+    finally:
+        spark.conf.unset(key)
+    try:
+        _await_batch(checkpoint, query, 0)
+        client = _client(checkpoint, query)
+        answer = client.lookup("groups", [*KEYS, "nobody"], min_batch=0)
+        stored = keyedstate.state.read(spark, str(checkpoint), 0, batch_id=answer.batch).collect()
+        expected = {row["key"]["k"]: row["value"].asDict(recursive=True) for row in stored}
+        assert expected
+        assert [None if v is None else v.asDict(recursive=True) for v in answer.values] == [
+            expected.get(k) for k in [*KEYS, "nobody"]
+        ]
+    finally:
+        query.stop()
