@@ -51,9 +51,15 @@ OUTPUT = "user string, total long"
 
 
 class Totals(KeyedProcessFunction):
+    """A running total per user, queryable as ``totals`` unless ``queryable=False``."""
+
+    def __init__(self, queryable: bool = True) -> None:
+        self.queryable = queryable
+
     def open(self, runtime_context: Any) -> None:  # noqa: ANN401
         total = ValueStateDescriptor("total", Types.LONG())
-        total.set_queryable("totals")
+        if self.queryable:
+            total.set_queryable("totals")
         self.total = runtime_context.get_state(total)
 
     def process_element(self, value: Any, ctx: Any) -> None:  # noqa: ANN401

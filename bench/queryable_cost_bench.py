@@ -22,20 +22,8 @@ from typing import Any
 import keyedstate
 import numpy as np
 from bench_support import PROVIDER_KEY, load_average, median, session
-from keyedstate import KeyedProcessFunction, Types, ValueStateDescriptor
 from pyspark.sql.streaming import StreamingQuery
 from queryable_bench import OUTPUT, Totals, await_batch, durations, events, write
-
-
-class PlainTotals(KeyedProcessFunction):
-    """Totals without set_queryable."""
-
-    def open(self, runtime_context: Any) -> None:  # noqa: ANN401
-        self.total = runtime_context.get_state(ValueStateDescriptor("total", Types.LONG()))
-
-    def process_element(self, value: Any, ctx: Any) -> None:  # noqa: ANN401
-        self.total.update((self.total.value() or 0) + value.amount)
-        return None
 
 
 def main() -> None:
@@ -51,7 +39,7 @@ def main() -> None:
     spark = session("queryable-cost-bench", args.partitions)
     spark.conf.set(PROVIDER_KEY, keyedstate.PROVIDER_CLASS)
     print(f"start: {load_average()}", flush=True)
-    jobs = {"queryable": Totals(), "not queryable": PlainTotals()}
+    jobs = {"queryable": Totals(), "not queryable": Totals(queryable=False)}
     runs: dict[str, tuple[StreamingQuery, Path, Path]] = {}
     batches = {name: -1 for name in jobs}
     rng = np.random.default_rng(11)

@@ -1,6 +1,8 @@
 package io.keyedstate.queryable
 
 import java.net.InetSocketAddress
+import java.nio.charset.StandardCharsets.UTF_8
+import java.security.MessageDigest
 import java.util.concurrent.ExecutorService
 
 import com.sun.net.httpserver.{HttpExchange, HttpServer}
@@ -37,6 +39,13 @@ object HttpServers {
     starter.start()
     starter.join()
     Running(server, handlers)
+  }
+
+  /** Whether the request carries `Authorization: Bearer <token>`, compared in constant time. */
+  def bearerIs(exchange: HttpExchange, token: String): Boolean = {
+    val presented = Option(exchange.getRequestHeaders.getFirst("Authorization")).map(_.stripPrefix("Bearer ").trim)
+      .getOrElse("")
+    MessageDigest.isEqual(presented.getBytes(UTF_8), token.getBytes(UTF_8))
   }
 
   /** `host` as a URL's authority writes it (an IPv6 address in brackets). */

@@ -1,7 +1,6 @@
 package io.keyedstate.queryable
 
 import java.nio.charset.StandardCharsets.UTF_8
-import java.security.MessageDigest
 import java.util.Base64
 
 import scala.util.control.NonFatal
@@ -67,9 +66,7 @@ final class StateServer(host: String, token: String) extends AutoCloseable {
     } finally exchange.close()
 
   private def route(exchange: HttpExchange): (Int, JValue) = {
-    val presented = Option(exchange.getRequestHeaders.getFirst("Authorization")).map(_.stripPrefix("Bearer ").trim)
-      .getOrElse("")
-    if (!MessageDigest.isEqual(presented.getBytes(UTF_8), token.getBytes(UTF_8))) {
+    if (!HttpServers.bearerIs(exchange, token)) {
       throw new Refused(401, "unauthorized", "no internal token, or another", Nil)
     }
     if (exchange.getRequestMethod != "POST" || exchange.getRequestURI.getPath != ReadPath) {

@@ -1,7 +1,6 @@
 package io.keyedstate.service
 
 import java.nio.charset.StandardCharsets.UTF_8
-import java.security.MessageDigest
 import java.util.{Collections, UUID, WeakHashMap}
 import java.util.concurrent.ConcurrentHashMap
 
@@ -118,16 +117,14 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
           s"No savepoint request $requestId of query $id (the service keeps the last ${SavepointRequests.Kept})")))
       }
       case List("v1", "state") => only(method, "GET")(Response(200, "states" -> activeQueries.flatMap(q =>
-        lookups.states(q).map(s => s.toJson merge JObject("query" -> JString(q.id.toString),
-          "run" -> JString(q.runId.toString))))))
+        lookups.states(q).map(stateJson(q, _)))))
       case List("v1", "state", name) => only(method, "POST") {
         val (query, state) = queryableState(name, None)
         lookup(query, state, readBody(exchange, MaxLookupBodyBytes))
       }
       case List("v1", "queries", id, "state") => only(method, "GET") {
         val query = running(id)
-        Response(200, "states" -> lookups.states(query).map(s => s.toJson merge JObject(
-          "query" -> JString(query.id.toString), "run" -> JString(query.runId.toString))))
+        Response(200, "states" -> lookups.states(query).map(stateJson(query, _)))
       }
       case List("v1", "queries", id, "state", name) => only(method, "POST") {
         val (query, state) = queryableState(name, Some(running(id)))
@@ -139,6 +136,10 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
         "GET /v1/queries/<id>/state and POST /v1/queries/<id>/state/<name>")
     }
   }
+
+  /** A queryable state as the listings show it: with its query and run. */
+  private def stateJson(query: StreamExecution, state: QueryableState): JValue =
+    state.toJson merge JObject("query" -> JString(query.id.toString), "run" -> JString(query.runId.toString))
 
   private def activeQueries: List[StreamExecution] =
     queries.values.asScala.toList.map(_.query).filter(_.isActive).sortBy(_.id.toString)
@@ -182,9 +183,7 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
   }
 
   private def authorize(exchange: HttpExchange): Unit = {
-    val presented = Option(exchange.getRequestHeaders.getFirst("Authorization")).map(_.stripPrefix("Bearer ").trim)
-      .getOrElse("")
-    if (!MessageDigest.isEqual(presented.getBytes(UTF_8), settings.token.getBytes(UTF_8))) {
+    if (!HttpServers.bearerIs(exchange, settings.token)) {
       throw new ServiceRefusal(401, ErrorId.ServiceUnauthorized, "The request has no bearer token or another than " +
         s"the service's (${ServiceSettings.TokenKey}, or the token in the query's entry in ${ServiceRegistry.folder})")
     }
