@@ -7,7 +7,6 @@ import java.time.Duration
 import java.util.UUID
 import java.util.concurrent.{CompletableFuture, ConcurrentHashMap}
 
-import scala.jdk.CollectionConverters._
 import scala.util.control.NonFatal
 
 import org.apache.spark.SparkContext
