@@ -105,8 +105,10 @@ if TYPE_CHECKING:
         run,
     )
     from keyedstate.service.queryable import (
+        PartitionBehind,
         QueryableStateClient,
         QueryableStateInfo,
+        StaleStateWarning,
         StateLookup,
     )
     from keyedstate.state import (
@@ -228,8 +230,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "run",
     ),
     "keyedstate.service.queryable": (
+        "PartitionBehind",
         "QueryableStateClient",
         "QueryableStateInfo",
+        "StaleStateWarning",
         "StateLookup",
     ),
     "keyedstate.state": (
@@ -371,8 +375,10 @@ __all__ = [
     "fixed_delay_restart",
     "no_restart",
     "run",
+    "PartitionBehind",
     "QueryableStateClient",
     "QueryableStateInfo",
+    "StaleStateWarning",
     "StateLookup",
     "AggregatingState",
     "AggregatingStateDescriptor",

@@ -578,3 +578,89 @@ def test_an_apply_in_pandas_with_state_s_state_is_queryable(
         ]
     finally:
         query.stop()
+
+
+def test_a_stopped_query_stays_queryable_from_its_checkpoint(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Once its query stops, the application keeps serving its state: read from the checkpoint
+    at the last committed batch, every kind equal to the state reader's."""
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add(_rows(0))
+    checkpoint = tmp_path / "checkpoint"
+    query = _start(spark, source, checkpoint)
+    try:
+        _await_batch(checkpoint, query, 0)
+        source.add(_rows(1))
+        _await_batch(checkpoint, query, 1)
+    finally:
+        query.stop()
+    deadline = time.monotonic() + 30
+    client = QueryableStateClient.for_checkpoint(str(checkpoint))
+    while not any(s.name == "totals" and not s.running for s in client.states()):
+        assert time.monotonic() < deadline, "the service never marked the query stopped"
+        time.sleep(0.05)
+    answer = client.lookup("totals", [*KEYS, "nobody"])
+    assert answer.batch == 1 and answer.behind == []
+    totals = _state_at(spark, checkpoint, "total", 1)
+    assert answer.values == [totals.get(k) for k in [*KEYS, "nobody"]]
+    assert all(v is not None for v in answer.values[:-1])
+    amounts = _state_at(spark, checkpoint, "amounts", 1)
+    assert client.get_many("amounts", KEYS) == [amounts.get(k) for k in KEYS]
+    tags = _state_at(spark, checkpoint, "tags", 1)
+    assert client.get_many("tags", KEYS) == [tags.get(k) for k in KEYS]
+    assert client.get_many("tags", KEYS, map_key="t1") == [
+        (tags.get(k) or {}).get("t1") for k in KEYS
+    ]
+    with pytest.raises(QueryServiceError) as refused:
+        client.lookup("totals", KEYS, min_batch=2)
+    assert refused.value.error_id == "KEYEDSTATE_SERVICE_BATCH_NOT_REACHED"
+
+
+def test_a_damaged_changelog_is_reported_and_the_last_good_batch_served(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A stopped query's state read from the checkpoint: when the changelog of its newest
+    version is damaged, lookups keep answering the version before, say which partition is
+    behind and why (the file's path), and a lookup that needs the newer batch is refused."""
+    from keyedstate.service import StaleStateWarning
+
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add(_rows(0))
+    checkpoint = tmp_path / "checkpoint"
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "1")  # every key in the damaged partition
+    try:
+        query = _start(spark, source, checkpoint)
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous)
+    try:
+        _await_batch(checkpoint, query, 0)
+    finally:
+        query.stop()
+    client = QueryableStateClient.for_checkpoint(str(checkpoint))
+    good = client.lookup("totals", KEYS)  # the checkpoint's version 1 is loaded
+    assert good.batch == 0 and good.values == [
+        _state_at(spark, checkpoint, "total", 0).get(k) for k in KEYS
+    ]
+    query = _start(spark, source, checkpoint)
+    try:
+        source.add(_rows(1))
+        _await_batch(checkpoint, query, 1)
+    finally:
+        query.stop()
+    [damaged] = checkpoint.glob("state/*/0/changelog/2-*.changelog")
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    client = QueryableStateClient.for_checkpoint(str(checkpoint))
+    for _ in range(2):  # reported at each lookup, and served all the same
+        with pytest.warns(StaleStateWarning, match=damaged.name):
+            answer = client.lookup("totals", KEYS)
+        assert answer.batch == 1 and answer.values == good.values
+        [behind] = answer.behind
+        assert (behind.partition, behind.batch) == (0, 0)
+        assert str(damaged) in behind.reason or damaged.name in behind.reason
+    with pytest.raises(QueryServiceError, match=damaged.name) as refused:
+        client.lookup("totals", KEYS, min_batch=1)
+    assert refused.value.error_id == "KEYEDSTATE_SERVICE_STATE_UNAVAILABLE"

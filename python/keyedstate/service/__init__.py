@@ -9,12 +9,20 @@ from keyedstate.service.client import (
     registry_folder,
     service_address,
 )
-from keyedstate.service.queryable import QueryableStateClient, QueryableStateInfo, StateLookup
+from keyedstate.service.queryable import (
+    PartitionBehind,
+    QueryableStateClient,
+    QueryableStateInfo,
+    StaleStateWarning,
+    StateLookup,
+)
 
 __all__ = [
+    "PartitionBehind",
     "QueryServiceClient",
     "QueryableStateClient",
     "QueryableStateInfo",
+    "StaleStateWarning",
     "StateLookup",
     "RunningQuery",
     "ServiceAddress",

@@ -31,7 +31,8 @@ REGISTRY_VARIABLE = "KEYEDSTATE_SERVICE_REGISTRY"
 
 @dataclass(frozen=True)
 class ServiceAddress:
-    """Where a running query's service answers, as the registry records it."""
+    """Where a query's service answers, as the registry records it. ``stopped``: the run
+    stopped, and its application still serves its state (read from its checkpoint)."""
 
     url: str
     token: str
@@ -40,6 +41,7 @@ class ServiceAddress:
     checkpoint: str
     application_id: str
     pid: int
+    stopped: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,14 +86,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def service_address(checkpoint: str) -> ServiceAddress | None:
+def service_address(checkpoint: str, *, stopped: bool = False) -> ServiceAddress | None:
     """The service of the query running on ``checkpoint`` in an application of this machine, as
     the registry names it; ``None`` without one (no query runs there, or it runs without the
-    service, or in an application whose process is gone). The entry may still be stale (the
-    process id reused): ask the service before trusting it."""
+    service, or in an application whose process is gone). With ``stopped``, a query that ran
+    there and stopped in an application that still runs is found too (a running one first, then
+    the latest stopped). The entry may still be stale (the process id reused): ask the service
+    before trusting it."""
     folder = registry_folder()
     if not folder.is_dir():
         return None
+    found: list[tuple[float, ServiceAddress]] = []
     for entry in sorted(folder.glob("*.json")):
         try:
             owner = entry.stat()
@@ -106,12 +111,21 @@ def service_address(checkpoint: str) -> ServiceAddress | None:
                 checkpoint=str(raw["checkpoint"]),
                 application_id=str(raw["applicationId"]),
                 pid=int(raw["pid"]),
+                stopped=bool(raw.get("stopped", False)),
             )
+            written = float(raw.get("writtenAtMs", 0))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being replaced, or not an entry
-        if _same_location(address.checkpoint, checkpoint) and _alive(address.pid):
-            return address
-    return None
+        if (
+            _same_location(address.checkpoint, checkpoint)
+            and (stopped or not address.stopped)
+            and _alive(address.pid)
+        ):
+            found.append((written, address))
+    running = [a for _, a in found if not a.stopped]
+    if running:
+        return running[0]
+    return max(found, key=lambda f: f[0])[1] if found else None
 
 
 class QueryServiceClient:

@@ -20,19 +20,32 @@ import math
 import pickle
 import threading
 import urllib.parse
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from keyedstate._error_catalog import SERVICE_NOT_FOUND, SERVICE_UNAVAILABLE
 from keyedstate.errors import QueryServiceError, error_of
 from keyedstate.service.client import service_address
 
-__all__ = ["QueryableStateClient", "QueryableStateInfo", "StateLookup"]
+__all__ = [
+    "PartitionBehind",
+    "StaleStateWarning",
+    "QueryableStateClient",
+    "QueryableStateInfo",
+    "StateLookup",
+]
 
 Decoder = Callable[[Any], Any]
 # No map key given: a map state's lookup answers each key's whole map.
 _NO_MAP_KEY: Any = object()
+
+
+class StaleStateWarning(UserWarning):
+    """Some values of a lookup are older than its batch (see ``StateLookup.behind``)."""
+
+
 # The longest a lookup may wait for a batch (the service's bound).
 MAX_TIMEOUT_S = 60.0
 
@@ -53,17 +66,31 @@ class QueryableStateInfo:
     map_key_type: dict[str, Any] | str | None
     pickled_value: bool
     pickled_map_key: bool
+    running: bool = True
+
+
+@dataclass(frozen=True)
+class PartitionBehind:
+    """A partition whose values an answer gives as of an older batch than the answer's: the
+    service read it from the checkpoint, where the files of the newer batch cannot be read
+    (``reason`` names them)."""
+
+    partition: int
+    batch: int
+    reason: str
 
 
 @dataclass(frozen=True)
 class StateLookup:
     """The answer to one lookup: the values of the keys asked, in their order, as of ``batch``,
-    the query's last committed batch when the service answered (at least ``min_batch``)."""
+    the query's last committed batch when the service answered (at least ``min_batch``), except
+    the keys of the partitions in ``behind`` (each warned of)."""
 
     name: str
     query_id: str
     batch: int
     values: list[Any]
+    behind: list[PartitionBehind] = field(default_factory=list)
 
 
 def _decoder(data_type: dict[str, Any] | str, pickled: bool = False) -> Decoder:
@@ -164,14 +191,15 @@ class QueryableStateClient:
 
     @classmethod
     def for_checkpoint(cls, checkpoint: str, *, timeout: float = 10.0) -> QueryableStateClient:
-        """The client of the query running on ``checkpoint`` on this machine (its lookups read
-        that query's states)."""
-        address = service_address(checkpoint)
+        """The client of the query running on ``checkpoint`` on this machine, or of the one
+        that stopped there last in an application still running (its lookups read that
+        query's states; a stopped query's from its checkpoint)."""
+        address = service_address(checkpoint, stopped=True)
         if address is None:
             raise error_of(
                 SERVICE_NOT_FOUND,
-                f"No running query on {checkpoint} serves its state on this machine (no entry in "
-                "the query service's registry)",
+                f"No query on {checkpoint} serves its state on this machine (no entry in the "
+                "query service's registry: no application running it, or that ran it, is up)",
             )
         return cls(address.url, address.token, query_id=address.query_id, timeout=timeout)
 
@@ -256,6 +284,7 @@ class QueryableStateClient:
                 map_key_type=s.get("map_key_type"),
                 pickled_value=bool(s["pickled"]["value"]),
                 pickled_map_key=bool(s["pickled"]["map_key"]),
+                running=bool(s.get("running", True)),
             )
             self._states[(info.name, info.query_id)] = info
             found.append(info)
@@ -366,11 +395,23 @@ class QueryableStateClient:
                     f"map state {name!r} holds more than limit={limit or 10000} entries for keys "
                     f"{truncated[:5]!r}: ask with a larger limit"
                 )
+        behind = [
+            PartitionBehind(int(b["partition"]), int(b["batch"]), str(b["reason"]))
+            for b in answer.get("behind", [])
+        ]
+        for b in behind:
+            warnings.warn(
+                f"state {name!r}: the keys of partition {b.partition} are as of batch {b.batch}, "
+                f"not {answer['batch']}: {b.reason}",
+                StaleStateWarning,
+                stacklevel=2,
+            )
         return StateLookup(
             name=name,
             query_id=str(answer["query"]),
             batch=int(answer["batch"]),
             values=[decode(v) for v in answer["values"]],
+            behind=behind,
         )
 
     def get(self, name: str, key: Any, **options: Any) -> Any:  # noqa: ANN401

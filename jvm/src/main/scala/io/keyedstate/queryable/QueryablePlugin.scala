@@ -68,10 +68,11 @@ object QueryablePlugin extends Logging {
       val token = extraConf.asScala(TokenKey)
       val executorId = ctx.executorID()
       listener = new CommittedViews.Listener {
+        // The driver's own copies of checkpoints (local mode's executor is in its JVM) are not served.
         override def held(p: StorePartition, runId: String, version: Long): Unit =
-          if (started(ctx, token)) send(ctx, PartitionHeld(executorId, p, runId, version))
+          if (runId != CheckpointViews.Run && started(ctx, token)) send(ctx, PartitionHeld(executorId, p, runId, version))
         override def released(p: StorePartition, runId: String): Unit =
-          send(ctx, PartitionReleased(executorId, p, runId))
+          if (runId != CheckpointViews.Run) send(ctx, PartitionReleased(executorId, p, runId))
       }
       CommittedViews.addListener(listener)
       CommittedViews.partitions.foreach { case (p, run) =>

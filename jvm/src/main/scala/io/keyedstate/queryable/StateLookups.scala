@@ -22,15 +22,18 @@ import io.keyedstate.errors.ErrorId
  * The driver's proxy for lookups of queryable state (Flink's `KvStateClientProxy`): finds the
  * partition of each key with the query's own hash, the executor whose state server holds that
  * partition's committed views, asks it for the version of the query's last committed batch
- * (or waits for a batch a request names), and decodes the stored values.
+ * (or waits for a batch a request names), and decodes the stored values. `fromCheckpoint`: every
+ * partition is read from the checkpoint ([[CheckpointViews]]), none from the executors.
  */
-final class StateLookups(sc: SparkContext) {
+final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
   import StateLookups._
 
   private val http = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1)
     .connectTimeout(Duration.ofSeconds(5)).build()
   // The queryable states of each query run, read off its plan once it has one.
   private val catalogs = new ConcurrentHashMap[UUID, Seq[QueryableState]]()
+  // Partitions no state server holds, read from their checkpoint.
+  private val checkpoints = new CheckpointViews
 
   /** The queryable states of `query`'s run (none before its first batch is planned). */
   def states(query: StreamExecution): Seq[QueryableState] = {
@@ -69,8 +72,12 @@ final class StateLookups(sc: SparkContext) {
     }
     val located = state.withCodec(c => rows.map(r => entry.fold(c.locate(r))(c.locateEntry(r, _))))
     val batch = committedBatch(query, minBatch, deadline)
-    val read = readVersion(query, state, located, batch + 1, deadline, limit, scan = state.answer == Answer.Entries &&
-      entry.isEmpty)
+    val (read, behind) = readVersion(query, state, located, batch + 1, deadline, limit,
+      scan = state.answer == Answer.Entries && entry.isEmpty)
+    minBatch.foreach { m =>
+      behind.find(_.batch < m).foreach { b => throw new LookupRefused(503, ErrorId.ServiceStateUnavailable,
+        s"batch $m of partition ${b.partition} cannot be read: ${b.reason}") }
+    }
     val values = state.withCodec { c =>
       read.map {
         case Left(bytes) if entry.isDefined => c.entryValueJson(bytes)
@@ -81,7 +88,9 @@ final class StateLookups(sc: SparkContext) {
       }
     }
     ("query" -> query.id.toString) ~ ("run" -> query.runId.toString) ~ ("name" -> state.name) ~ ("kind" -> state.kind) ~
-      ("batch" -> batch) ~ ("values" -> JArray(values.toList))
+      ("batch" -> batch) ~ ("values" -> JArray(values.toList)) ~
+      ("behind" -> JArray(behind.toList.map(b => ("partition" -> b.partition) ~ ("batch" -> b.batch) ~
+        ("reason" -> b.reason))))
   }
 
   /** A request's key as the key columns' row: a value for one column, an array (or object) for several. */
@@ -104,15 +113,16 @@ final class StateLookups(sc: SparkContext) {
   /** The query's last committed batch, once it is at least `minBatch` (waited for until `deadline`). */
   private def committedBatch(query: StreamExecution, minBatch: Option[Long], deadline: Long): Long = {
     var last = latestBatch(query)
-    while (minBatch.exists(m => last.forall(_ < m)) && System.nanoTime() < deadline) {
+    while (minBatch.exists(m => last.forall(_ < m)) && query.isActive && System.nanoTime() < deadline) {
       Thread.sleep(5)
       last = latestBatch(query)
     }
+    def notReached(m: Long, why: String) = new LookupRefused(504, ErrorId.ServiceBatchNotReached,
+      if (query.isActive) s"query ${query.id} did not commit batch $m within the request's timeout: $why"
+      else s"query ${query.id} stopped before batch $m: $why")
     (last, minBatch) match {
-      case (Some(b), Some(m)) if b < m => throw new LookupRefused(504, ErrorId.ServiceBatchNotReached,
-        s"query ${query.id} did not commit batch $m within the request's timeout: its last committed batch is $b")
-      case (None, Some(m)) => throw new LookupRefused(504, ErrorId.ServiceBatchNotReached,
-        s"query ${query.id} did not commit batch $m within the request's timeout: it has committed no batch yet")
+      case (Some(b), Some(m)) if b < m => throw notReached(m, s"its last committed batch is $b")
+      case (None, Some(m)) => throw notReached(m, "it has committed no batch yet")
       case (None, None) => throw new LookupRefused(503, ErrorId.ServiceStateUnavailable,
         s"query ${query.id} has committed no batch yet: its state is queryable from its first committed batch on")
       case (Some(b), _) => b
@@ -137,49 +147,68 @@ final class StateLookups(sc: SparkContext) {
   /**
    * Each located key's stored value (or, to `scan`, its entries: a map state's) at `version`
    * of the query's run, asked of the servers holding their partitions, one read per partition,
-   * all at once (a server in this JVM, local mode's, is read directly).
+   * all at once (a server in this JVM, local mode's, is read directly). A partition no server
+   * holds at `version` (none holds it, its server does not answer, or holds other versions) is
+   * read from the checkpoint, and is [[Behind]] when only an older version of it can be read.
    */
   private def readVersion(query: StreamExecution, state: QueryableState, located: Seq[(Int, Array[Byte])],
-      version: Long, deadline: Long, limit: Int, scan: Boolean)
-      : Seq[Either[Array[Byte], (Seq[(Array[Byte], Array[Byte])], Boolean)]] = {
-    val token = StateServers.token(sc).getOrElse(throw new LookupRefused(503, ErrorId.ServiceStateUnavailable,
+      version: Long, deadline: Long, limit: Int, scan: Boolean): (Seq[Read], Seq[Behind]) = {
+    lazy val token = StateServers.token(sc).getOrElse(throw new LookupRefused(503, ErrorId.ServiceStateUnavailable,
       s"queryable state needs keyedstate's Spark plugin: start the application with spark.plugins=" +
         s"${QueryablePlugin.ClassName} (keyedstate.configure sets it)"))
-    val map = scan
     val runId = query.runId.toString
     def waitMs = math.max(0L, math.min(ServerWaitMs, (deadline - System.nanoTime()) / 1000000L))
     val byPartition = located.zipWithIndex.groupBy(_._1._1).toSeq
     val reads = byPartition.map { case (p, keys) =>
-      val partition = state.partition(p)
-      val (executor, url) = StateServers.holder(partition, runId).getOrElse(throw new LookupRefused(503,
-        ErrorId.ServiceStateUnavailable, s"no state server holds $partition for the query's run $runId (the " +
-          "query is starting or restarting, has run no batch since it started, or its executor was lost); ask again"))
       val encoded = keys.map(_._1._2)
-      val read = ViewRead(partition, runId, version, state.column, if (map) Nil else encoded,
-        if (map) encoded else Nil, limit, waitMs)
-      val answer =
-        if (executor != LocalExecutorId) remoteRead(url, token, read, deadline)
-        else if (byPartition.size == 1) CompletableFuture.completedFuture(localRead(read)) // no thread handoff
-        else CompletableFuture.supplyAsync(() => localRead(read.copy(waitMs = waitMs)))
-      (keys.map(_._2), url, read, answer)
-    }
-    val out = new Array[Either[Array[Byte], (Seq[(Array[Byte], Array[Byte])], Boolean)]](located.length)
-    reads.foreach { case (indices, url, read, future) =>
-      val answer = future.join() match {
-        case Right(a) => a
-        case Left(e: StateServer.Refused) if e.kind == StateServer.VersionNotHeld => throw new LookupRefused(503,
-          ErrorId.ServiceStateUnavailable, s"the state server at $url does not hold version $version of " +
-            s"${read.partition} (it holds ${if (e.versions.isEmpty) "none" else e.versions.mkString(", ")}); ask again")
-        case Left(e: Unreachable) => throw new LookupRefused(503, ErrorId.ServiceStateUnavailable,
-          s"the state server at $url holding ${read.partition} does not answer: ${e.getMessage}; ask again")
-        case Left(e) => throw new IllegalStateException(
-          s"the state server at $url failed to read ${read.partition}: ${e.getMessage}", e) // 500, logged
+      val read = ViewRead(state.partition(p), runId, version, state.column, if (scan) Nil else encoded,
+        if (scan) encoded else Nil, limit, waitMs)
+      def checkpointRead: Either[Throwable, (ViewAnswer, Option[Behind])] = fromCheckpointOf(query, read)
+      // A stopped query's views go as its executors unload them: its checkpoint serves it.
+      val holder = if (query.isActive && !fromCheckpoint) StateServers.holder(read.partition, runId) else None
+      val answer: CompletableFuture[Either[Throwable, (ViewAnswer, Option[Behind])]] = holder match {
+        case None if byPartition.size == 1 => CompletableFuture.completedFuture(checkpointRead)
+        case None => CompletableFuture.supplyAsync(() => checkpointRead)
+        case Some((executor, url)) =>
+          val served =
+            if (executor != LocalExecutorId) remoteRead(url, token, read, deadline)
+            else if (byPartition.size == 1) CompletableFuture.completedFuture(localRead(read)) // no thread handoff
+            else CompletableFuture.supplyAsync(() => localRead(read.copy(waitMs = waitMs)))
+          // The checkpoint is read off the HTTP client's threads: it may rebuild the partition.
+          def fallback = CompletableFuture.supplyAsync(() => checkpointRead)
+          served.thenCompose[Either[Throwable, (ViewAnswer, Option[Behind])]] {
+            case Right(a) => CompletableFuture.completedFuture(Right((a, None)))
+            case Left(e: StateServer.Refused) if e.kind == StateServer.VersionNotHeld => fallback
+            case Left(_: Unreachable) => fallback
+            case Left(e) => CompletableFuture.completedFuture(Left(new IllegalStateException(
+              s"the state server at $url failed to read ${read.partition}: ${e.getMessage}", e))) // 500, logged
+          }
       }
-      if (map) indices.zip(answer.scans).foreach { case (i, scan) => out(i) = Right(scan) }
-      else indices.zip(answer.values).foreach { case (i, v) => out(i) = Left(v) }
+      (keys.map(_._2), read, answer)
     }
-    out.toSeq
+    val out = new Array[Read](located.length)
+    val behind = reads.flatMap { case (indices, read, future) =>
+      val (answer, late) = future.join().fold(e => throw e, identity)
+      if (scan) indices.zip(answer.scans).foreach { case (i, entries) => out(i) = Right(entries) }
+      else indices.zip(answer.values).foreach { case (i, v) => out(i) = Left(v) }
+      late
+    }
+    (out.toSeq, behind.sortBy(_.partition))
   }
+
+  /** `read` answered from the query's committed checkpoint (no state server holds its version). */
+  private def fromCheckpointOf(query: StreamExecution, read: ViewRead): Either[Throwable, (ViewAnswer, Option[Behind])] =
+    try {
+      val session = query.sparkSession
+      val served = checkpoints.read(query.resolvedCheckpointRoot, session.sessionState.conf,
+        session.sessionState.newHadoopConf(), read)
+      Right((served.answer, served.problem.map(Behind(read.partition.partitionId, served.version - 1, _))))
+    } catch {
+      case NonFatal(e) => Left(new LookupRefused(503, ErrorId.ServiceStateUnavailable, String.valueOf(e.getMessage)))
+    }
+
+  /** Stops reading the checkpoint: its local copies are closed and dropped. */
+  def close(): Unit = checkpoints.close()
 
   private def localRead(read: ViewRead): Either[Throwable, ViewAnswer] =
     try Right(StateServer.read(read)) catch { case NonFatal(e) => Left(e) }
@@ -217,6 +246,12 @@ object StateLookups {
 
   /** A state server that did not answer (connection refused or lost, timed out). */
   private final class Unreachable(message: String) extends Exception(message)
+
+  /** A stored value, or a map's entries and whether more follow. */
+  private type Read = Either[Array[Byte], (Seq[(Array[Byte], Array[Byte])], Boolean)]
+
+  /** A partition read at an older batch than asked, because the newer one cannot be read (the reason). */
+  final case class Behind(partition: Int, batch: Long, reason: String)
 
   /** A lookup refused, with the HTTP status and error id the service answers. */
   final class LookupRefused(val status: Int, val id: ErrorId, message: String) extends Exception(message)

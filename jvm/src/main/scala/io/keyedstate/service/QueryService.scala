@@ -16,7 +16,7 @@ import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.execution.streaming.runtime.{StreamExecution, StreamingQueryWrapper}
 import org.apache.spark.sql.streaming.StreamingQueryListener
 import org.apache.spark.sql.streaming.StreamingQueryListener.{QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent}
-import org.json4s.{DefaultFormats, Formats, JArray, JObject, JString, JValue}
+import org.json4s.{DefaultFormats, Formats, JArray, JBool, JObject, JString, JValue}
 import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods
 
@@ -41,30 +41,39 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
   private val savepointRunner = Transfers.daemonPool("keyedstate-service-savepoint", 1)
   private val queries = new ConcurrentHashMap[UUID, RunningQuery]()
   private val savepoints = new SavepointRequests(savepointRunner)
-  private val lookups = new StateLookups(sc)
+  private val lookups = new StateLookups(sc, settings.lookupsFromCheckpoint)
   // Started last: requests may come at once, and use every field above.
   private val server = HttpServers.start(settings.host, settings.port, "keyedstate-service", HandlerThreads)(serve)
 
   val url: String = s"http://${HttpServers.urlHost(settings.host)}:${server.port}"
   logInfo(s"keyedstate query service at $url")
 
-  /** Serves `query` (its latest run) until it terminates; this machine's registry names the service. */
+  /**
+   * Serves `query` (its latest run); this machine's registry names the service. Once the run
+   * stops, its state stays queryable (read from its checkpoint) until another run of the query
+   * starts or the application ends, and its entry says it stopped.
+   */
   private[service] def register(query: StreamExecution): Unit = {
-    queries.put(query.id, RunningQuery(query))
-    ServiceRegistry.publish(ServiceEntry(url, settings.token, query.id.toString, query.runId.toString,
-      query.resolvedCheckpointRoot, sc.applicationId, ProcessHandle.current().pid(), System.currentTimeMillis()))
+    Option(queries.put(query.id, RunningQuery(query))).filter(_.query.runId != query.runId).foreach { before =>
+      lookups.forget(before.query.runId)
+      ServiceRegistry.withdraw(before.query.runId.toString)
+    }
+    publishEntry(query, stopped = false)
   }
 
-  private[service] def unregister(id: UUID, runId: UUID): Unit = {
-    Option(queries.get(id)).filter(_.query.runId == runId).foreach(queries.remove(id, _))
-    lookups.forget(runId)
-    ServiceRegistry.withdraw(runId.toString)
-  }
+  private[service] def stopped(id: UUID, runId: UUID): Unit =
+    Option(queries.get(id)).filter(_.query.runId == runId).foreach(q => publishEntry(q.query, stopped = true))
+
+  private def publishEntry(query: StreamExecution, stopped: Boolean): Unit =
+    ServiceRegistry.publish(ServiceEntry(url, settings.token, query.id.toString, query.runId.toString,
+      query.resolvedCheckpointRoot, sc.applicationId, ProcessHandle.current().pid(), System.currentTimeMillis(),
+      stopped))
 
   /** Stops serving, and withdraws the registry entries of the queries it still served. */
   private[service] def stop(): Unit = {
     server.stop()
     savepointRunner.shutdownNow()
+    lookups.close()
     queries.values.asScala.foreach(q => ServiceRegistry.withdraw(q.query.runId.toString))
     queries.clear()
   }
@@ -116,18 +125,18 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
         Response(200, savepoints.status(id, requestId).getOrElse(throw new ServiceRefusal(404, ErrorId.ServiceNotFound,
           s"No savepoint request $requestId of query $id (the service keeps the last ${SavepointRequests.Kept})")))
       }
-      case List("v1", "state") => only(method, "GET")(Response(200, "states" -> activeQueries.flatMap(q =>
+      case List("v1", "state") => only(method, "GET")(Response(200, "states" -> servedQueries.flatMap(q =>
         lookups.states(q).map(stateJson(q, _)))))
       case List("v1", "state", name) => only(method, "POST") {
         val (query, state) = queryableState(name, None)
         lookup(query, state, readBody(exchange, MaxLookupBodyBytes))
       }
       case List("v1", "queries", id, "state") => only(method, "GET") {
-        val query = running(id)
+        val query = served(id)
         Response(200, "states" -> lookups.states(query).map(stateJson(query, _)))
       }
       case List("v1", "queries", id, "state", name) => only(method, "POST") {
-        val (query, state) = queryableState(name, Some(running(id)))
+        val (query, state) = queryableState(name, Some(served(id)))
         lookup(query, state, readBody(exchange, MaxLookupBodyBytes))
       }
       case _ => throw new ServiceRefusal(404, ErrorId.ServiceNotFound, s"No path ${exchange.getRequestURI.getPath}: " +
@@ -137,17 +146,19 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
     }
   }
 
-  /** A queryable state as the listings show it: with its query and run. */
+  /** A queryable state as the listings show it: with its query and run, and whether that runs. */
   private def stateJson(query: StreamExecution, state: QueryableState): JValue =
-    state.toJson merge JObject("query" -> JString(query.id.toString), "run" -> JString(query.runId.toString))
+    state.toJson merge JObject("query" -> JString(query.id.toString), "run" -> JString(query.runId.toString),
+      "running" -> JBool(query.isActive))
 
-  private def activeQueries: List[StreamExecution] =
-    queries.values.asScala.toList.map(_.query).filter(_.isActive).sortBy(_.id.toString)
+  /** The queries whose state lookups read: the running ones, and the stopped ones (from their checkpoints). */
+  private def servedQueries: List[StreamExecution] =
+    queries.values.asScala.toList.map(_.query).sortBy(q => (!q.isActive, q.id.toString))
 
   /** State `name` of `query`, or of the one running query that has it. */
   private def queryableState(name: String, query: Option[StreamExecution]): (StreamExecution, QueryableState) = {
     val candidates = query.toList.flatMap(q => lookups.states(q).map(q -> _)) match {
-      case Nil if query.isEmpty => activeQueries.flatMap(q => lookups.states(q).map(q -> _))
+      case Nil if query.isEmpty => servedQueries.flatMap(q => lookups.states(q).map(q -> _))
       case found => found
     }
     candidates.filter(_._2.name == name) match {
@@ -155,13 +166,13 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
       case Nil =>
         val known = candidates.map(_._2.name).distinct.sorted
         throw new ServiceRefusal(404, ErrorId.ServiceNotFound, s"No queryable state '$name' in " +
-          query.fold(s"the running queries of application ${sc.applicationId}")(q => s"query ${q.id}") +
+          query.fold(s"the queries of application ${sc.applicationId}")(q => s"query ${q.id}") +
           s" (queryable: ${if (known.isEmpty) "none; a state is made queryable with set_queryable(name), and is " +
             "known once its query planned a batch" else known.mkString(", ")})")
       case several if several.map(_._1.id).distinct.size == 1 => throw badRequest(s"Several states of query " +
         s"${several.head._1.id} are queryable as '$name' (of ${several.map(_._2.owner).mkString(", ")}): " +
         "give each its own name")
-      case several => throw badRequest(s"Queryable state '$name' is in several running queries " +
+      case several => throw badRequest(s"Queryable state '$name' is in several queries " +
         s"(${several.map(_._1.id).mkString(", ")}): ask one, POST /v1/queries/<id>/state/$name")
     }
   }
@@ -194,11 +205,19 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
       case _: IllegalArgumentException => throw badRequest(s"Invalid query id '$id': allowed is a query's UUID")
     }
 
+  /** The query `id`, running or stopped (its state is read from its checkpoint then). */
+  private def served(id: String): StreamExecution = {
+    val uuid = queryId(id)
+    Option(queries.get(uuid)).map(_.query).getOrElse(throw new ServiceRefusal(404, ErrorId.ServiceNotFound,
+      s"No query $id in application ${sc.applicationId} (known: " +
+        s"${queries.keySet.asScala.toSeq.map(_.toString).sorted.mkString(", ")})"))
+  }
+
   private def running(id: String): StreamExecution = {
     val uuid = queryId(id)
     Option(queries.get(uuid)).map(_.query).filter(_.isActive).getOrElse(throw new ServiceRefusal(404,
       ErrorId.ServiceNotFound, s"No running query $id in application ${sc.applicationId} (running: " +
-        s"${queries.keySet.asScala.toSeq.map(_.toString).sorted.mkString(", ")})"))
+        s"${queries.values.asScala.toSeq.filter(_.query.isActive).map(_.query.id.toString).sorted.mkString(", ")})"))
   }
 }
 
@@ -264,7 +283,7 @@ object QueryService extends Logging {
     override def onQueryProgress(event: QueryProgressEvent): Unit = ()
 
     override def onQueryTerminated(event: QueryTerminatedEvent): Unit =
-      background(s"unregister query ${event.id}")(service.unregister(event.id, event.runId))
+      background(s"mark query ${event.id} stopped")(service.stopped(event.id, event.runId))
   }
 
   private val registrations = Transfers.daemonPool("keyedstate-service-registry", 1)

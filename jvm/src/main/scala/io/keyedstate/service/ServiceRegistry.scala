@@ -21,7 +21,7 @@ import org.json4s.jackson.Serialization
  * reader checks the process and asks the service before it trusts one.
  */
 final case class ServiceEntry(url: String, token: String, queryId: String, runId: String, checkpoint: String,
-    applicationId: String, pid: Long, writtenAtMs: Long)
+    applicationId: String, pid: Long, writtenAtMs: Long, stopped: Boolean = false)
 
 object ServiceRegistry {
   val EnvVariable = "KEYEDSTATE_SERVICE_REGISTRY"

@@ -9,10 +9,12 @@ import io.keyedstate.errors.KeyedStateErrors
 
 /**
  * The query service's settings (docs/query-service.md), read from the application's `SparkConf`
- * when the first streaming query starts: whether it runs, the address it binds and the bearer
- * token every request must carry (random per application unless set).
+ * when the first streaming query starts: whether it runs, the address it binds, the bearer
+ * token every request must carry (random per application unless set), and what answers
+ * lookups of queryable state: the executors' state servers, or the checkpoint only.
  */
-final case class ServiceSettings(enabled: Boolean, host: String, port: Int, token: String)
+final case class ServiceSettings(enabled: Boolean, host: String, port: Int, token: String,
+    lookupsFromCheckpoint: Boolean = false)
 
 object ServiceSettings {
   val Prefix = "spark.keyedstate.service."
@@ -20,7 +22,8 @@ object ServiceSettings {
   val HostKey: String = Prefix + "host"
   val PortKey: String = Prefix + "port"
   val TokenKey: String = Prefix + "token"
-  val Keys: Seq[String] = Seq(EnabledKey, HostKey, PortKey, TokenKey)
+  val LookupsFromKey: String = Prefix + "lookupsFrom"
+  val Keys: Seq[String] = Seq(EnabledKey, HostKey, PortKey, TokenKey, LookupsFromKey)
 
   /** The loopback address: the service is reachable from this machine only unless told otherwise. */
   val DefaultHost = "127.0.0.1"
@@ -51,7 +54,12 @@ object ServiceSettings {
       }
       raw
     }.getOrElse(randomToken())
-    ServiceSettings(enabled, host, port, token)
+    val fromCheckpoint = conf.getOption(LookupsFromKey).map(_.trim.toLowerCase) match {
+      case None | Some("executors") => false
+      case Some("checkpoint") => true
+      case Some(other) => throw KeyedStateErrors.invalidOptionValue(LookupsFromKey, other, "executors or checkpoint")
+    }
+    ServiceSettings(enabled, host, port, token, fromCheckpoint)
   }
 
   private def randomToken(): String = {

@@ -17,6 +17,9 @@ class ServiceSettingsSuite extends AnyFunSuite {
     val set = ServiceSettings.from(conf(ServiceSettings.EnabledKey -> "false", ServiceSettings.PortKey -> "8123",
       ServiceSettings.HostKey -> "0.0.0.0", ServiceSettings.TokenKey -> "0123456789abcdef"))
     assert(set == ServiceSettings(enabled = false, "0.0.0.0", 8123, "0123456789abcdef"))
+    assert(!a.lookupsFromCheckpoint)
+    assert(ServiceSettings.from(conf(ServiceSettings.LookupsFromKey -> " Checkpoint")).lookupsFromCheckpoint)
+    assert(!ServiceSettings.from(conf(ServiceSettings.LookupsFromKey -> "executors")).lookupsFromCheckpoint)
   }
 
   test("a bad setting is refused with its key, its value and what is allowed; a token is never echoed") {
@@ -32,6 +35,9 @@ class ServiceSettingsSuite extends AnyFunSuite {
     val token = refusal(ServiceSettings.TokenKey -> "short secret")
     assert(token.contains(ServiceSettings.TokenKey) && token.contains("at least 16 characters") &&
       !token.contains("short secret"))
+    val from = refusal(ServiceSettings.LookupsFromKey -> "driver")
+    assert(from.contains(ServiceSettings.LookupsFromKey) && from.contains("'driver'") &&
+      from.contains("executors or checkpoint"))
     val unknown = refusal("spark.keyedstate.service.prot" -> "1")
     assert(unknown.contains("spark.keyedstate.service.prot") && unknown.contains(ServiceSettings.PortKey))
   }

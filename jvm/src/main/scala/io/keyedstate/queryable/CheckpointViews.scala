@@ -1,0 +1,204 @@
+package io.keyedstate.queryable
+
+import java.io.File
+import java.util.UUID
+
+import scala.util.control.NonFatal
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
+import org.apache.spark.sql.execution.streaming.state.{StateStore, StateStoreConf, StateStoreId}
+import org.apache.spark.sql.internal.SQLConf
+
+import io.keyedstate.{CommittedView, CommittedViews, KeyedStateStoreProvider, StoreInstance, StorePartition}
+import io.keyedstate.checkpoint.{CheckpointStore, LocalFileCache, LocalFiles, VersionManifest}
+import io.keyedstate.checkpoint.commit.Changelog
+import io.keyedstate.checkpoint.restore.RestoreOperation
+import io.keyedstate.conf.KeyedStateConf
+import io.keyedstate.offline.{QueryCheckpoint, StateTable, StateTables}
+import io.keyedstate.ttl.TtlClock
+
+/**
+ * The checkpoint fallback of lookups, in the driver: a store partition no state server holds (a
+ * stopped query, a partition between executors) is read from the query's committed checkpoint.
+ * The first lookup of a partition rebuilds its version into a local RocksDB as the provider loads
+ * one (snapshot files, then changelogs); later versions replay only their new changelogs on it
+ * (a new base snapshot rebuilds it). Each version is published as a committed view of the run
+ * [[Run]] and read as the executors' views are, so TTL and encodings are judged alike. A version
+ * whose files are missing or damaged is reported, and the last good version is served meanwhile.
+ * It never writes to the checkpoint. At most [[MaxPartitions]] partitions are kept open.
+ */
+final class CheckpointViews extends AutoCloseable {
+  import CheckpointViews._
+
+  // Access-ordered: the least recently read partition is closed first.
+  private val followers = new java.util.LinkedHashMap[StorePartition, Follower](16, 0.75f, true)
+
+  /**
+   * `read` answered from version `read.version` of the checkpoint at `checkpointRoot`, or from the
+   * last good version before it when that one's files cannot be read (with the reason).
+   */
+  def read(checkpointRoot: String, sqlConf: SQLConf, hadoopConf: Configuration, read: ViewRead): Served = {
+    val follower = followers.synchronized {
+      val found = Option(followers.get(read.partition)).getOrElse {
+        val created = new Follower(read.partition, checkpointRoot, sqlConf, hadoopConf)
+        followers.put(read.partition, created)
+        created
+      }
+      if (followers.size > MaxPartitions) {
+        val eldest = followers.entrySet().iterator()
+        val dropped = eldest.next().getValue
+        eldest.remove()
+        dropped.close()
+      }
+      found
+    }
+    // A view released under the read (a newer version published, the partition closed) is read again.
+    def attempt(left: Int): Served = {
+      val (version, problem) = follower.advanceTo(read.version)
+      try Served(version, StateServer.read(read.copy(runId = Run, version = version, waitMs = 0)), problem) catch {
+        case _: StateServer.Refused if left > 0 => attempt(left - 1)
+      }
+    }
+    attempt(1)
+  }
+
+  override def close(): Unit = followers.synchronized {
+    followers.values().forEach(_.close())
+    followers.clear()
+  }
+
+  /** One partition followed from its checkpoint: the version loaded, and the last failure to load a newer one. */
+  private final class Follower(partition: StorePartition, checkpointRoot: String, sqlConf: SQLConf,
+      hadoopConf: Configuration) {
+    private val id = StateStoreId(partition.checkpointRoot, partition.operatorId, partition.partitionId,
+      partition.storeName)
+    private val store = new CheckpointStore(new Path(id.storeCheckpointLocation().toString), hadoopConf)
+    private var loaded: Loaded = _
+    private var failure: Option[Failure] = None
+
+    /** The version served for `version`: itself, or the last good one and why `version` is not. */
+    def advanceTo(version: Long): (Long, Option[String]) = synchronized {
+      if (loaded != null && loaded.manifest.version == version) (version, None)
+      else failure.filter(f => f.version == version && System.nanoTime() - f.atNanos < RetryNanos) match {
+        case Some(f) => servedBefore(f.message)
+        case None =>
+          try {
+            val manifest = manifestOf(version)
+            if (loaded != null && !loaded.broken && extends_(loaded.manifest, manifest)) replayOnto(manifest)
+            else rebuild(manifest)
+            failure = None
+            (version, None)
+          } catch {
+            case NonFatal(e) =>
+              val message = s"version $version of $partition cannot be read from the checkpoint: ${e.getMessage}"
+              failure = Some(Failure(version, message, System.nanoTime()))
+              logger.warn(message, e)
+              servedBefore(message)
+          }
+      }
+    }
+
+    private def servedBefore(message: String): (Long, Option[String]) =
+      if (loaded == null) throw new IllegalStateException(message) else (loaded.manifest.version, Some(message))
+
+    /** Version `version`'s manifest: by the checkpoint id the commit log records for it (format v2), or by version. */
+    private def manifestOf(version: Long): VersionManifest = {
+      val ckpt = new QueryCheckpoint(new Path(checkpointRoot), hadoopConf)
+      val checkpointId = ckpt.defaultStoreCheckpointIds(version - 1, partition.operatorId.toInt,
+        Seq(partition.partitionId)).get(partition.partitionId)
+      store.readManifest(version, checkpointId)
+    }
+
+    /** Whether `next` is `current` and more changelogs: same base snapshot and families, older logs kept. */
+    private def extends_(current: VersionManifest, next: VersionManifest): Boolean =
+      next.version > current.version && next.snapshotVersion == current.snapshotVersion &&
+        next.files == current.files && next.changelogs.startsWith(current.changelogs) &&
+        next.columnFamilies.map(_.name).toSet == current.columnFamilies.map(_.name).toSet
+
+    private def replayOnto(manifest: VersionManifest): Unit = {
+      val logs = manifest.changelogs.drop(loaded.manifest.changelogs.size)
+      val replayDir = new File(loaded.dir, s"replay-${UUID.randomUUID()}")
+      try {
+        val fetched = loaded.restores.fetchInto(logs.map(_.file), manifest.version, replayDir)(_.path.replace('/', '_'))
+        // Checked by size and checksum above: a replay failing now leaves the database half-written.
+        loaded.broken = true
+        logs.zip(fetched).foreach { case (log, (local, _)) =>
+          Changelog.replay(local, loaded.instance.db, store.resolve(log.file.path).toString, log.version)
+        }
+        loaded.broken = false
+      } finally LocalFiles.deleteRecursively(replayDir)
+      loaded.manifest = manifest
+      publish(loaded)
+    }
+
+    private def rebuild(manifest: VersionManifest): Unit = {
+      val table = tableOf(manifest.version - 1)
+      val conf = KeyedStateConf(new StateStoreConf(sqlConf, table.ttlOptions))
+      val dir = new File(KeyedStateStoreProvider.localBaseDir(conf), s"lookups/${UUID.randomUUID()}")
+      try {
+        val cache = LocalFileCache.forStore(new File(dir.getParentFile, "cache"), store.root.toString)
+        val restores = new RestoreOperation(store, cache, conf)
+        val (db, _) = restores.rebuild(manifest, new File(dir, "db"), dir, s"$partition")
+        val instance = new StoreInstance(db, partition.storeName, conf, table.columnFamilies, manifest.columnFamilies,
+          None, cf => conf.ttl.forColumnFamily(partition.operatorId, cf), manifest.ttlCursors, manifest.declaration)
+        instance.registerCodec(StateStore.DEFAULT_COL_FAMILY_NAME, table.storeKeySchema, table.storeValueSchema,
+          table.storeSpec, multipleValues = false, isInternal = false)
+        val before = loaded
+        loaded = new Loaded(manifest, instance, restores, dir)
+        publish(loaded) // replaces the views of the instance before, which closes once its reads finish
+        if (before != null) before.close()
+      } catch {
+        case NonFatal(e) =>
+          if (loaded == null || loaded.dir != dir) LocalFiles.deleteRecursively(dir)
+          throw e
+      }
+    }
+
+    /** The table whose store this partition is, as the checkpoint declares it at `batch`. */
+    private def tableOf(batch: Long): StateTable = {
+      val ckpt = new QueryCheckpoint(new Path(checkpointRoot), hadoopConf)
+      val (_, tables) = StateTables(ckpt, batch).operatorOf(partition.operatorId.toString)
+      tables.find(_.storeName == partition.storeName).getOrElse(throw new IllegalStateException(
+        s"the checkpoint $checkpointRoot declares no store '${partition.storeName}' of operator ${partition.operatorId}"))
+    }
+
+    private def publish(l: Loaded): Unit = {
+      val version = l.manifest.version
+      val multi = l.instance.db.columnFamilies.map(cf => cf -> l.instance.isMultiValue(cf)).toMap
+      CommittedViews.publish(l, new CommittedView(partition, Run, version, l.instance.db.snapshot(), l.instance.ttl,
+        () => TtlClock.at(partition.checkpointRoot, version - 1, hadoopConf), multi))
+    }
+
+    def close(): Unit = synchronized {
+      if (loaded != null) {
+        CommittedViews.withdraw(loaded, partition, Run)
+        loaded.close()
+        loaded = null
+      }
+    }
+  }
+}
+
+object CheckpointViews {
+  private val logger = org.slf4j.LoggerFactory.getLogger(classOf[CheckpointViews])
+
+  /** The run id the checkpoint's views are published under (a query run's are UUIDs). */
+  val Run = "checkpoint"
+  /** Partitions kept open in the driver; the least recently read is closed past it. */
+  val MaxPartitions = 64
+  /** How long a version that failed to load is not tried again (each lookup would otherwise try). */
+  private val RetryNanos = 5L * 1000 * 1000 * 1000
+
+  /** What the checkpoint served: the version read, the answer, and why it is older than asked (if it is). */
+  final case class Served(version: Long, answer: ViewAnswer, problem: Option[String])
+
+  private final case class Failure(version: Long, message: String, atNanos: Long)
+
+  /** A version loaded in a local RocksDB of its own (`dir`), rebuilt with `restores`. */
+  private final class Loaded(@volatile var manifest: VersionManifest, val instance: StoreInstance,
+      val restores: RestoreOperation, val dir: File) {
+    @volatile var broken: Boolean = false
+    def close(): Unit = try instance.close() finally LocalFiles.deleteRecursively(dir)
+  }
+}
