@@ -90,6 +90,23 @@ def _await_batch(checkpoint: Path, query: StreamingQuery, batch: int) -> None:
         time.sleep(0.05)
 
 
+def _ran(spark: SparkSession, tmp_path: Path, batches: int) -> tuple[FileInput, Path]:
+    """A query that ran batches 0 to ``batches - 1`` of ``_rows`` and stopped: its input and
+    checkpoint."""
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add(_rows(0))
+    checkpoint = tmp_path / "checkpoint"
+    query = _start(spark, source, checkpoint)
+    try:
+        for batch in range(batches):
+            if batch > 0:
+                source.add(_rows(batch))
+            _await_batch(checkpoint, query, batch)
+    finally:
+        query.stop()
+    return source, checkpoint
+
+
 def _state_at(spark: SparkSession, checkpoint: Path, state: str, batch: int) -> dict[str, Any]:
     """State ``state`` of every key at ``batch``, as the state reader shows it."""
     frame = keyedstate.state.read(
@@ -344,14 +361,7 @@ def test_a_restarted_query_is_served_from_the_version_its_first_batch_loads(
 ) -> None:
     """A new run's first batch publishes the version it loads before it writes: while that batch
     runs (held in the function), lookups answer the last batch of the run before."""
-    source = FileInput(tmp_path / "input", SCHEMA)
-    source.add(_rows(0))
-    checkpoint = tmp_path / "checkpoint"
-    query = _start(spark, source, checkpoint)
-    try:
-        _await_batch(checkpoint, query, 0)
-    finally:
-        query.stop()
+    source, checkpoint = _ran(spark, tmp_path, 1)
     pause = tmp_path / "pause"
     query = _start(spark, source, checkpoint, function=QueryableTotals(pause_file=str(pause)))
     try:
@@ -585,16 +595,7 @@ def test_a_stopped_query_stays_queryable_from_its_checkpoint(
 ) -> None:
     """Once its query stops, the application keeps serving its state: read from the checkpoint
     at the last committed batch, every kind equal to the state reader's."""
-    source = FileInput(tmp_path / "input", SCHEMA)
-    source.add(_rows(0))
-    checkpoint = tmp_path / "checkpoint"
-    query = _start(spark, source, checkpoint)
-    try:
-        _await_batch(checkpoint, query, 0)
-        source.add(_rows(1))
-        _await_batch(checkpoint, query, 1)
-    finally:
-        query.stop()
+    _, checkpoint = _ran(spark, tmp_path, 2)
     deadline = time.monotonic() + 30
     client = QueryableStateClient.for_checkpoint(str(checkpoint))
     while not any(s.name == "totals" and not s.running for s in client.states()):
@@ -625,19 +626,12 @@ def test_a_damaged_changelog_is_reported_and_the_last_good_batch_served(
     behind and why (the file's path), and a lookup that needs the newer batch is refused."""
     from keyedstate.service import StaleStateWarning
 
-    source = FileInput(tmp_path / "input", SCHEMA)
-    source.add(_rows(0))
-    checkpoint = tmp_path / "checkpoint"
     previous = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", "1")  # every key in the damaged partition
     try:
-        query = _start(spark, source, checkpoint)
+        source, checkpoint = _ran(spark, tmp_path, 1)
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", previous)
-    try:
-        _await_batch(checkpoint, query, 0)
-    finally:
-        query.stop()
     client = QueryableStateClient.for_checkpoint(str(checkpoint))
     good = client.lookup("totals", KEYS)  # the checkpoint's version 1 is loaded
     assert good.batch == 0 and good.values == [
@@ -664,3 +658,65 @@ def test_a_damaged_changelog_is_reported_and_the_last_good_batch_served(
     with pytest.raises(QueryServiceError, match=damaged.name) as refused:
         client.lookup("totals", KEYS, min_batch=1)
     assert refused.value.error_id == "KEYEDSTATE_SERVICE_STATE_UNAVAILABLE"
+
+
+def test_parts_of_maps_by_map_key_and_of_lists_by_index(running: Running) -> None:
+    """A range or a prefix of each key's map entries (in map-key order) and a slice of each
+    key's list, equal to the same part of the whole map or list read at the same batch."""
+    client = running.client
+    keys = KEYS[:4]
+    # Every key gets the three tags and three more amounts, in a batch of its own.
+    batch = max(committed_batches(running.checkpoint)) + 1
+    running.source.add([{"k": k, "v": j, "tag": f"t{j}"} for k in keys for j in range(3)])
+    _await_batch(running.checkpoint, running.query, batch)
+    tags = client.lookup("tags", keys, min_batch=batch)
+    amounts = client.lookup("amounts", keys, min_batch=tags.batch)
+    assert all(tags.values) and all(amounts.values)
+
+    def read(**options: Any) -> list[Any]:  # noqa: ANN401
+        answer = client.lookup("tags", keys, **options)
+        assert answer.batch == tags.batch, "a batch committed meanwhile: the fixture runs none"
+        return [None if v is None else list(v.items()) for v in answer.values]
+
+    def expected(lo: str | None = None, hi: str | None = None, prefix: str = "") -> list[Any]:
+        """The part of each key's map, [] when none of it is in range (None: no map)."""
+        return [
+            None
+            if t is None
+            else sorted(
+                (m, v)
+                for m, v in t.items()
+                if (lo is None or m >= lo) and (hi is None or m < hi) and m.startswith(prefix)
+            )
+            for t in tags.values
+        ]
+
+    assert read(map_key_from="t1") == expected(lo="t1")
+    assert read(map_key_to="t1") == expected(hi="t1")
+    assert read(map_key_from="t0", map_key_to="t2") == expected(lo="t0", hi="t2")
+    assert read(map_key_prefix="t2") == expected(prefix="t2")
+    assert read(map_key_prefix="x") == [[]] * len(keys)
+    assert read(map_key_from="t0", limit=3) == expected(lo="t0")
+    with pytest.raises(QueryServiceError, match="more than limit=1"):
+        client.lookup("tags", keys, map_key_from="t0", limit=1)
+
+    def sliced(start: int | None, stop: int | None) -> list[Any]:
+        return client.lookup("amounts", keys, start=start, stop=stop).values
+
+    for start, stop in [(0, 1), (-2, None), (1, 3), (None, -1), (5, 2)]:
+        assert sliced(start, stop) == [a[start:stop] for a in amounts.values], (start, stop)
+
+    for bad, match in [
+        ({"map_key_prefix": "t"}, "string keys"),
+        ({"map_key_from": 1}, "map state"),
+    ]:
+        with pytest.raises(QueryServiceError, match=match) as refused:
+            client.lookup("amounts", keys, **bad)
+        assert refused.value.error_id == "KEYEDSTATE_SERVICE_BAD_REQUEST"
+    with pytest.raises(QueryServiceError, match="list state") as refused:
+        client.lookup("tags", keys, start=1)
+    assert refused.value.error_id == "KEYEDSTATE_SERVICE_BAD_REQUEST"
+    with pytest.raises(QueryServiceError, match="not both"):
+        client.lookup("tags", keys, start=1, map_key_prefix="t")
+    with pytest.raises(QueryServiceError, match="one entry"):
+        client.lookup("tags", keys, map_key="t1", map_key_from="t0")

@@ -346,13 +346,22 @@ class QueryableStateClient:
         timeout: float | None = None,
         limit: int | None = None,
         map_key: Any = _NO_MAP_KEY,  # noqa: ANN401 - a map state's key
+        map_key_from: Any = _NO_MAP_KEY,  # noqa: ANN401
+        map_key_to: Any = _NO_MAP_KEY,  # noqa: ANN401
+        map_key_prefix: str | None = None,
+        start: int | None = None,
+        stop: int | None = None,
     ) -> StateLookup:
         """The values of ``keys`` in queryable state ``name`` at the query's last committed
         batch, at least ``min_batch`` (waited for up to ``timeout`` seconds). A key of several
         columns is a tuple. Value, reducing and aggregating state give the stored value (an
         aggregating state's accumulator), list state a list, map state a dict (at most
         ``limit`` entries per key: a key with more raises), or with ``map_key`` the value of that
-        one entry of each key's map. A key without state gives None."""
+        one entry of each key's map. A part of each map: the entries whose map keys are from
+        ``map_key_from`` (inclusive) to ``map_key_to`` (exclusive), or start with
+        ``map_key_prefix`` (string map keys), in map-key order, at most ``limit``; a part of each
+        list: its elements ``start`` to ``stop``, as Python slices it. A key without state gives
+        None."""
         if isinstance(keys, str | bytes) or not isinstance(keys, Sequence) or not keys:
             raise TypeError(f"keys must be a non-empty sequence of keys, got {keys!r}")
         query_id = query_id or self.query_id
@@ -376,6 +385,23 @@ class QueryableStateClient:
                     "keys: read the whole map"
                 )
             body["map_key"] = _encode_key(map_key, None if info is None else info.map_key_type)
+        key_type = None if info is None else info.map_key_type
+        ranged = map_key_from is not _NO_MAP_KEY or map_key_to is not _NO_MAP_KEY
+        if (ranged or map_key_prefix is not None) and info is not None and info.pickled_map_key:
+            raise TypeError(
+                f"a range of map keys is read of a map whose keys are typed; {name!r} has pickled "
+                "keys, which have no order: read the whole map"
+            )
+        if map_key_from is not _NO_MAP_KEY:
+            body["map_key_from"] = _encode_key(map_key_from, key_type)
+        if map_key_to is not _NO_MAP_KEY:
+            body["map_key_to"] = _encode_key(map_key_to, key_type)
+        if map_key_prefix is not None:
+            body["map_key_prefix"] = str(map_key_prefix)
+        if start is not None:
+            body["start"] = int(start)
+        if stop is not None:
+            body["stop"] = int(stop)
         path = "/v1/state/" + urllib.parse.quote(name, safe="")
         if query_id is not None:
             path = (

@@ -97,6 +97,10 @@ final class QueryableState(
         case _ => JsonValues.toJson(codec.decodeValue(bytes), 0, valueType)
       }
 
+    /** A map entry's map key, as the map key's type holds it (a copy: the codec reuses its rows). */
+    def entryMapKey(key: Array[Byte]): Any =
+      InternalRow.copyValue(codec.decodeKey(key).get(keySchema.length, mapKeyType.get))
+
     /** A map entry as `[map key, value]`. */
     def entryJson(key: Array[Byte], value: Array[Byte]): JValue =
       JArray(List(JsonValues.toJson(codec.decodeKey(key), keySchema.length, mapKeyType.get),

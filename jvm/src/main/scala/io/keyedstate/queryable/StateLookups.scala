@@ -11,7 +11,10 @@ import scala.util.control.NonFatal
 
 import org.apache.spark.SparkContext
 import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.InterpretedOrdering
 import org.apache.spark.sql.execution.streaming.runtime.StreamExecution
+import org.apache.spark.sql.types.StringType
+import org.apache.spark.unsafe.types.UTF8String
 import org.json4s._
 import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods
@@ -55,42 +58,85 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
 
   /**
    * The values of `keys` in state `name` at the query's last committed batch, at least
-   * `minBatch`: `{"batch", "values": [...]}`, values in `keys`' order.
+   * `minBatch`: `{"batch", "values": [...]}`, values in `keys`' order. `part` reads a part of
+   * each key's map (entries by map key) or list (elements by index).
    */
   def get(query: StreamExecution, state: QueryableState, keys: Seq[JValue], minBatch: Option[Long],
-      timeoutMs: Long, limit: Int, mapKey: Option[JValue] = None): JValue = {
+      timeoutMs: Long, limit: Int, mapKey: Option[JValue] = None, part: Option[Part] = None): JValue = {
     val deadline = System.nanoTime() + timeoutMs * 1000000L
     val rows = keys.zipWithIndex.map { case (k, i) => keyRow(state, k, s"key #$i") }
     // A map state's whole map per key (a scan of its entries), or the value of one map key.
-    val entry = mapKey.map { m =>
-      val keyType = state.mapKeyType.filter(_ => state.answer == Answer.Entries).getOrElse(
-        throw new LookupRefused(400, ErrorId.ServiceBadRequest, s"\"map_key\" reads one entry of a map state; " +
-          s"'${state.name}' is ${state.kind} state"))
-      try JsonValues.toInternal(m, keyType, "map_key") catch {
-        case e: JsonValues.BadValue => throw new LookupRefused(400, ErrorId.ServiceBadRequest, e.getMessage)
+    val entry = mapKey.map(m => internalMapKey(state, m, "map_key", "reads one entry of a map state"))
+    val range = part.collect { case r: MapRange =>
+      if (entry.isDefined) throw badRequest("\"map_key\" reads one entry; a range of entries is read without it")
+      if (state.pickled.mapKey) {
+        throw badRequest(s"'${state.name}' has pickled map keys, which have no order: read the whole map")
       }
+      Bounds(r.from.map(internalMapKey(state, _, "map_key_from", "reads a range of a map state's entries")),
+        r.to.map(internalMapKey(state, _, "map_key_to", "reads a range of a map state's entries")),
+        r.prefix.map { p =>
+          if (!state.mapKeyType.contains(StringType) || state.answer != Answer.Entries) {
+            throw badRequest(s"\"map_key_prefix\" reads the entries of a map state with string keys; " +
+              s"'${state.name}' is ${state.kind} state${state.mapKeyType.fold("")(t => s" keyed by ${t.simpleString}")}")
+          }
+          UTF8String.fromString(p)
+        }, state.mapKeyType.map(t => InterpretedOrdering.forSchema(Seq(t))).orNull)
+    }
+    val slice = part.collect { case s: ListSlice =>
+      if (state.answer != Answer.Elements) {
+        throw badRequest(s"\"start\" and \"stop\" read elements of a list state; '${state.name}' is ${state.kind} state")
+      }
+      s
     }
     val located = state.withCodec(c => rows.map(r => entry.fold(c.locate(r))(c.locateEntry(r, _))))
     val batch = committedBatch(query, minBatch, deadline)
-    val (read, behind) = readVersion(query, state, located, batch + 1, deadline, limit,
+    // A range is chosen among all of a map's entries: read them all (up to a bound).
+    val scanLimit = if (range.isDefined) MaxEntriesInRange else limit
+    val (read, behind) = readVersion(query, state, located, batch + 1, deadline, scanLimit,
       scan = state.answer == Answer.Entries && entry.isEmpty)
     minBatch.foreach { m =>
       behind.find(_.batch < m).foreach { b => throw new LookupRefused(503, ErrorId.ServiceStateUnavailable,
         s"batch $m of partition ${b.partition} cannot be read: ${b.reason}") }
     }
     val values = state.withCodec { c =>
-      read.map {
-        case Left(bytes) if entry.isDefined => c.entryValueJson(bytes)
-        case Left(bytes) => c.valueJson(bytes)
-        case Right((entries, _)) if entries.isEmpty => JNull // no state, as for the other kinds
-        case Right((entries, more)) =>
-          ("entries" -> JArray(entries.toList.map { case (k, v) => c.entryJson(k, v) })) ~ ("more" -> more)
+      read.zipWithIndex.map {
+        case (Left(bytes), _) if entry.isDefined => c.entryValueJson(bytes)
+        case (Left(bytes), _) => slice.fold(c.valueJson(bytes))(s => sliced(c.valueJson(bytes), s))
+        case (Right((entries, _)), _) if entries.isEmpty => JNull // no state, as for the other kinds
+        case (Right((entries, more)), i) => range match {
+          case None =>
+            ("entries" -> JArray(entries.toList.map { case (k, v) => c.entryJson(k, v) })) ~ ("more" -> more)
+          case Some(bounds) =>
+            if (more) throw badRequest(s"the map of key #$i holds more than $MaxEntriesInRange entries: a range " +
+              "is chosen among all of them; read it whole with \"limit\" instead")
+            val within = entries.map { case (k, v) => (c.entryMapKey(k), k, v) }
+              .filter { case (m, _, _) => bounds.holds(m) }.sortBy(_._1)(bounds.ordering)
+            ("entries" -> JArray(within.take(limit).toList.map { case (_, k, v) => c.entryJson(k, v) })) ~
+              ("more" -> (within.size > limit))
+        }
       }
     }
     ("query" -> query.id.toString) ~ ("run" -> query.runId.toString) ~ ("name" -> state.name) ~ ("kind" -> state.kind) ~
       ("batch" -> batch) ~ ("values" -> JArray(values.toList)) ~
       ("behind" -> JArray(behind.toList.map(b => ("partition" -> b.partition) ~ ("batch" -> b.batch) ~
         ("reason" -> b.reason))))
+  }
+
+  /** A request's map key (`field`) as the map state's key type holds it. */
+  private def internalMapKey(state: QueryableState, value: JValue, field: String, reads: String): Any = {
+    val keyType = state.mapKeyType.filter(_ => state.answer == Answer.Entries).getOrElse(
+      throw badRequest(s"\"$field\" $reads; '${state.name}' is ${state.kind} state"))
+    try JsonValues.toInternal(value, keyType, field) catch {
+      case e: JsonValues.BadValue => throw badRequest(e.getMessage)
+    }
+  }
+
+  /** A list's elements `s.start` to `s.stop`, as Python slices them. */
+  private def sliced(elements: JValue, s: ListSlice): JValue = elements match {
+    case JArray(items) =>
+      def at(i: Int) = if (i < 0) math.max(0, items.size + i) else math.min(i, items.size)
+      JArray(items.slice(s.start.fold(0)(at), s.stop.fold(items.size)(at)))
+    case other => other
   }
 
   /** A request's key as the key columns' row: a value for one column, an array (or object) for several. */
@@ -235,6 +281,24 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
   }
 }
 
+/** A part of each key's state a lookup reads. */
+sealed trait Part
+
+/** A map state's entries whose map keys are from `from` (inclusive) to `to` (exclusive), or start with `prefix`. */
+final case class MapRange(from: Option[JValue], to: Option[JValue], prefix: Option[String]) extends Part
+
+/** A list state's elements from `start` to `stop`, as Python slices a list (negative: from the end). */
+final case class ListSlice(start: Option[Int], stop: Option[Int]) extends Part
+
+/** A [[MapRange]] in the map key's type: whether a map key lies in it, and the map keys' order. */
+private final case class Bounds(from: Option[Any], to: Option[Any], prefix: Option[UTF8String],
+    keyOrdering: Ordering[InternalRow]) {
+  val ordering: Ordering[Any] = (a: Any, b: Any) => keyOrdering.compare(InternalRow(a), InternalRow(b))
+  def holds(key: Any): Boolean =
+    from.forall(ordering.lteq(_, key)) && to.forall(ordering.lt(key, _)) &&
+      prefix.forall(p => key.asInstanceOf[UTF8String].startsWith(p))
+}
+
 object StateLookups {
   implicit private val formats: Formats = DefaultFormats
   /** How long a state server waits for a version being committed. */
@@ -246,6 +310,11 @@ object StateLookups {
 
   /** A state server that did not answer (connection refused or lost, timed out). */
   private final class Unreachable(message: String) extends Exception(message)
+
+  /** The most entries of one key's map a range read chooses from. */
+  val MaxEntriesInRange = 100000
+
+  private def badRequest(message: String) = new LookupRefused(400, ErrorId.ServiceBadRequest, message)
 
   /** A stored value, or a map's entries and whether more follow. */
   private type Read = Either[Array[Byte], (Seq[(Array[Byte], Array[Byte])], Boolean)]

@@ -23,7 +23,7 @@ import org.json4s.jackson.JsonMethods
 import io.keyedstate.checkpoint.Transfers
 import io.keyedstate.errors.{ErrorId, KeyedStateError}
 import io.keyedstate.offline.SavepointMetadata
-import io.keyedstate.queryable.{HttpServers, QueryableState, StateLookups}
+import io.keyedstate.queryable.{HttpServers, ListSlice, MapRange, QueryableState, StateLookups}
 
 /**
  * The query service (docs/query-service.md): an HTTP server with JSON on the driver, one per
@@ -186,11 +186,28 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
     val minBatch = optionalLong(body, "min_batch", 0L, Long.MaxValue)
     val timeoutMs = optionalLong(body, "timeout_ms", 1L, MaxLookupTimeoutMs).getOrElse(DefaultLookupTimeoutMs)
     val limit = optionalLong(body, "limit", 1L, MaxScanLimit).map(_.toInt).getOrElse(DefaultScanLimit)
-    val mapKey = body \ "map_key" match {
+    def present(name: String): Option[JValue] = body \ name match {
       case org.json4s.JNothing => None
       case v => Some(v)
     }
-    Response(200, lookups.get(query, state, keys, minBatch, timeoutMs, limit, mapKey))
+    val prefix = present("map_key_prefix").map {
+      case org.json4s.JString(p) => p
+      case other => throw badRequest(s"\"map_key_prefix\" must be a string, not ${JsonMethods.compact(other)}")
+    }
+    val range = (present("map_key_from"), present("map_key_to"), prefix) match {
+      case (None, None, None) => None
+      case (from, to, p) => Some(MapRange(from, to, p))
+    }
+    val index = Int.MaxValue.toLong
+    val slice = (optionalLong(body, "start", -index, index), optionalLong(body, "stop", -index, index)) match {
+      case (None, None) => None
+      case (start, stop) => Some(ListSlice(start.map(_.toInt), stop.map(_.toInt)))
+    }
+    if (range.isDefined && slice.isDefined) {
+      throw badRequest("\"start\"/\"stop\" read a list state, \"map_key_from\"/\"map_key_to\"/\"map_key_prefix\" a " +
+        "map state: not both")
+    }
+    Response(200, lookups.get(query, state, keys, minBatch, timeoutMs, limit, present("map_key"), range.orElse(slice)))
   }
 
   private def authorize(exchange: HttpExchange): Unit = {
