@@ -94,7 +94,7 @@ def lookup_load(
     from keyedstate import QueryableStateClient
 
     client = QueryableStateClient(url, token, query_id=query_id, timeout=30)
-    cpu = os.times()
+    cpu, began = os.times(), time.monotonic()
     records: list[tuple[float, float, int]] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -128,7 +128,16 @@ def lookup_load(
         t.join()
     done = os.times()
     seconds = (done.user - cpu.user) + (done.system - cpu.system)
-    Path(out).write_text(json.dumps({"records": records, "errors": errors, "cpu_s": seconds}))
+    Path(out).write_text(
+        json.dumps(
+            {
+                "records": records,
+                "errors": errors,
+                "cpu_s": seconds,
+                "wall_s": time.monotonic() - began,
+            }
+        )
+    )
 
 
 def await_batch(
@@ -210,7 +219,7 @@ def main() -> None:
         freshness_ms: list[float] = []
         reader_s: list[float] = []
         lookup_errors: list[str] = []
-        client_cpu_s = 0.0
+        client_cpu_s = client_wall_s = 0.0
         for round_ in range(args.rounds):
             order = modes if round_ % 2 == 0 else modes[::-1]
             for mode in order:
@@ -248,6 +257,7 @@ def main() -> None:
                     latencies += [lat for _, lat, _ in result["records"]]
                     lookup_errors += result["errors"]
                     client_cpu_s += result["cpu_s"]
+                    client_wall_s += result["wall_s"]
                     freshness_ms += freshness(checkpoint, first, batch, out_records(result))
                 print(f"round {round_} {mode}: {load_average()}", flush=True)
             for _ in range(args.reader_runs):
@@ -271,7 +281,10 @@ def main() -> None:
         f"batch, {args.rate:.0f} lookups/s, answered from the {args.lookups_from}; "
         f"{load_average()}"
     )
-    print(f"lookups: {len(latencies):,}, errors {len(lookup_errors)}{first_error}")
+    print(
+        f"lookups: {len(latencies):,} ({len(latencies) / max(client_wall_s, 1e-9):.0f}/s), "
+        f"errors {len(lookup_errors)}{first_error}"
+    )
     print(f"lookup latency through the client: p50 {1000 * p50:.2f} ms, p99 {1000 * p99:.2f} ms")
     print(
         f"the client's own CPU (a process on the same 2 cores): "

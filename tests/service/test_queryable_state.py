@@ -594,8 +594,9 @@ def test_a_stopped_query_stays_queryable_from_its_checkpoint(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """Once its query stops, the application keeps serving its state: read from the checkpoint
-    at the last committed batch, every kind equal to the state reader's."""
-    _, checkpoint = _ran(spark, tmp_path, 2)
+    at the last committed batch, every kind equal to the state reader's; after another run, the
+    copy read follows the new batch by its changelog."""
+    source, checkpoint = _ran(spark, tmp_path, 2)
     deadline = time.monotonic() + 30
     client = QueryableStateClient.for_checkpoint(str(checkpoint))
     while not any(s.name == "totals" and not s.running for s in client.states()):
@@ -616,6 +617,17 @@ def test_a_stopped_query_stays_queryable_from_its_checkpoint(
     with pytest.raises(QueryServiceError) as refused:
         client.lookup("totals", KEYS, min_batch=2)
     assert refused.value.error_id == "KEYEDSTATE_SERVICE_BATCH_NOT_REACHED"
+
+    query = _start(spark, source, checkpoint)
+    try:
+        source.add(_rows(2))
+        _await_batch(checkpoint, query, 2)
+    finally:
+        query.stop()
+    client = QueryableStateClient.for_checkpoint(str(checkpoint))
+    after = client.lookup("totals", KEYS, min_batch=2)
+    assert after.values == [_state_at(spark, checkpoint, "total", 2).get(k) for k in KEYS]
+    assert after.values != answer.values[:-1]
 
 
 def test_a_damaged_changelog_is_reported_and_the_last_good_batch_served(

@@ -14,10 +14,11 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
-import http.client
+import functools
 import json
 import math
 import pickle
+import sys
 import threading
 import urllib.parse
 import warnings
@@ -27,6 +28,7 @@ from typing import Any
 
 from keyedstate._error_catalog import SERVICE_NOT_FOUND, SERVICE_UNAVAILABLE
 from keyedstate.errors import QueryServiceError, error_of
+from keyedstate.service._http import Connection, ConnectionLost
 from keyedstate.service.client import service_address
 
 __all__ = [
@@ -44,6 +46,22 @@ _NO_MAP_KEY: Any = object()
 
 class StaleStateWarning(UserWarning):
     """Some values of a lookup are older than its batch (see ``StateLookup.behind``)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _lookup_path(name: str, query_id: str | None) -> str:
+    quoted = urllib.parse.quote(name, safe="")
+    if query_id is None:
+        return f"/v1/state/{quoted}"
+    return f"/v1/queries/{urllib.parse.quote(query_id, safe='')}/state/{quoted}"
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first frame outside this module (get -> lookup -> warn)."""
+    frame, level = sys._getframe(1), 1  # noqa: SLF001 - warnings' own way to count frames
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 # The longest a lookup may wait for a batch (the service's bound).
@@ -185,6 +203,11 @@ class QueryableStateClient:
         self.query_id = query_id
         self.timeout = timeout
         self._host, self._port = parsed.hostname, parsed.port or 80
+        if any(c in token for c in "\r\n\0"):
+            raise ValueError("the query service's token must not hold line breaks")
+        self._headers = (
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n".encode("latin-1")
+        )
         self._local = threading.local()
         self._states: dict[tuple[str, str], QueryableStateInfo] = {}
         self._decoders: dict[tuple[str, str], Decoder] = {}  # by state name and query run
@@ -205,12 +228,15 @@ class QueryableStateClient:
 
     # -- HTTP --------------------------------------------------------------------------------
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _connection(self, timeout: float) -> tuple[Connection, bool]:
+        """This thread's connection (a new one unless it has one open), and whether it is kept."""
         connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+        kept = connection is not None and connection.open
+        if not kept:
+            connection = Connection(self._host, self._port, timeout)
             self._local.connection = connection
-        return connection
+        connection.set_timeout(timeout)
+        return connection, kept
 
     def _request(
         self, method: str, path: str, body: dict[str, Any] | None = None, wait: float = 0.0
@@ -218,26 +244,16 @@ class QueryableStateClient:
         """One request; ``wait`` is how long the service may take beyond the client's timeout
         (a lookup that waits for a batch)."""
         data = None if body is None else json.dumps(body).encode("utf-8")
-        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
         for attempt in (0, 1):
-            connection = self._connection()
-            connection.timeout = self.timeout + wait
-            if connection.sock is not None:
-                connection.sock.settimeout(connection.timeout)
+            kept = False
             try:
-                connection.request(method, path, body=data, headers=headers)
-                response = connection.getresponse()
-                payload = response.read()
-                status = response.status
+                connection, kept = self._connection(self.timeout + wait)
+                status, payload = connection.request(method, path, self._headers, data)
                 break
-            except (http.client.HTTPException, OSError) as unreachable:
-                connection.close()
-                self._local.connection = None
+            except OSError as unreachable:
+                self.close()
                 # A kept connection the server closed meanwhile: once more on a new one.
-                if attempt == 0 and isinstance(
-                    unreachable,
-                    http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError,
-                ):
+                if attempt == 0 and kept and isinstance(unreachable, ConnectionLost):
                     continue
                 raise error_of(
                     SERVICE_UNAVAILABLE,
@@ -402,13 +418,7 @@ class QueryableStateClient:
             body["start"] = int(start)
         if stop is not None:
             body["stop"] = int(stop)
-        path = "/v1/state/" + urllib.parse.quote(name, safe="")
-        if query_id is not None:
-            path = (
-                f"/v1/queries/{urllib.parse.quote(query_id, safe='')}/state/"
-                + urllib.parse.quote(name, safe="")
-            )
-        answer = self._request("POST", path, body, wait=wait)
+        answer = self._request("POST", _lookup_path(name, query_id), body, wait=wait)
         if info is None or (info.query_id, info.run_id) != (answer["query"], answer["run"]):
             info = self._info(name, answer["query"], refresh=True)  # a restart: types may differ
         decode: Decoder = (lambda v: v) if info is None else self._decoder_of(info)
@@ -430,7 +440,7 @@ class QueryableStateClient:
                 f"state {name!r}: the keys of partition {b.partition} are as of batch {b.batch}, "
                 f"not {answer['batch']}: {b.reason}",
                 StaleStateWarning,
-                stacklevel=2,
+                stacklevel=_callers_level(),
             )
         return StateLookup(
             name=name,

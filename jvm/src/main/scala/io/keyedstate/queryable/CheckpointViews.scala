@@ -2,6 +2,10 @@ package io.keyedstate.queryable
 
 import java.io.File
 import java.util.UUID
+import java.util.concurrent.{CompletableFuture, TimeUnit}
+import java.util.concurrent.locks.ReentrantLock
+
+import scala.jdk.CollectionConverters._
 
 import scala.util.control.NonFatal
 
@@ -11,7 +15,7 @@ import org.apache.spark.sql.execution.streaming.state.{StateStore, StateStoreCon
 import org.apache.spark.sql.internal.SQLConf
 
 import io.keyedstate.{CommittedView, CommittedViews, KeyedStateStoreProvider, StoreInstance, StorePartition}
-import io.keyedstate.checkpoint.{CheckpointStore, LocalFileCache, LocalFiles, VersionManifest}
+import io.keyedstate.checkpoint.{CheckpointStore, LocalFileCache, LocalFiles, Transfers, VersionManifest}
 import io.keyedstate.checkpoint.commit.Changelog
 import io.keyedstate.checkpoint.restore.RestoreOperation
 import io.keyedstate.conf.KeyedStateConf
@@ -33,74 +37,119 @@ final class CheckpointViews extends AutoCloseable {
 
   // Access-ordered: the least recently read partition is closed first.
   private val followers = new java.util.LinkedHashMap[StorePartition, Follower](16, 0.75f, true)
+  private var closed = false
+  // Rebuilds and replays run here, off the callers' pools (the JVM's common pool included).
+  private val readers = Transfers.daemonPool("keyedstate-checkpoint-lookups", ReaderThreads)
 
   /**
    * `read` answered from version `read.version` of the checkpoint at `checkpointRoot`, or from the
-   * last good version before it when that one's files cannot be read (with the reason).
+   * last good version before it when that one's files cannot be read (with the reason); waits for
+   * another lookup's rebuild of the partition until `deadline` (`System.nanoTime`).
    */
-  def read(checkpointRoot: String, sqlConf: SQLConf, hadoopConf: Configuration, read: ViewRead): Served = {
-    val follower = followers.synchronized {
-      val found = Option(followers.get(read.partition)).getOrElse {
-        val created = new Follower(read.partition, checkpointRoot, sqlConf, hadoopConf)
-        followers.put(read.partition, created)
-        created
-      }
-      if (followers.size > MaxPartitions) {
-        val eldest = followers.entrySet().iterator()
-        val dropped = eldest.next().getValue
-        eldest.remove()
-        dropped.close()
-      }
-      found
-    }
-    // A view released under the read (a newer version published, the partition closed) is read again.
+  def read(checkpointRoot: String, sqlConf: SQLConf, hadoopConf: Configuration, read: ViewRead,
+      deadline: Long): Served = {
+    // A follower closed under the read (evicted, the service stopping) is asked again, once.
     def attempt(left: Int): Served = {
-      val (version, problem) = follower.advanceTo(read.version)
-      try Served(version, StateServer.read(read.copy(runId = Run, version = version, waitMs = 0)), problem) catch {
-        case _: StateServer.Refused if left > 0 => attempt(left - 1)
+      val follower = followerOf(read.partition, checkpointRoot, sqlConf, hadoopConf)
+      try {
+        val (version, problem) = follower.advanceTo(read.version, deadline)
+        Served(version, StateServer.read(read.copy(runId = Run, version = version, waitMs = 0)), problem)
+      } catch {
+        case _: StateServer.Refused | Closed if left > 0 => attempt(left - 1)
       }
     }
     attempt(1)
   }
 
-  override def close(): Unit = followers.synchronized {
-    followers.values().forEach(_.close())
-    followers.clear()
+  /** `read`, on this reader's own threads. */
+  def readAsync(checkpointRoot: String, sqlConf: SQLConf, hadoopConf: Configuration, read: ViewRead,
+      deadline: Long): CompletableFuture[Served] =
+    CompletableFuture.supplyAsync(() => this.read(checkpointRoot, sqlConf, hadoopConf, read, deadline), readers)
+
+  private def followerOf(partition: StorePartition, checkpointRoot: String, sqlConf: SQLConf,
+      hadoopConf: Configuration): Follower = {
+    var evicted: Option[Follower] = None
+    val follower = followers.synchronized {
+      if (closed) throw new IllegalStateException("the query service is stopping")
+      val found = Option(followers.get(partition)).getOrElse {
+        val created = new Follower(partition, checkpointRoot, sqlConf, hadoopConf)
+        followers.put(partition, created)
+        created
+      }
+      if (followers.size > MaxPartitions) {
+        val eldest = followers.entrySet().iterator()
+        evicted = Some(eldest.next().getValue)
+        eldest.remove()
+      }
+      found
+    }
+    evicted.foreach(_.close()) // outside the map's lock: it waits for the follower's rebuild or reads
+    follower
   }
 
-  /** One partition followed from its checkpoint: the version loaded, and the last failure to load a newer one. */
+  override def close(): Unit = {
+    val all = followers.synchronized {
+      closed = true
+      val all = followers.values().asScala.toList
+      followers.clear()
+      all
+    }
+    all.foreach(_.close())
+    readers.shutdownNow()
+  }
+
+  /**
+   * One partition followed from its checkpoint: the version loaded, and the last failure to load
+   * another. Closed once (evicted, the service stopping): later calls throw [[Closed]].
+   */
   private final class Follower(partition: StorePartition, checkpointRoot: String, sqlConf: SQLConf,
       hadoopConf: Configuration) {
     private val id = StateStoreId(partition.checkpointRoot, partition.operatorId, partition.partitionId,
       partition.storeName)
     private val store = new CheckpointStore(new Path(id.storeCheckpointLocation().toString), hadoopConf)
+    private val lock = new ReentrantLock()
     private var loaded: Loaded = _
     private var failure: Option[Failure] = None
+    private var closed = false
 
-    /** The version served for `version`: itself, or the last good one and why `version` is not. */
-    def advanceTo(version: Long): (Long, Option[String]) = synchronized {
-      if (loaded != null && loaded.manifest.version == version) (version, None)
-      else failure.filter(f => f.version == version && System.nanoTime() - f.atNanos < RetryNanos) match {
-        case Some(f) => servedBefore(f.message)
-        case None =>
-          try {
-            val manifest = manifestOf(version)
-            if (loaded != null && !loaded.broken && extends_(loaded.manifest, manifest)) replayOnto(manifest)
-            else rebuild(manifest)
-            failure = None
-            (version, None)
-          } catch {
-            case NonFatal(e) =>
-              val message = s"version $version of $partition cannot be read from the checkpoint: ${e.getMessage}"
-              failure = Some(Failure(version, message, System.nanoTime()))
-              logger.warn(message, e)
-              servedBefore(message)
-          }
+    /**
+     * The version served for `version`: itself, or the last good one before it and why `version`
+     * cannot be read. Waits for the partition's rebuild by another lookup until `deadline`.
+     */
+    def advanceTo(version: Long, deadline: Long): (Long, Option[String]) = {
+      if (!lock.tryLock(math.max(0L, deadline - System.nanoTime()), TimeUnit.NANOSECONDS)) {
+        throw new IllegalStateException(s"$partition is being read from the checkpoint by another lookup, which " +
+          "took longer than this one's timeout; ask again")
       }
+      try {
+        if (closed) throw Closed
+        if (CommittedViews.holds(partition, Run, version)) (version, None)
+        else failure.filter(f => f.version == version && System.nanoTime() - f.atNanos < RetryNanos) match {
+          case Some(f) => servedBefore(version, f.message)
+          case None =>
+            try {
+              val manifest = manifestOf(version)
+              if (loaded != null && !loaded.broken && extends_(loaded.manifest, manifest)) replayOnto(manifest)
+              else rebuild(manifest)
+              failure = None
+              (version, None)
+            } catch {
+              case NonFatal(e) =>
+                val message = s"version $version of $partition cannot be read from the checkpoint: ${e.getMessage}"
+                failure = Some(Failure(version, message, System.nanoTime()))
+                logger.warn(message, e)
+                servedBefore(version, message)
+            }
+        }
+      } finally lock.unlock()
     }
 
-    private def servedBefore(message: String): (Long, Option[String]) =
-      if (loaded == null) throw new IllegalStateException(message) else (loaded.manifest.version, Some(message))
+    /** The version loaded, if it is older than `version` (never a newer one): why `version` is not served. */
+    private def servedBefore(version: Long, message: String): (Long, Option[String]) =
+      Option(loaded).map(_.manifest.version).filter(_ < version) match {
+        case Some(last) if CommittedViews.holds(partition, Run, last) => (last, Some(message))
+        case _ => throw new IllegalStateException(message)
+      }
 
     /** Version `version`'s manifest: by the checkpoint id the commit log records for it (format v2), or by version. */
     private def manifestOf(version: Long): VersionManifest = {
@@ -110,11 +159,16 @@ final class CheckpointViews extends AutoCloseable {
       store.readManifest(version, checkpointId)
     }
 
-    /** Whether `next` is `current` and more changelogs: same base snapshot and families, older logs kept. */
-    private def extends_(current: VersionManifest, next: VersionManifest): Boolean =
+    /**
+     * Whether `next` is `current` and more changelogs: the same base snapshot, the older logs
+     * kept, and the same declaration and column families (TTL and list-ness are read at rebuild).
+     */
+    private def extends_(current: VersionManifest, next: VersionManifest): Boolean = {
+      def families(m: VersionManifest) = m.columnFamilies.map(_.copy(numKeys = 0)).toSet
       next.version > current.version && next.snapshotVersion == current.snapshotVersion &&
         next.files == current.files && next.changelogs.startsWith(current.changelogs) &&
-        next.columnFamilies.map(_.name).toSet == current.columnFamilies.map(_.name).toSet
+        next.declaration == current.declaration && families(next) == families(current)
+    }
 
     private def replayOnto(manifest: VersionManifest): Unit = {
       val logs = manifest.changelogs.drop(loaded.manifest.changelogs.size)
@@ -129,28 +183,36 @@ final class CheckpointViews extends AutoCloseable {
         loaded.broken = false
       } finally LocalFiles.deleteRecursively(replayDir)
       loaded.manifest = manifest
+      loaded.cache.retainOnly(manifest.allFiles)
       publish(loaded)
     }
 
     private def rebuild(manifest: VersionManifest): Unit = {
       val table = tableOf(manifest.version - 1)
       val conf = KeyedStateConf(new StateStoreConf(sqlConf, table.ttlOptions))
-      val dir = new File(KeyedStateStoreProvider.localBaseDir(conf), s"lookups/${UUID.randomUUID()}")
+      val base = new File(KeyedStateStoreProvider.localBaseDir(conf), "lookups")
+      val dir = new File(base, UUID.randomUUID().toString)
+      var instance: StoreInstance = null
       try {
-        val cache = LocalFileCache.forStore(new File(dir.getParentFile, "cache"), store.root.toString)
+        val cache = LocalFileCache.forStore(new File(base, "cache"), store.root.toString)
         val restores = new RestoreOperation(store, cache, conf)
         val (db, _) = restores.rebuild(manifest, new File(dir, "db"), dir, s"$partition")
-        val instance = new StoreInstance(db, partition.storeName, conf, table.columnFamilies, manifest.columnFamilies,
-          None, cf => conf.ttl.forColumnFamily(partition.operatorId, cf), manifest.ttlCursors, manifest.declaration)
+        try {
+          instance = new StoreInstance(db, partition.storeName, conf, table.columnFamilies, manifest.columnFamilies,
+            None, cf => conf.ttl.forColumnFamily(partition.operatorId, cf), manifest.ttlCursors, manifest.declaration)
+        } catch { case NonFatal(e) => db.close(); throw e }
         instance.registerCodec(StateStore.DEFAULT_COL_FAMILY_NAME, table.storeKeySchema, table.storeValueSchema,
           table.storeSpec, multipleValues = false, isInternal = false)
+        cache.retainOnly(manifest.allFiles)
+        val next = new Loaded(manifest, instance, restores, cache, dir)
+        publish(next) // replaces the views of the instance before, which closes once its reads finish
         val before = loaded
-        loaded = new Loaded(manifest, instance, restores, dir)
-        publish(loaded) // replaces the views of the instance before, which closes once its reads finish
+        loaded = next
         if (before != null) before.close()
       } catch {
         case NonFatal(e) =>
-          if (loaded == null || loaded.dir != dir) LocalFiles.deleteRecursively(dir)
+          if (instance != null) instance.close()
+          LocalFiles.deleteRecursively(dir)
           throw e
       }
     }
@@ -170,12 +232,16 @@ final class CheckpointViews extends AutoCloseable {
         () => TtlClock.at(partition.checkpointRoot, version - 1, hadoopConf), multi))
     }
 
-    def close(): Unit = synchronized {
-      if (loaded != null) {
-        CommittedViews.withdraw(loaded, partition, Run)
-        loaded.close()
-        loaded = null
-      }
+    def close(): Unit = {
+      lock.lock()
+      try {
+        closed = true
+        if (loaded != null) {
+          CommittedViews.withdraw(loaded, partition, Run)
+          loaded.close()
+          loaded = null
+        }
+      } finally lock.unlock()
     }
   }
 }
@@ -187,6 +253,8 @@ object CheckpointViews {
   val Run = "checkpoint"
   /** Partitions kept open in the driver; the least recently read is closed past it. */
   val MaxPartitions = 64
+  /** Threads rebuilding or reading partitions from the checkpoint at once. */
+  private val ReaderThreads = 4
   /** How long a version that failed to load is not tried again (each lookup would otherwise try). */
   private val RetryNanos = 5L * 1000 * 1000 * 1000
 
@@ -195,9 +263,12 @@ object CheckpointViews {
 
   private final case class Failure(version: Long, message: String, atNanos: Long)
 
-  /** A version loaded in a local RocksDB of its own (`dir`), rebuilt with `restores`. */
+  /** A follower closed under a lookup: the lookup asks a new one. */
+  private object Closed extends Exception("closed", null, false, false)
+
+  /** A version loaded in a local RocksDB of its own (`dir`), rebuilt with `restores` from `cache`. */
   private final class Loaded(@volatile var manifest: VersionManifest, val instance: StoreInstance,
-      val restores: RestoreOperation, val dir: File) {
+      val restores: RestoreOperation, val cache: LocalFileCache, val dir: File) {
     @volatile var broken: Boolean = false
     def close(): Unit = try instance.close() finally LocalFiles.deleteRecursively(dir)
   }

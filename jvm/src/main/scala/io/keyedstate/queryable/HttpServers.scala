@@ -11,13 +11,19 @@ import io.keyedstate.checkpoint.Transfers
 
 /**
  * The JDK's HTTP server as keyedstate's servers (the driver's query service, the executors'
- * state servers) run it: on a pool of daemon threads, with a dispatcher thread that never keeps
- * a JVM alive, and with Nagle's algorithm off.
+ * state servers) run it: requests come to `serve` on the dispatcher thread, which answers what
+ * needs no wait (a lookup of a view held here: tens of microseconds, less than handing the
+ * request to another thread costs) and hands the rest to a pool of daemon handler threads
+ * ([[Running.defer]]); the dispatcher never keeps a JVM alive; Nagle's algorithm is off.
  */
 object HttpServers {
-  /** A started server and the pool serving its requests; stop both with [[stop]]. */
+  /** A started server and the pool its deferred requests run on; stop both with [[stop]]. */
   final case class Running(server: HttpServer, handlers: ExecutorService) {
     def port: Int = server.getAddress.getPort
+
+    /** Runs `work` (which answers an exchange the dispatcher took) on a handler thread. */
+    def defer(work: => Unit): Unit = handlers.execute(() => work)
+
     def stop(): Unit = {
       server.stop(0)
       handlers.shutdownNow()
@@ -32,7 +38,7 @@ object HttpServers {
     val server = HttpServer.create(new InetSocketAddress(host, port), 0)
     val handlers = Transfers.daemonPool(name, threads)
     server.createContext("/", (exchange: HttpExchange) => serve(exchange))
-    server.setExecutor(handlers)
+    server.setExecutor(null) // `serve` runs on the dispatcher thread, and defers what may wait
     // The dispatcher thread takes its daemon flag from the thread that starts it.
     val starter = new Thread(() => server.start(), s"$name-start")
     starter.setDaemon(true)

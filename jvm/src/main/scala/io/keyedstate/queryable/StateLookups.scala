@@ -5,7 +5,7 @@ import java.net.http.{HttpClient, HttpRequest, HttpResponse}
 import java.nio.charset.StandardCharsets.UTF_8
 import java.time.Duration
 import java.util.UUID
-import java.util.concurrent.{CompletableFuture, ConcurrentHashMap}
+import java.util.concurrent.{CompletableFuture, CompletionException, ConcurrentHashMap}
 
 import scala.util.control.NonFatal
 
@@ -19,6 +19,7 @@ import org.json4s._
 import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods
 
+import io.keyedstate.CommittedViews
 import io.keyedstate.errors.ErrorId
 
 /**
@@ -51,6 +52,9 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
     }
   }
 
+  /** Whether the queryable states of `query`'s run are known (asking for them again reads no file). */
+  def knowsStatesOf(query: StreamExecution): Boolean = catalogs.containsKey(query.runId)
+
   def forget(runId: UUID): Unit = {
     catalogs.remove(runId)
     latest.remove(runId)
@@ -59,10 +63,14 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
   /**
    * The values of `keys` in state `name` at the query's last committed batch, at least
    * `minBatch`: `{"batch", "values": [...]}`, values in `keys`' order. `part` reads a part of
-   * each key's map (entries by map key) or list (elements by index).
+   * each key's map (entries by map key) or list (elements by index). `atOnce`: the lookup is
+   * answered only if that needs no wait (the views of this JVM hold the batch, the commit log's
+   * last batch is known), and throws [[StateLookups.WouldWait]] otherwise, to be asked again
+   * where it may wait.
    */
   def get(query: StreamExecution, state: QueryableState, keys: Seq[JValue], minBatch: Option[Long],
-      timeoutMs: Long, limit: Int, mapKey: Option[JValue] = None, part: Option[Part] = None): JValue = {
+      timeoutMs: Long, limit: Int, mapKey: Option[JValue] = None, part: Option[Part] = None,
+      atOnce: Boolean = false): JValue = {
     val deadline = System.nanoTime() + timeoutMs * 1000000L
     val rows = keys.zipWithIndex.map { case (k, i) => keyRow(state, k, s"key #$i") }
     // A map state's whole map per key (a scan of its entries), or the value of one map key.
@@ -89,11 +97,14 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
       s
     }
     val located = state.withCodec(c => rows.map(r => entry.fold(c.locate(r))(c.locateEntry(r, _))))
-    val batch = committedBatch(query, minBatch, deadline)
+    if (atOnce && range.isDefined) throw WouldWait // a range reads up to MaxEntriesInRange entries per key
+    val batch = committedBatch(query, minBatch, deadline, atOnce)
     // A range is chosen among all of a map's entries: read them all (up to a bound).
     val scanLimit = if (range.isDefined) MaxEntriesInRange else limit
-    val (read, behind) = readVersion(query, state, located, batch + 1, deadline, scanLimit,
-      scan = state.answer == Answer.Entries && entry.isEmpty)
+    val scan = state.answer == Answer.Entries && entry.isEmpty
+    val (read, behind) =
+      if (atOnce) (readHeldHere(query, state, located, batch + 1, scanLimit, scan), Nil)
+      else readVersion(query, state, located, batch + 1, deadline, scanLimit, scan)
     minBatch.foreach { m =>
       behind.find(_.batch < m).foreach { b => throw new LookupRefused(503, ErrorId.ServiceStateUnavailable,
         s"batch $m of partition ${b.partition} cannot be read: ${b.reason}") }
@@ -157,8 +168,9 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
   }
 
   /** The query's last committed batch, once it is at least `minBatch` (waited for until `deadline`). */
-  private def committedBatch(query: StreamExecution, minBatch: Option[Long], deadline: Long): Long = {
-    var last = latestBatch(query)
+  private def committedBatch(query: StreamExecution, minBatch: Option[Long], deadline: Long, atOnce: Boolean): Long = {
+    var last = latestBatch(query, atOnce)
+    if (atOnce && minBatch.exists(m => last.forall(_ < m))) throw WouldWait
     while (minBatch.exists(m => last.forall(_ < m)) && query.isActive && System.nanoTime() < deadline) {
       Thread.sleep(5)
       last = latestBatch(query)
@@ -175,16 +187,24 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
     }
   }
 
-  // The commit log's last batch per query run, listed at most once per LatestBatchCacheMs: a
-  // listing of the log's folder costs more than a lookup, and lookups come by the thousand.
+  // The commit log's last batch per query run, read at most once per LatestBatchCacheMs: the log's
+  // folder is listed once, then only the next batch's entry is looked for (a listing of a folder
+  // of a hundred entries costs more than many lookups, and lookups come by the thousand).
   private val latest = new ConcurrentHashMap[UUID, (Long, Option[Long])]()
 
-  private def latestBatch(query: StreamExecution): Option[Long] = {
+  private def latestBatch(query: StreamExecution, atOnce: Boolean = false): Option[Long] = {
     val now = System.nanoTime()
     val cached = latest.get(query.runId)
     if (cached != null && now - cached._1 < LatestBatchCacheMs * 1000000L) cached._2
+    else if (atOnce) throw WouldWait // reads the file system
     else {
-      val found = query.commitLog.getLatestBatchId()
+      val found = Option(cached).flatMap(_._2) match {
+        case Some(known) =>
+          var last = known
+          while (query.commitLog.get(last + 1).isDefined) last += 1
+          Some(last)
+        case None => query.commitLog.getLatestBatchId()
+      }
       latest.put(query.runId, (now, found))
       found
     }
@@ -209,23 +229,20 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
       val encoded = keys.map(_._1._2)
       val read = ViewRead(state.partition(p), runId, version, state.column, if (scan) Nil else encoded,
         if (scan) encoded else Nil, limit, waitMs)
-      def checkpointRead: Either[Throwable, (ViewAnswer, Option[Behind])] = fromCheckpointOf(query, read)
       // A stopped query's views go as its executors unload them: its checkpoint serves it.
       val holder = if (query.isActive && !fromCheckpoint) StateServers.holder(read.partition, runId) else None
       val answer: CompletableFuture[Either[Throwable, (ViewAnswer, Option[Behind])]] = holder match {
-        case None if byPartition.size == 1 => CompletableFuture.completedFuture(checkpointRead)
-        case None => CompletableFuture.supplyAsync(() => checkpointRead)
+        case None => fromCheckpointOf(query, read, deadline, async = byPartition.size > 1)
         case Some((executor, url)) =>
           val served =
             if (executor != LocalExecutorId) remoteRead(url, token, read, deadline)
             else if (byPartition.size == 1) CompletableFuture.completedFuture(localRead(read)) // no thread handoff
             else CompletableFuture.supplyAsync(() => localRead(read.copy(waitMs = waitMs)))
-          // The checkpoint is read off the HTTP client's threads: it may rebuild the partition.
-          def fallback = CompletableFuture.supplyAsync(() => checkpointRead)
           served.thenCompose[Either[Throwable, (ViewAnswer, Option[Behind])]] {
             case Right(a) => CompletableFuture.completedFuture(Right((a, None)))
-            case Left(e: StateServer.Refused) if e.kind == StateServer.VersionNotHeld => fallback
-            case Left(_: Unreachable) => fallback
+            case Left(e: StateServer.Refused) if e.kind == StateServer.VersionNotHeld =>
+              fromCheckpointOf(query, read, deadline, async = true)
+            case Left(_: Unreachable) => fromCheckpointOf(query, read, deadline, async = true)
             case Left(e) => CompletableFuture.completedFuture(Left(new IllegalStateException(
               s"the state server at $url failed to read ${read.partition}: ${e.getMessage}", e))) // 500, logged
           }
@@ -233,25 +250,59 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
       (keys.map(_._2), read, answer)
     }
     val out = new Array[Read](located.length)
-    val behind = reads.flatMap { case (indices, read, future) =>
+    val behind = reads.flatMap { case (indices, _, future) =>
       val (answer, late) = future.join().fold(e => throw e, identity)
-      if (scan) indices.zip(answer.scans).foreach { case (i, entries) => out(i) = Right(entries) }
-      else indices.zip(answer.values).foreach { case (i, v) => out(i) = Left(v) }
+      fill(out, indices, answer, scan)
       late
     }
     (out.toSeq, behind.sortBy(_.partition))
   }
 
-  /** `read` answered from the query's committed checkpoint (no state server holds its version). */
-  private def fromCheckpointOf(query: StreamExecution, read: ViewRead): Either[Throwable, (ViewAnswer, Option[Behind])] =
-    try {
-      val session = query.sparkSession
-      val served = checkpoints.read(query.resolvedCheckpointRoot, session.sessionState.conf,
-        session.sessionState.newHadoopConf(), read)
-      Right((served.answer, served.problem.map(Behind(read.partition.partitionId, served.version - 1, _))))
-    } catch {
-      case NonFatal(e) => Left(new LookupRefused(503, ErrorId.ServiceStateUnavailable, String.valueOf(e.getMessage)))
+  /**
+   * [[readVersion]] of partitions whose views this JVM holds at `version` (local mode's
+   * executor), read on the calling thread; [[WouldWait]] if one is not held here.
+   */
+  private def readHeldHere(query: StreamExecution, state: QueryableState, located: Seq[(Int, Array[Byte])],
+      version: Long, limit: Int, scan: Boolean): Seq[Read] = {
+    val runId = query.runId.toString
+    val out = new Array[Read](located.length)
+    located.zipWithIndex.groupBy(_._1._1).foreach { case (p, keys) =>
+      val partition = state.partition(p)
+      if (fromCheckpoint || !query.isActive || !CommittedViews.holds(partition, runId, version)) throw WouldWait
+      val encoded = keys.map(_._1._2)
+      val read = ViewRead(partition, runId, version, state.column, if (scan) Nil else encoded,
+        if (scan) encoded else Nil, limit, waitMs = 0)
+      // Released meanwhile (a newer commit): asked again where it may wait.
+      val answer = try StateServer.read(read) catch { case _: StateServer.Refused => throw WouldWait }
+      fill(out, keys.map(_._2), answer, scan)
     }
+    out.toSeq
+  }
+
+  private def fill(out: Array[Read], indices: Seq[Int], answer: ViewAnswer, scan: Boolean): Unit =
+    if (scan) indices.zip(answer.scans).foreach { case (i, entries) => out(i) = Right(entries) }
+    else indices.zip(answer.values).foreach { case (i, v) => out(i) = Left(v) }
+
+  /**
+   * `read` answered from the query's committed checkpoint (no state server holds its version):
+   * on the calling thread, or `async` on the checkpoint reader's own.
+   */
+  private def fromCheckpointOf(query: StreamExecution, read: ViewRead, deadline: Long, async: Boolean)
+      : CompletableFuture[Either[Throwable, (ViewAnswer, Option[Behind])]] = {
+    val session = query.sparkSession
+    val (root, sqlConf, hadoopConf) = (query.resolvedCheckpointRoot, session.sessionState.conf,
+      session.sessionState.newHadoopConf())
+    def served(s: CheckpointViews.Served) =
+      (s.answer, s.problem.map(Behind(read.partition.partitionId, s.version - 1, _)))
+    def refused(e: Throwable) = new LookupRefused(503, ErrorId.ServiceStateUnavailable,
+      String.valueOf(Option(e.getCause).filter(_ => e.isInstanceOf[CompletionException]).getOrElse(e).getMessage))
+    if (!async) CompletableFuture.completedFuture(
+      try Right(served(checkpoints.read(root, sqlConf, hadoopConf, read, deadline)))
+      catch { case NonFatal(e) => Left(refused(e)) })
+    else checkpoints.readAsync(root, sqlConf, hadoopConf, read, deadline).handle { (s, failure) =>
+      if (failure != null) Left(refused(failure)) else Right(served(s))
+    }
+  }
 
   /** Stops reading the checkpoint: its local copies are closed and dropped. */
   def close(): Unit = checkpoints.close()
@@ -321,6 +372,9 @@ object StateLookups {
 
   /** A partition read at an older batch than asked, because the newer one cannot be read (the reason). */
   final case class Behind(partition: Int, batch: Long, reason: String)
+
+  /** A lookup asked to be answered at once that would have to wait: ask again where it may. */
+  object WouldWait extends Exception("the lookup would wait", null, false, false)
 
   /** A lookup refused, with the HTTP status and error id the service answers. */
   final class LookupRefused(val status: Int, val id: ErrorId, message: String) extends Exception(message)

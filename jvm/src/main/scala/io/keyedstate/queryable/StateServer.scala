@@ -48,15 +48,32 @@ final class StateServer(host: String, token: String) extends AutoCloseable {
 
   override def close(): Unit = running.stop()
 
+  /**
+   * On the dispatcher thread: a read of a version held here is answered at once; one that may
+   * wait for a commit, or scans many entries, on a handler thread.
+   */
   private def serve(exchange: HttpExchange): Unit =
+    outcome(exchange)(parse(exchange)) match {
+      case Right(r) if answersAtOnce(r) => respond(exchange, outcome(exchange)(answerJson(read(r))))
+      case Right(r) => running.defer(respond(exchange, outcome(exchange)(answerJson(read(r)))))
+      case Left(refusal) => respond(exchange, Left(refusal))
+    }
+
+  private def answersAtOnce(r: ViewRead): Boolean =
+    CommittedViews.holds(r.partition, r.runId, r.version) && r.prefixes.size.toLong * r.limit <= InlineEntries
+
+  /** `body`, or the status and error it fails with. */
+  private def outcome[T](exchange: HttpExchange)(body: => T): Either[(Int, JValue), T] =
+    try Right(body) catch {
+      case e: Refused => Left((e.status, ("error" -> e.kind) ~ ("message" -> e.getMessage) ~ ("versions" -> e.versions)))
+      case NonFatal(e) =>
+        logger.warn(s"keyedstate state server: ${exchange.getRequestURI} failed", e)
+        Left((500, ("error" -> "failed") ~ ("message" -> String.valueOf(e.getMessage))))
+    }
+
+  private def respond(exchange: HttpExchange, answer: Either[(Int, JValue), JValue]): Unit =
     try {
-      val (status, body) =
-        try route(exchange) catch {
-          case e: Refused => (e.status, ("error" -> e.kind) ~ ("message" -> e.getMessage) ~ ("versions" -> e.versions))
-          case NonFatal(e) =>
-            logger.warn(s"keyedstate state server: ${exchange.getRequestURI} failed", e)
-            (500, ("error" -> "failed") ~ ("message" -> String.valueOf(e.getMessage)))
-        }
+      val (status, body) = answer.fold(identity, 200 -> _)
       val bytes = JsonMethods.compact(JsonMethods.render(body)).getBytes(UTF_8)
       exchange.getResponseHeaders.set("Content-Type", "application/json")
       exchange.sendResponseHeaders(status, bytes.length.toLong)
@@ -65,7 +82,7 @@ final class StateServer(host: String, token: String) extends AutoCloseable {
       case NonFatal(e) => logger.warn(s"keyedstate state server: cannot answer ${exchange.getRequestURI}", e)
     } finally exchange.close()
 
-  private def route(exchange: HttpExchange): (Int, JValue) = {
+  private def parse(exchange: HttpExchange): ViewRead = {
     if (!HttpServers.bearerIs(exchange, token)) {
       throw new Refused(401, "unauthorized", "no internal token, or another", Nil)
     }
@@ -76,10 +93,8 @@ final class StateServer(host: String, token: String) extends AutoCloseable {
     if (bytes.length > MaxRequestBytes) {
       throw new Refused(413, "too_large", s"a read request of more than $MaxRequestBytes bytes", Nil)
     }
-    val request =
-      try readOf(JsonMethods.parse(new String(bytes, UTF_8)))
-      catch { case NonFatal(e) => throw new Refused(400, "bad_request", s"not a read request: ${e.getMessage}", Nil) }
-    (200, answerJson(read(request)))
+    try readOf(JsonMethods.parse(new String(bytes, UTF_8)))
+    catch { case NonFatal(e) => throw new Refused(400, "bad_request", s"not a read request: ${e.getMessage}", Nil) }
   }
 }
 
@@ -89,6 +104,8 @@ object StateServer {
   // Reads may wait for a version being committed (ServerWaitMs): a few more threads than cores.
   private val HandlerThreads = 8
   private val MaxRequestBytes = 8 * 1024 * 1024
+  // The most entries a read's scans may ask for to be answered on the dispatcher thread.
+  private val InlineEntries = 1000
   val ReadPath = "/internal/v1/read"
   /** The refusal of a read whose version (of its run) this JVM does not hold: the proxy may ask again. */
   val VersionNotHeld = "version_not_held"

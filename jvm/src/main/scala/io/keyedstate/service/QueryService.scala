@@ -78,15 +78,47 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
     queries.clear()
   }
 
+  /**
+   * On the server's dispatcher thread: a lookup that needs no wait (local mode's views, held at
+   * the batch asked) is answered at once, since handing it to another thread costs more than the
+   * lookup; everything else is answered on a handler thread.
+   */
   private def serve(exchange: HttpExchange): Unit =
-    try {
-      val response = try route(exchange) catch {
-        case e: ServiceRefusal => Response(e.status, error(e.id, e.getMessage), e.allow)
-        case e: StateLookups.LookupRefused => Response(e.status, error(e.id, e.getMessage))
-        case NonFatal(e) =>
-          logWarning(s"keyedstate query service: ${exchange.getRequestMethod} ${exchange.getRequestURI} failed", e)
-          Response(500, errorOf(e))
+    (try dispatch(exchange) catch refusal(exchange)) match {
+      case Now(response) => respond(exchange, response)
+      case Later(work) => server.defer(respond(exchange, try work() catch refusal(exchange).andThen(_.response)))
+    }
+
+  private def dispatch(exchange: HttpExchange): Handling = {
+    val lookupOf: Option[() => (StreamExecution, QueryableState)] =
+      (exchange.getRequestMethod, pathOf(exchange)) match {
+        case ("POST", List("v1", "state", name)) => Some(() => queryableState(name, None))
+        case ("POST", List("v1", "queries", id, "state", name)) => Some(() => queryableState(name, Some(served(id))))
+        case _ => None
       }
+    lookupOf match {
+      case Some(find) if servedQueries.forall(lookups.knowsStatesOf) =>
+        authorize(exchange)
+        val (query, state) = find()
+        val body = readBody(exchange, MaxLookupBodyBytes)
+        try Now(lookup(query, state, body, atOnce = true)) catch {
+          case StateLookups.WouldWait => Later(() => lookup(query, state, body, atOnce = false))
+        }
+      case _ => Later(() => route(exchange))
+    }
+  }
+
+  /** A failed request's answer: a refusal's status and error id, or 500 (logged). */
+  private def refusal(exchange: HttpExchange): PartialFunction[Throwable, Now] = {
+    case e: ServiceRefusal => Now(Response(e.status, error(e.id, e.getMessage), e.allow))
+    case e: StateLookups.LookupRefused => Now(Response(e.status, error(e.id, e.getMessage)))
+    case NonFatal(e) =>
+      logWarning(s"keyedstate query service: ${exchange.getRequestMethod} ${exchange.getRequestURI} failed", e)
+      Now(Response(500, errorOf(e)))
+  }
+
+  private def respond(exchange: HttpExchange, response: Response): Unit =
+    try {
       val body = JsonMethods.compact(JsonMethods.render(response.body)).getBytes(UTF_8)
       exchange.getResponseHeaders.set("Content-Type", "application/json; charset=utf-8")
       response.allow.foreach(a => exchange.getResponseHeaders.set("Allow", a))
@@ -99,11 +131,13 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
       case NonFatal(e) => logWarning(s"keyedstate query service: cannot answer ${exchange.getRequestURI}", e)
     } finally exchange.close()
 
+  private def pathOf(exchange: HttpExchange): List[String] =
+    exchange.getRequestURI.getPath.split("/").filter(_.nonEmpty).toList
+
   private def route(exchange: HttpExchange): Response = {
     authorize(exchange)
     val method = exchange.getRequestMethod
-    val parts = exchange.getRequestURI.getPath.split("/").filter(_.nonEmpty).toList
-    parts match {
+    pathOf(exchange) match {
       case List("v1", "queries") => only(method, "GET")(Response(200, "queries" -> queries.values.asScala.toList
         .filter(_.query.isActive).sortBy(_.query.id.toString).map(_.toJson)))
       case List("v1", "queries", id, "savepoints") => only(method, "POST") {
@@ -161,7 +195,10 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
       case Nil if query.isEmpty => servedQueries.flatMap(q => lookups.states(q).map(q -> _))
       case found => found
     }
-    candidates.filter(_._2.name == name) match {
+    val named = candidates.filter(_._2.name == name)
+    // Without a query id, a running query's state is preferred to a stopped one's.
+    val preferred = if (query.isEmpty && named.exists(_._1.isActive)) named.filter(_._1.isActive) else named
+    preferred match {
       case List(one) => one
       case Nil =>
         val known = candidates.map(_._2.name).distinct.sorted
@@ -177,7 +214,9 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
     }
   }
 
-  private def lookup(query: StreamExecution, state: QueryableState, body: JValue): Response = {
+  /** A lookup; `atOnce`: answered without waiting, or [[StateLookups.WouldWait]] is thrown. */
+  private def lookup(query: StreamExecution, state: QueryableState, body: JValue, atOnce: Boolean = false)
+      : Response = {
     val keys = body \ "keys" match {
       case JArray(items) if items.nonEmpty => items
       case _ => throw badRequest("The body needs \"keys\": a non-empty array of keys (a key of several columns is " +
@@ -207,7 +246,8 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
       throw badRequest("\"start\"/\"stop\" read a list state, \"map_key_from\"/\"map_key_to\"/\"map_key_prefix\" a " +
         "map state: not both")
     }
-    Response(200, lookups.get(query, state, keys, minBatch, timeoutMs, limit, present("map_key"), range.orElse(slice)))
+    Response(200, lookups.get(query, state, keys, minBatch, timeoutMs, limit, present("map_key"), range.orElse(slice),
+      atOnce))
   }
 
   private def authorize(exchange: HttpExchange): Unit = {
@@ -310,6 +350,11 @@ object QueryService extends Logging {
   }
 
   private final case class Response(status: Int, body: JValue, allow: Option[String] = None)
+
+  /** What the dispatcher thread does with a request: answer it now, or have a handler thread do `work`. */
+  private sealed trait Handling
+  private final case class Now(response: Response) extends Handling
+  private final case class Later(work: () => Response) extends Handling
 
   /** A request the service refuses, with its HTTP status (and, for a method it does not serve, the allowed one). */
   private final class ServiceRefusal(val status: Int, val id: ErrorId, message: String,
