@@ -1,6 +1,7 @@
 """The queryable-state client's HTTP/1.1 transport (python/keyedstate/service/_http.py) against
 a real HTTP server on 127.0.0.1 (Python's own): bodies by length, chunked and to the end of the
-connection; a kept connection the server closed is asked again on a new one, once; a server
+connection, an interim answer skipped, an answer that is not HTTP closing the connection; a kept
+connection the server closed is asked again on a new one, once; a server
 that is gone is a clear ``KEYEDSTATE_SERVICE_UNAVAILABLE``."""
 
 from __future__ import annotations
@@ -32,7 +33,16 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         self.seen.append((self.command, self.path, body, self.headers.get("Authorization")))
         payload = json.dumps(STATES).encode()
-        if self.path.endswith("/chunked"):
+        if self.path.endswith("/garbage"):
+            self.wfile.write(b"NOT HTTP\r\n\r\n")
+            self.wfile.flush()
+        elif self.path.endswith("/interim"):
+            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        elif self.path.endswith("/chunked"):
             self.send_response(200)
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
@@ -69,7 +79,9 @@ def server() -> Iterator[ThreadingHTTPServer]:
         httpd.server_close()
 
 
-def test_bodies_by_length_chunked_and_to_the_end(server: ThreadingHTTPServer) -> None:
+def test_bodies_by_length_chunked_to_the_end_and_a_bad_answer(
+    server: ThreadingHTTPServer,
+) -> None:
     port = server.server_address[1]
     connection = Connection("127.0.0.1", port, timeout=5)
     headers = b"Authorization: Bearer t0k3n\r\n"
@@ -78,10 +90,17 @@ def test_bodies_by_length_chunked_and_to_the_end(server: ThreadingHTTPServer) ->
     assert connection.open, "a kept-alive connection stays open"
     assert connection.request("GET", "/c/until-close", headers, None) == (200, b'{"states": []}')
     assert not connection.open, "a body read to the end of the connection closes it"
+    connection = Connection("127.0.0.1", port, timeout=5)
+    assert connection.request("GET", "/d/interim", headers, None) == (200, b'{"states": []}')
+    with pytest.raises(ConnectionError, match="not an HTTP response"):
+        connection.request("GET", "/e/garbage", headers, None)
+    assert not connection.open, "a connection whose answer cannot be read is never used again"
     assert [(m, p, b, a) for m, p, b, a in _Handler.seen] == [
         ("POST", "/a", b'{"keys": [1]}', "Bearer t0k3n"),
         ("GET", "/b/chunked", b"", "Bearer t0k3n"),
         ("GET", "/c/until-close", b"", "Bearer t0k3n"),
+        ("GET", "/d/interim", b"", "Bearer t0k3n"),
+        ("GET", "/e/garbage", b"", "Bearer t0k3n"),
     ]
 
 

@@ -107,6 +107,16 @@ def _ran(spark: SparkSession, tmp_path: Path, batches: int) -> tuple[FileInput, 
     return source, checkpoint
 
 
+def _run_batch(spark: SparkSession, source: FileInput, checkpoint: Path, batch: int) -> None:
+    """Another run of the query on ``checkpoint``: batch ``batch`` of ``_rows``, then stopped."""
+    query = _start(spark, source, checkpoint)
+    try:
+        source.add(_rows(batch))
+        _await_batch(checkpoint, query, batch)
+    finally:
+        query.stop()
+
+
 def _state_at(spark: SparkSession, checkpoint: Path, state: str, batch: int) -> dict[str, Any]:
     """State ``state`` of every key at ``batch``, as the state reader shows it."""
     frame = keyedstate.state.read(
@@ -618,12 +628,7 @@ def test_a_stopped_query_stays_queryable_from_its_checkpoint(
         client.lookup("totals", KEYS, min_batch=2)
     assert refused.value.error_id == "KEYEDSTATE_SERVICE_BATCH_NOT_REACHED"
 
-    query = _start(spark, source, checkpoint)
-    try:
-        source.add(_rows(2))
-        _await_batch(checkpoint, query, 2)
-    finally:
-        query.stop()
+    _run_batch(spark, source, checkpoint, 2)
     client = QueryableStateClient.for_checkpoint(str(checkpoint))
     after = client.lookup("totals", KEYS, min_batch=2)
     assert after.values == [_state_at(spark, checkpoint, "total", 2).get(k) for k in KEYS]
@@ -649,12 +654,7 @@ def test_a_damaged_changelog_is_reported_and_the_last_good_batch_served(
     assert good.batch == 0 and good.values == [
         _state_at(spark, checkpoint, "total", 0).get(k) for k in KEYS
     ]
-    query = _start(spark, source, checkpoint)
-    try:
-        source.add(_rows(1))
-        _await_batch(checkpoint, query, 1)
-    finally:
-        query.stop()
+    _run_batch(spark, source, checkpoint, 1)
     [damaged] = checkpoint.glob("state/*/0/changelog/2-*.changelog")
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -21,7 +21,8 @@ class Connection:
     """A connection to ``host:port``; :meth:`request` sends one request and reads its answer."""
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
-        self._host_header = f"Host: {host}:{port}\r\n".encode("latin-1")
+        authority = f"[{host}]" if ":" in host else host  # an IPv6 address in brackets
+        self._host_header = f"Host: {authority}:{port}\r\n".encode("latin-1")
         self._sock = socket.create_connection((host, port), timeout=timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._reader = self._sock.makefile("rb")
@@ -33,52 +34,64 @@ class Connection:
     def request(
         self, method: str, path: str, headers: bytes, body: bytes | None
     ) -> tuple[int, bytes]:
-        """``headers``: ready header lines, each ending in CRLF. Returns the status and body."""
+        """``headers``: ready header lines, each ending in CRLF. Returns the status and body.
+        Anything that interrupts it (a timeout, a malformed answer, KeyboardInterrupt) closes the
+        connection: an answer half read must never be taken for the next request's."""
         head = f"{method} {path} HTTP/1.1\r\n".encode("latin-1") + self._host_header + headers
         if body is not None:
             head += b"Content-Length: %d\r\n" % len(body)
-        message = head + b"\r\n" + (body or b"")
         try:
-            self._sock.sendall(message)
-            status_line = self._reader.readline(_MAX_LINE)
+            self._sock.sendall(head + b"\r\n" + (body or b""))
+            status, payload, close = self._read_response(method)
         except (BrokenPipeError, ConnectionResetError) as lost:
             self.close()
             raise ConnectionLost(str(lost)) from lost
-        if not status_line:
+        except ValueError as malformed:
             self.close()
-            raise ConnectionLost("the server closed the connection")
-        parts = status_line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+            raise ConnectionError(f"a malformed HTTP answer: {malformed}") from malformed
+        except BaseException:
             self.close()
-            raise ConnectionError(f"not an HTTP response: {status_line[:80]!r}")
-        status = int(parts[1])
-        length, chunked, close = None, False, parts[0] == b"HTTP/1.0"
-        while True:
-            line = self._reader.readline(_MAX_LINE)
-            if line in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                close = value.strip().lower() == b"close"
-        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
-            payload = b""
-        elif chunked:
-            payload = self._read_chunked()
-        elif length is not None:
-            payload = self._reader.read(length)
-            if len(payload) != length:
-                self.close()
-                raise ConnectionLost(f"the answer ended after {len(payload)} of {length} bytes")
-        else:
-            payload, close = self._reader.read(), True
+            raise
         if close:
             self.close()
         return status, payload
+
+    def _read_response(self, method: str) -> tuple[int, bytes, bool]:
+        while True:  # interim answers (1xx) are skipped
+            status_line = self._reader.readline(_MAX_LINE)
+            if not status_line:
+                raise ConnectionLost("the server closed the connection")
+            parts = status_line.split(None, 2)
+            if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+                raise ValueError(f"not an HTTP response: {status_line[:80]!r}")
+            status = int(parts[1])
+            length, chunked, close = None, False, parts[0] == b"HTTP/1.0"
+            while True:
+                line = self._reader.readline(_MAX_LINE)
+                if not line:
+                    raise ConnectionLost("the server closed the connection in the headers")
+                if line in (b"\r\n", b"\n"):
+                    break
+                name, _, value = line.partition(b":")
+                name = name.strip().lower()
+                if name == b"content-length":
+                    length = int(value)
+                elif name == b"transfer-encoding":
+                    chunked = b"chunked" in value.lower()
+                elif name == b"connection":
+                    close = value.strip().lower() == b"close"
+            if not 100 <= status < 200:
+                break
+        if method == "HEAD" or status in (204, 304):
+            return status, b"", close
+        if chunked:
+            return status, self._read_chunked(), close
+        if length is not None:
+            payload = self._reader.read(length)
+            if len(payload) != length:
+                raise ConnectionLost(f"the answer ended after {len(payload)} of {length} bytes")
+            return status, payload, close
+        return status, self._reader.read(), True
 
     def _read_chunked(self) -> bytes:
         chunks = []

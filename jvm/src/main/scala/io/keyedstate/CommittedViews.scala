@@ -30,9 +30,13 @@ final class CommittedView private[keyedstate] (
 
   def batchId: Long = version - 1
 
-  private lazy val time = batchTime()
+  @volatile private var timeKnown = false
+  private lazy val time = { val t = batchTime(); timeKnown = true; t }
 
   private def multi(cf: String) = multipleValues.getOrElse(cf, false)
+
+  /** Whether a read of `cf` needs no file read first (its TTL's batch time is known, or it has no TTL). */
+  def readsWithoutIo(cf: String): Boolean = timeKnown || !ttl.config(cf).hidesExpired
 
   /** The stored value of `key` in `cf` (TTL's hidden elements left out), or null. */
   def get(cf: String, key: Array[Byte]): Array[Byte] = ttl.visibleAt(cf, multi(cf), snapshot.get(cf, key), time)
@@ -143,6 +147,10 @@ object CommittedViews {
     }
     found.map(v => v.reading(read(v)))
   }
+
+  /** Whether version `version` of `partition` by run `runId` is held here and reads `cf` without a file read. */
+  def readyAt(partition: StorePartition, runId: String, version: Long, cf: String): Boolean =
+    viewAt(partition, runId, version).exists(_.readsWithoutIo(cf))
 
   private def viewAt(partition: StorePartition, runId: String, version: Long): Option[CommittedView] =
     Option(held.get((partition, runId))).flatMap(_.views.find(_.version == version))

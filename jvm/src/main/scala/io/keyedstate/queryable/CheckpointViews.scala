@@ -2,7 +2,7 @@ package io.keyedstate.queryable
 
 import java.io.File
 import java.util.UUID
-import java.util.concurrent.{CompletableFuture, TimeUnit}
+import java.util.concurrent.{CompletableFuture, RejectedExecutionException, TimeUnit}
 import java.util.concurrent.locks.ReentrantLock
 
 import scala.jdk.CollectionConverters._
@@ -27,8 +27,8 @@ import io.keyedstate.ttl.TtlClock
  * stopped query, a partition between executors) is read from the query's committed checkpoint.
  * The first lookup of a partition rebuilds its version into a local RocksDB as the provider loads
  * one (snapshot files, then changelogs); later versions replay only their new changelogs on it
- * (a new base snapshot rebuilds it). Each version is published as a committed view of the run
- * [[Run]] and read as the executors' views are, so TTL and encodings are judged alike. A version
+ * (a new base snapshot rebuilds it). Each version is published as a committed view of a run of its
+ * own (`checkpoint:<id>`) and read as the executors' views are, so TTL and encodings are judged alike. A version
  * whose files are missing or damaged is reported, and the last good version is served meanwhile.
  * It never writes to the checkpoint. At most [[MaxPartitions]] partitions are kept open.
  */
@@ -53,7 +53,7 @@ final class CheckpointViews extends AutoCloseable {
       val follower = followerOf(read.partition, checkpointRoot, sqlConf, hadoopConf)
       try {
         val (version, problem) = follower.advanceTo(read.version, deadline)
-        Served(version, StateServer.read(read.copy(runId = Run, version = version, waitMs = 0)), problem)
+        Served(version, StateServer.read(read.copy(runId = follower.run, version = version, waitMs = 0)), problem)
       } catch {
         case _: StateServer.Refused | Closed if left > 0 => attempt(left - 1)
       }
@@ -64,13 +64,16 @@ final class CheckpointViews extends AutoCloseable {
   /** `read`, on this reader's own threads. */
   def readAsync(checkpointRoot: String, sqlConf: SQLConf, hadoopConf: Configuration, read: ViewRead,
       deadline: Long): CompletableFuture[Served] =
-    CompletableFuture.supplyAsync(() => this.read(checkpointRoot, sqlConf, hadoopConf, read, deadline), readers)
+    try CompletableFuture.supplyAsync(() => this.read(checkpointRoot, sqlConf, hadoopConf, read, deadline), readers)
+    catch { case _: RejectedExecutionException => CompletableFuture.failedFuture(stopping) }
+
+  private def stopping = new IllegalStateException("the query service is stopping")
 
   private def followerOf(partition: StorePartition, checkpointRoot: String, sqlConf: SQLConf,
       hadoopConf: Configuration): Follower = {
     var evicted: Option[Follower] = None
     val follower = followers.synchronized {
-      if (closed) throw new IllegalStateException("the query service is stopping")
+      if (closed) throw stopping
       val found = Option(followers.get(partition)).getOrElse {
         val created = new Follower(partition, checkpointRoot, sqlConf, hadoopConf)
         followers.put(partition, created)
@@ -83,7 +86,8 @@ final class CheckpointViews extends AutoCloseable {
       }
       found
     }
-    evicted.foreach(_.close()) // outside the map's lock: it waits for the follower's rebuild or reads
+    // Off the map's lock and this lookup: closing waits for the follower's rebuild or reads.
+    evicted.foreach(f => try readers.execute(() => f.close()) catch { case _: RejectedExecutionException => f.close() })
     follower
   }
 
@@ -94,8 +98,8 @@ final class CheckpointViews extends AutoCloseable {
       followers.clear()
       all
     }
+    readers.shutdownNow() // rebuilds in progress are interrupted
     all.foreach(_.close())
-    readers.shutdownNow()
   }
 
   /**
@@ -108,6 +112,9 @@ final class CheckpointViews extends AutoCloseable {
       partition.storeName)
     private val store = new CheckpointStore(new Path(id.storeCheckpointLocation().toString), hadoopConf)
     private val lock = new ReentrantLock()
+    // Its views' run: its own, so that a follower evicted while it rebuilds never touches the
+    // views of the follower replacing it.
+    val run = s"$Run:${UUID.randomUUID()}"
     private var loaded: Loaded = _
     private var failure: Option[Failure] = None
     private var closed = false
@@ -123,7 +130,7 @@ final class CheckpointViews extends AutoCloseable {
       }
       try {
         if (closed) throw Closed
-        if (CommittedViews.holds(partition, Run, version)) (version, None)
+        if (CommittedViews.holds(partition, run, version)) (version, None)
         else failure.filter(f => f.version == version && System.nanoTime() - f.atNanos < RetryNanos) match {
           case Some(f) => servedBefore(version, f.message)
           case None =>
@@ -147,7 +154,7 @@ final class CheckpointViews extends AutoCloseable {
     /** The version loaded, if it is older than `version` (never a newer one): why `version` is not served. */
     private def servedBefore(version: Long, message: String): (Long, Option[String]) =
       Option(loaded).map(_.manifest.version).filter(_ < version) match {
-        case Some(last) if CommittedViews.holds(partition, Run, last) => (last, Some(message))
+        case Some(last) if CommittedViews.holds(partition, run, last) => (last, Some(message))
         case _ => throw new IllegalStateException(message)
       }
 
@@ -228,7 +235,7 @@ final class CheckpointViews extends AutoCloseable {
     private def publish(l: Loaded): Unit = {
       val version = l.manifest.version
       val multi = l.instance.db.columnFamilies.map(cf => cf -> l.instance.isMultiValue(cf)).toMap
-      CommittedViews.publish(l, new CommittedView(partition, Run, version, l.instance.db.snapshot(), l.instance.ttl,
+      CommittedViews.publish(l, new CommittedView(partition, run, version, l.instance.db.snapshot(), l.instance.ttl,
         () => TtlClock.at(partition.checkpointRoot, version - 1, hadoopConf), multi))
     }
 
@@ -237,7 +244,7 @@ final class CheckpointViews extends AutoCloseable {
       try {
         closed = true
         if (loaded != null) {
-          CommittedViews.withdraw(loaded, partition, Run)
+          CommittedViews.withdraw(loaded, partition, run)
           loaded.close()
           loaded = null
         }
@@ -249,8 +256,11 @@ final class CheckpointViews extends AutoCloseable {
 object CheckpointViews {
   private val logger = org.slf4j.LoggerFactory.getLogger(classOf[CheckpointViews])
 
-  /** The run id the checkpoint's views are published under (a query run's are UUIDs). */
+  /** What the run ids of the checkpoint's views start with (a query run's are UUIDs). */
   val Run = "checkpoint"
+
+  /** Whether `runId` is a follower's, not a query run's. */
+  def isCheckpointRun(runId: String): Boolean = runId.startsWith(Run + ":")
   /** Partitions kept open in the driver; the least recently read is closed past it. */
   val MaxPartitions = 64
   /** Threads rebuilding or reading partitions from the checkpoint at once. */

@@ -3,7 +3,7 @@ package io.keyedstate.queryable
 import java.net.InetSocketAddress
 import java.nio.charset.StandardCharsets.UTF_8
 import java.security.MessageDigest
-import java.util.concurrent.ExecutorService
+import java.util.concurrent.{ExecutorService, RejectedExecutionException}
 
 import com.sun.net.httpserver.{HttpExchange, HttpServer}
 
@@ -21,8 +21,12 @@ object HttpServers {
   final case class Running(server: HttpServer, handlers: ExecutorService) {
     def port: Int = server.getAddress.getPort
 
-    /** Runs `work` (which answers an exchange the dispatcher took) on a handler thread. */
-    def defer(work: => Unit): Unit = handlers.execute(() => work)
+    /**
+     * Runs `work` (which answers an exchange the dispatcher took) on a handler thread; when the
+     * server is stopping, `refused` (which closes the exchange) on the calling thread instead.
+     */
+    def defer(work: => Unit)(refused: => Unit): Unit =
+      try handlers.execute(() => work) catch { case _: RejectedExecutionException => refused }
 
     def stop(): Unit = {
       server.stop(0)
@@ -35,6 +39,11 @@ object HttpServers {
     // the client's delayed ACK of the first: 40 ms per request on Linux. Read once, when the
     // JDK's server configuration is first loaded: set before any server is created.
     System.setProperty("sun.net.httpserver.nodelay", "true")
+    // Requests are read on the dispatcher thread: one that stalls (headers or body never
+    // finished) is cut off after MaxRequestSeconds, an answer not taken after MaxResponseSeconds
+    // (longer than the longest lookup wait), so no client holds the dispatcher for long.
+    System.setProperty("sun.net.httpserver.maxReqTime", MaxRequestSeconds.toString)
+    System.setProperty("sun.net.httpserver.maxRspTime", MaxResponseSeconds.toString)
     val server = HttpServer.create(new InetSocketAddress(host, port), 0)
     val handlers = Transfers.daemonPool(name, threads)
     server.createContext("/", (exchange: HttpExchange) => serve(exchange))
@@ -46,6 +55,9 @@ object HttpServers {
     starter.join()
     Running(server, handlers)
   }
+
+  private val MaxRequestSeconds = 5
+  private val MaxResponseSeconds = 120
 
   /** Whether the request carries `Authorization: Bearer <token>`, compared in constant time. */
   def bearerIs(exchange: HttpExchange, token: String): Boolean = {

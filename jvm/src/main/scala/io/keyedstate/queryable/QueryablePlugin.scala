@@ -70,9 +70,9 @@ object QueryablePlugin extends Logging {
       listener = new CommittedViews.Listener {
         // The driver's own copies of checkpoints (local mode's executor is in its JVM) are not served.
         override def held(p: StorePartition, runId: String, version: Long): Unit =
-          if (runId != CheckpointViews.Run && started(ctx, token)) send(ctx, PartitionHeld(executorId, p, runId, version))
+          if (!CheckpointViews.isCheckpointRun(runId) && started(ctx, token)) send(ctx, PartitionHeld(executorId, p, runId, version))
         override def released(p: StorePartition, runId: String): Unit =
-          if (runId != CheckpointViews.Run) send(ctx, PartitionReleased(executorId, p, runId))
+          if (!CheckpointViews.isCheckpointRun(runId)) send(ctx, PartitionReleased(executorId, p, runId))
       }
       CommittedViews.addListener(listener)
       CommittedViews.partitions.foreach { case (p, run) =>

@@ -37,7 +37,7 @@ object Answer {
  * store of one of Spark's operators (`keyedstate.queryable`). Where it lives (operator,
  * partition count, checkpoint, store) and how its keys and values are stored (`family`, whose key
  * starts with the lookup's `keySchema` columns; `routing`, the key columns the query's shuffle
- * hashes). Its codec is used by one thread at a time ([[withCodec]]): Spark's encoders reuse rows.
+ * hashes). Each thread has a codec of its own ([[withCodec]]).
  */
 final class QueryableState(
     val name: String,
@@ -59,17 +59,21 @@ final class QueryableState(
 
   def column: String = family.name
 
-  private val codec = new ColumnFamilyCodec(storeName, family.name, family.keySchema, family.valueSchema,
-    family.spec, family.multipleValues, isInternal = false)
-  private val toUnsafe = UnsafeProjection.create(keySchema)
-  // A map entry's stored key: the key columns, then the map key.
-  private lazy val toEntryKey = UnsafeProjection.create(family.keySchema)
-  private val hasher = new KeyGroupHasher(keySchema, routing)
+  // One codec per thread: Spark's encoders reuse their rows, and a lookup on the HTTP server's
+  // dispatcher thread must not wait for another thread's long decode.
+  private val codecs = ThreadLocal.withInitial[Codec](() => new Codec)
 
-  def withCodec[T](f: Codec => T): T = synchronized(f(new Codec))
+  def withCodec[T](f: Codec => T): T = f(codecs.get())
 
   /** The codec's calls, valid inside [[withCodec]]. */
   final class Codec private[QueryableState] {
+    private val codec = new ColumnFamilyCodec(storeName, family.name, family.keySchema, family.valueSchema,
+      family.spec, family.multipleValues, isInternal = false)
+    private val toUnsafe = UnsafeProjection.create(keySchema)
+    // A map entry's stored key: the key columns, then the map key.
+    private lazy val toEntryKey = UnsafeProjection.create(family.keySchema)
+    private val hasher = new KeyGroupHasher(keySchema, routing)
+
     /** The partition owning `key` (the key columns' row) and its stored key (a map's: its entries' prefix). */
     def locate(key: InternalRow): (Int, Array[Byte]) = {
       val row = toUnsafe(key)

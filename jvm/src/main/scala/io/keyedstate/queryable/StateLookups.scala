@@ -39,10 +39,14 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
   // Partitions no state server holds, read from their checkpoint.
   private val checkpoints = new CheckpointViews
 
-  /** The queryable states of `query`'s run (none before its first batch is planned). */
-  def states(query: StreamExecution): Seq[QueryableState] = {
+  /**
+   * The queryable states of `query`'s run (none before its first batch is planned); `atOnce`:
+   * only if known already ([[StateLookups.WouldWait]] otherwise: learning them reads files).
+   */
+  def states(query: StreamExecution, atOnce: Boolean = false): Seq[QueryableState] = {
     val known = catalogs.get(query.runId)
     if (known != null) known
+    else if (atOnce) throw WouldWait
     else {
       // Kept once complete: a run's queryable states do not change (before its first batch is
       // planned, or an operator's schema file is written, they are asked again).
@@ -51,9 +55,6 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
       found
     }
   }
-
-  /** Whether the queryable states of `query`'s run are known (asking for them again reads no file). */
-  def knowsStatesOf(query: StreamExecution): Boolean = catalogs.containsKey(query.runId)
 
   def forget(runId: UUID): Unit = {
     catalogs.remove(runId)
@@ -198,15 +199,14 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
     if (cached != null && now - cached._1 < LatestBatchCacheMs * 1000000L) cached._2
     else if (atOnce) throw WouldWait // reads the file system
     else {
-      val found = Option(cached).flatMap(_._2) match {
-        case Some(known) =>
-          var last = known
-          while (query.commitLog.get(last + 1).isDefined) last += 1
-          Some(last)
-        case None => query.commitLog.getLatestBatchId()
+      // A few batches behind: their entries are looked for; more (an idle spell): listed again.
+      val stepped = Option(cached).flatMap(_._2).flatMap { known =>
+        val ahead = Iterator.from(1).take(MaxSteps + 1).takeWhile(n => query.commitLog.get(known + n).isDefined).size
+        if (ahead > MaxSteps) None else Some(known + ahead)
       }
-      latest.put(query.runId, (now, found))
-      found
+      val found = stepped.orElse(query.commitLog.getLatestBatchId())
+      // Two threads may read at once: the later batch wins, and no answer goes back in time.
+      latest.merge(query.runId, (now, found), (a, b) => if (b._2.getOrElse(-1L) >= a._2.getOrElse(-1L)) b else a)._2
     }
   }
 
@@ -265,10 +265,13 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
   private def readHeldHere(query: StreamExecution, state: QueryableState, located: Seq[(Int, Array[Byte])],
       version: Long, limit: Int, scan: Boolean): Seq[Read] = {
     val runId = query.runId.toString
+    if (fromCheckpoint || !query.isActive || located.size.toLong * (if (scan) limit else 1) > InlineEntries) {
+      throw WouldWait
+    }
     val out = new Array[Read](located.length)
     located.zipWithIndex.groupBy(_._1._1).foreach { case (p, keys) =>
       val partition = state.partition(p)
-      if (fromCheckpoint || !query.isActive || !CommittedViews.holds(partition, runId, version)) throw WouldWait
+      if (!CommittedViews.readyAt(partition, runId, version, state.column)) throw WouldWait
       val encoded = keys.map(_._1._2)
       val read = ViewRead(partition, runId, version, state.column, if (scan) Nil else encoded,
         if (scan) encoded else Nil, limit, waitMs = 0)
@@ -356,11 +359,16 @@ object StateLookups {
   private val ServerWaitMs = 2000L
   /** Local mode's one executor, in the driver's JVM (Spark's `SparkContext.DRIVER_IDENTIFIER`). */
   private val LocalExecutorId = "driver"
+  /** Commit-log entries looked for one by one before the log is listed again. */
+  private val MaxSteps = 4
   /** How long the last committed batch read off the commit log is trusted (bounds freshness). */
   private val LatestBatchCacheMs = 10L
 
   /** A state server that did not answer (connection refused or lost, timed out). */
   private final class Unreachable(message: String) extends Exception(message)
+
+  /** The most values or scanned entries a lookup answered on the dispatcher thread may ask for. */
+  private val InlineEntries = 1000
 
   /** The most entries of one key's map a range read chooses from. */
   val MaxEntriesInRange = 100000

@@ -54,13 +54,16 @@ final class StateServer(host: String, token: String) extends AutoCloseable {
    */
   private def serve(exchange: HttpExchange): Unit =
     outcome(exchange)(parse(exchange)) match {
-      case Right(r) if answersAtOnce(r) => respond(exchange, outcome(exchange)(answerJson(read(r))))
-      case Right(r) => running.defer(respond(exchange, outcome(exchange)(answerJson(read(r)))))
+      case Right(r) if answersAtOnce(r) => respond(exchange, outcome(exchange)(answerJson(read(r.copy(waitMs = 0)))))
+      case Right(r) => running.defer(respond(exchange, outcome(exchange)(answerJson(read(r)))))(
+        respond(exchange, Left((503, ("error" -> "stopping") ~ ("message" -> "the state server is stopping")))))
       case Left(refusal) => respond(exchange, Left(refusal))
     }
 
+  /** A read of a version held here, of few entries, that reads no file first (TTL's batch time). */
   private def answersAtOnce(r: ViewRead): Boolean =
-    CommittedViews.holds(r.partition, r.runId, r.version) && r.prefixes.size.toLong * r.limit <= InlineEntries
+    r.gets.size.toLong + r.prefixes.size.toLong * r.limit <= InlineEntries &&
+      CommittedViews.readyAt(r.partition, r.runId, r.version, r.family)
 
   /** `body`, or the status and error it fails with. */
   private def outcome[T](exchange: HttpExchange)(body: => T): Either[(Int, JValue), T] =
@@ -71,7 +74,8 @@ final class StateServer(host: String, token: String) extends AutoCloseable {
         Left((500, ("error" -> "failed") ~ ("message" -> String.valueOf(e.getMessage))))
     }
 
-  private def respond(exchange: HttpExchange, answer: Either[(Int, JValue), JValue]): Unit =
+  /** Sends `answer` (computed here: the exchange is closed whatever happens) and closes the exchange. */
+  private def respond(exchange: HttpExchange, answer: => Either[(Int, JValue), JValue]): Unit =
     try {
       val (status, body) = answer.fold(identity, 200 -> _)
       val bytes = JsonMethods.compact(JsonMethods.render(body)).getBytes(UTF_8)

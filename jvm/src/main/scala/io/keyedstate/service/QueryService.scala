@@ -86,25 +86,31 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
   private def serve(exchange: HttpExchange): Unit =
     (try dispatch(exchange) catch refusal(exchange)) match {
       case Now(response) => respond(exchange, response)
-      case Later(work) => server.defer(respond(exchange, try work() catch refusal(exchange).andThen(_.response)))
+      case Later(work) => server.defer(respond(exchange, try work() catch refusal(exchange).andThen(_.response)))(
+        respond(exchange, Response(503, error(ErrorId.ServiceUnavailable, "The query service is stopping"))))
     }
 
   private def dispatch(exchange: HttpExchange): Handling = {
     val lookupOf: Option[() => (StreamExecution, QueryableState)] =
       (exchange.getRequestMethod, pathOf(exchange)) match {
-        case ("POST", List("v1", "state", name)) => Some(() => queryableState(name, None))
-        case ("POST", List("v1", "queries", id, "state", name)) => Some(() => queryableState(name, Some(served(id))))
+        case ("POST", List("v1", "state", name)) => Some(() => queryableState(name, None, atOnce = true))
+        case ("POST", List("v1", "queries", id, "state", name)) =>
+          Some(() => queryableState(name, Some(served(id)), atOnce = true))
         case _ => None
       }
     lookupOf match {
-      case Some(find) if servedQueries.forall(lookups.knowsStatesOf) =>
+      case Some(find) =>
         authorize(exchange)
-        val (query, state) = find()
-        val body = readBody(exchange, MaxLookupBodyBytes)
-        try Now(lookup(query, state, body, atOnce = true)) catch {
-          case StateLookups.WouldWait => Later(() => lookup(query, state, body, atOnce = false))
+        try {
+          val (query, state) = find()
+          val body = readBody(exchange, MaxLookupBodyBytes)
+          try Now(lookup(query, state, body, atOnce = true)) catch {
+            case StateLookups.WouldWait => Later(() => lookup(query, state, body))
+          }
+        } catch {
+          case StateLookups.WouldWait => Later(() => route(exchange)) // a query's states not known yet
         }
-      case _ => Later(() => route(exchange))
+      case None => Later(() => route(exchange))
     }
   }
 
@@ -117,8 +123,10 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
       Now(Response(500, errorOf(e)))
   }
 
-  private def respond(exchange: HttpExchange, response: Response): Unit =
+  /** Sends `response` (computed here: the exchange is closed whatever happens) and closes the exchange. */
+  private def respond(exchange: HttpExchange, answer: => Response): Unit =
     try {
+      val response = answer // evaluated once: it may do the request's work
       val body = JsonMethods.compact(JsonMethods.render(response.body)).getBytes(UTF_8)
       exchange.getResponseHeaders.set("Content-Type", "application/json; charset=utf-8")
       response.allow.foreach(a => exchange.getResponseHeaders.set("Allow", a))
@@ -190,9 +198,10 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
     queries.values.asScala.toList.map(_.query).sortBy(q => (!q.isActive, q.id.toString))
 
   /** State `name` of `query`, or of the one running query that has it. */
-  private def queryableState(name: String, query: Option[StreamExecution]): (StreamExecution, QueryableState) = {
-    val candidates = query.toList.flatMap(q => lookups.states(q).map(q -> _)) match {
-      case Nil if query.isEmpty => servedQueries.flatMap(q => lookups.states(q).map(q -> _))
+  private def queryableState(name: String, query: Option[StreamExecution], atOnce: Boolean = false)
+      : (StreamExecution, QueryableState) = {
+    val candidates = query.toList.flatMap(q => lookups.states(q, atOnce).map(q -> _)) match {
+      case Nil if query.isEmpty => servedQueries.flatMap(q => lookups.states(q, atOnce).map(q -> _))
       case found => found
     }
     val named = candidates.filter(_._2.name == name)
