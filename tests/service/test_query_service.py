@@ -2,7 +2,7 @@
 machine's registry names the service while the query runs; the service lists it and takes
 savepoints of it in its own application (the state equals the checkpoint's at that batch); the
 CLI given only the checkpoint asks it instead of starting Spark; every bad request gets its
-error id; a stopped query's entry says it stopped."""
+error id; a stopped query without queryable state leaves no entry."""
 
 from __future__ import annotations
 
@@ -248,9 +248,7 @@ def test_bad_requests_get_their_error_ids_and_the_service_keeps_serving(
     assert [q.id for q in client.queries()] == [query_id]  # still serving
 
 
-def test_a_stopped_query_is_no_running_query_of_the_service(
-    spark: SparkSession, tmp_path: Path
-) -> None:
+def test_a_stopped_query_leaves_no_service_behind(spark: SparkSession, tmp_path: Path) -> None:
     source = FileInput(tmp_path / "input", SCHEMA)
     source.add(_rows(0))
     checkpoint = tmp_path / "checkpoint"
@@ -264,10 +262,11 @@ def test_a_stopped_query_is_no_running_query_of_the_service(
     client.await_savepoint(address.query_id, request_id, str(tmp_path / "before-stop"), timeout=60)
     query.stop()
     while service_address(str(checkpoint)) is not None:
-        assert time.monotonic() < deadline, "the stopped query's registry entry stayed running"
+        assert time.monotonic() < deadline, "the stopped query's registry entry stayed"
         time.sleep(0.05)
-    stopped = service_address(str(checkpoint), stopped=True)  # its state stays queryable
-    assert stopped is not None and stopped.stopped and stopped.run_id == address.run_id
+    # No queryable state: nothing of it is served any more (one with queryable state stays
+    # served from its checkpoint, tests/service/test_queryable_state.py).
+    assert service_address(str(checkpoint), stopped=True) is None
     assert address.query_id not in [q.id for q in client.queries()]
     # A request's status outlives its query.
     assert client.savepoint_status(address.query_id, request_id)["status"] == "completed"

@@ -61,8 +61,31 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
     publishEntry(query, stopped = false)
   }
 
+  /**
+   * The run of `id` stopped: a query with queryable states stays served (from its checkpoint);
+   * any other goes, with its registry entry.
+   */
   private[service] def stopped(id: UUID, runId: UUID): Unit =
-    Option(queries.get(id)).filter(_.query.runId == runId).foreach(q => publishEntry(q.query, stopped = true))
+    Option(queries.get(id)).filter(_.query.runId == runId).foreach { q =>
+      if (statesOf(q.query).nonEmpty) publishEntry(q.query, stopped = true)
+      else {
+        queries.remove(id, q)
+        lookups.forget(runId)
+        ServiceRegistry.withdraw(runId.toString)
+      }
+    }
+
+  /**
+   * The queryable states of `query`, none when they cannot be learned (a query whose plan fails,
+   * a checkpoint gone): one query's trouble never fails a request about another.
+   */
+  private def statesOf(query: StreamExecution, atOnce: Boolean = false): Seq[QueryableState] =
+    try lookups.states(query, atOnce) catch {
+      case StateLookups.WouldWait => throw StateLookups.WouldWait
+      case NonFatal(e) =>
+        logDebug(s"keyedstate query service: the queryable states of query ${query.id} are not known: ${e.getMessage}")
+        Nil
+    }
 
   private def publishEntry(query: StreamExecution, stopped: Boolean): Unit =
     ServiceRegistry.publish(ServiceEntry(url, settings.token, query.id.toString, query.runId.toString,
@@ -168,14 +191,14 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
           s"No savepoint request $requestId of query $id (the service keeps the last ${SavepointRequests.Kept})")))
       }
       case List("v1", "state") => only(method, "GET")(Response(200, "states" -> servedQueries.flatMap(q =>
-        lookups.states(q).map(stateJson(q, _)))))
+        statesOf(q).map(stateJson(q, _)))))
       case List("v1", "state", name) => only(method, "POST") {
         val (query, state) = queryableState(name, None)
         lookup(query, state, readBody(exchange, MaxLookupBodyBytes))
       }
       case List("v1", "queries", id, "state") => only(method, "GET") {
         val query = served(id)
-        Response(200, "states" -> lookups.states(query).map(stateJson(query, _)))
+        Response(200, "states" -> statesOf(query).map(stateJson(query, _)))
       }
       case List("v1", "queries", id, "state", name) => only(method, "POST") {
         val (query, state) = queryableState(name, Some(served(id)))
@@ -200,8 +223,8 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
   /** State `name` of `query`, or of the one running query that has it. */
   private def queryableState(name: String, query: Option[StreamExecution], atOnce: Boolean = false)
       : (StreamExecution, QueryableState) = {
-    val candidates = query.toList.flatMap(q => lookups.states(q, atOnce).map(q -> _)) match {
-      case Nil if query.isEmpty => servedQueries.flatMap(q => lookups.states(q, atOnce).map(q -> _))
+    val candidates = query.toList.flatMap(q => statesOf(q, atOnce).map(q -> _)) match {
+      case Nil if query.isEmpty => servedQueries.flatMap(q => statesOf(q, atOnce).map(q -> _))
       case found => found
     }
     val named = candidates.filter(_._2.name == name)
