@@ -46,11 +46,10 @@ final class CheckpointViews extends AutoCloseable {
    * last good version before it when that one's files cannot be read (with the reason); waits for
    * another lookup's rebuild of the partition until `deadline` (`System.nanoTime`).
    */
-  def read(checkpointRoot: String, sqlConf: SQLConf, hadoopConf: Configuration, read: ViewRead,
-      deadline: Long): Served = {
+  def read(checkpointRoot: String, settings: () => Settings, read: ViewRead, deadline: Long): Served = {
     // A follower closed under the read (evicted, the service stopping) is asked again, once.
     def attempt(left: Int): Served = {
-      val follower = followerOf(read.partition, checkpointRoot, sqlConf, hadoopConf)
+      val follower = followerOf(read.partition, checkpointRoot, settings)
       try {
         val (version, problem) = follower.advanceTo(read.version, deadline)
         Served(version, StateServer.read(read.copy(runId = follower.run, version = version, waitMs = 0)), problem)
@@ -62,19 +61,19 @@ final class CheckpointViews extends AutoCloseable {
   }
 
   /** `read`, on this reader's own threads. */
-  def readAsync(checkpointRoot: String, sqlConf: SQLConf, hadoopConf: Configuration, read: ViewRead,
+  def readAsync(checkpointRoot: String, settings: () => Settings, read: ViewRead,
       deadline: Long): CompletableFuture[Served] =
-    try CompletableFuture.supplyAsync(() => this.read(checkpointRoot, sqlConf, hadoopConf, read, deadline), readers)
+    try CompletableFuture.supplyAsync(() => this.read(checkpointRoot, settings, read, deadline), readers)
     catch { case _: RejectedExecutionException => CompletableFuture.failedFuture(stopping) }
 
   private def stopping = new IllegalStateException("the query service is stopping")
 
-  private def followerOf(partition: StorePartition, checkpointRoot: String, sqlConf: SQLConf,
-      hadoopConf: Configuration): Follower = {
+  private def followerOf(partition: StorePartition, checkpointRoot: String, settings: () => Settings): Follower = {
     var evicted: Option[Follower] = None
     val follower = followers.synchronized {
       if (closed) throw stopping
       val found = Option(followers.get(partition)).getOrElse {
+        val (sqlConf, hadoopConf) = settings() // only a new follower needs them: they cost a copy
         val created = new Follower(partition, checkpointRoot, sqlConf, hadoopConf)
         followers.put(partition, created)
         created
@@ -267,6 +266,9 @@ object CheckpointViews {
   private val ReaderThreads = 4
   /** How long a version that failed to load is not tried again (each lookup would otherwise try). */
   private val RetryNanos = 5L * 1000 * 1000 * 1000
+
+  /** The query's session settings a follower reads the checkpoint with. */
+  type Settings = (SQLConf, Configuration)
 
   /** What the checkpoint served: the version read, the answer, and why it is older than asked (if it is). */
   final case class Served(version: Long, answer: ViewAnswer, problem: Option[String])

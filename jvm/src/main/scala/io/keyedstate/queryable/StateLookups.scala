@@ -226,9 +226,7 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
     def waitMs = math.max(0L, math.min(ServerWaitMs, (deadline - System.nanoTime()) / 1000000L))
     val byPartition = located.zipWithIndex.groupBy(_._1._1).toSeq
     val reads = byPartition.map { case (p, keys) =>
-      val encoded = keys.map(_._1._2)
-      val read = ViewRead(state.partition(p), runId, version, state.column, if (scan) Nil else encoded,
-        if (scan) encoded else Nil, limit, waitMs)
+      val read = viewRead(state, p, runId, version, keys.map(_._1._2), scan, limit, waitMs)
       // A stopped query's views go as its executors unload them: its checkpoint serves it.
       val holder = if (query.isActive && !fromCheckpoint) StateServers.holder(read.partition, runId) else None
       val answer: CompletableFuture[Either[Throwable, (ViewAnswer, Option[Behind])]] = holder match {
@@ -265,22 +263,26 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
   private def readHeldHere(query: StreamExecution, state: QueryableState, located: Seq[(Int, Array[Byte])],
       version: Long, limit: Int, scan: Boolean): Seq[Read] = {
     val runId = query.runId.toString
-    if (fromCheckpoint || !query.isActive || located.size.toLong * (if (scan) limit else 1) > InlineEntries) {
+    if (fromCheckpoint || !query.isActive || located.size.toLong * (if (scan) limit else 1) > StateServer.InlineEntries) {
       throw WouldWait
     }
     val out = new Array[Read](located.length)
     located.zipWithIndex.groupBy(_._1._1).foreach { case (p, keys) =>
       val partition = state.partition(p)
       if (!CommittedViews.readyAt(partition, runId, version, state.column)) throw WouldWait
-      val encoded = keys.map(_._1._2)
-      val read = ViewRead(partition, runId, version, state.column, if (scan) Nil else encoded,
-        if (scan) encoded else Nil, limit, waitMs = 0)
+      val read = viewRead(state, p, runId, version, keys.map(_._1._2), scan, limit, waitMs = 0)
       // Released meanwhile (a newer commit): asked again where it may wait.
       val answer = try StateServer.read(read) catch { case _: StateServer.Refused => throw WouldWait }
       fill(out, keys.map(_._2), answer, scan)
     }
     out.toSeq
   }
+
+  /** One partition's read: point reads of `keys`, or to `scan`, scans of their prefixes. */
+  private def viewRead(state: QueryableState, p: Int, runId: String, version: Long, keys: Seq[Array[Byte]],
+      scan: Boolean, limit: Int, waitMs: Long): ViewRead =
+    ViewRead(state.partition(p), runId, version, state.column, if (scan) Nil else keys, if (scan) keys else Nil,
+      limit, waitMs)
 
   private def fill(out: Array[Read], indices: Seq[Int], answer: ViewAnswer, scan: Boolean): Unit =
     if (scan) indices.zip(answer.scans).foreach { case (i, entries) => out(i) = Right(entries) }
@@ -292,17 +294,16 @@ final class StateLookups(sc: SparkContext, fromCheckpoint: Boolean = false) {
    */
   private def fromCheckpointOf(query: StreamExecution, read: ViewRead, deadline: Long, async: Boolean)
       : CompletableFuture[Either[Throwable, (ViewAnswer, Option[Behind])]] = {
-    val session = query.sparkSession
-    val (root, sqlConf, hadoopConf) = (query.resolvedCheckpointRoot, session.sessionState.conf,
-      session.sessionState.newHadoopConf())
+    val root = query.resolvedCheckpointRoot
+    val settings = () => (query.sparkSession.sessionState.conf, query.sparkSession.sessionState.newHadoopConf())
     def served(s: CheckpointViews.Served) =
       (s.answer, s.problem.map(Behind(read.partition.partitionId, s.version - 1, _)))
     def refused(e: Throwable) = new LookupRefused(503, ErrorId.ServiceStateUnavailable,
       String.valueOf(Option(e.getCause).filter(_ => e.isInstanceOf[CompletionException]).getOrElse(e).getMessage))
     if (!async) CompletableFuture.completedFuture(
-      try Right(served(checkpoints.read(root, sqlConf, hadoopConf, read, deadline)))
+      try Right(served(checkpoints.read(root, settings, read, deadline)))
       catch { case NonFatal(e) => Left(refused(e)) })
-    else checkpoints.readAsync(root, sqlConf, hadoopConf, read, deadline).handle { (s, failure) =>
+    else checkpoints.readAsync(root, settings, read, deadline).handle { (s, failure) =>
       if (failure != null) Left(refused(failure)) else Right(served(s))
     }
   }
@@ -366,9 +367,6 @@ object StateLookups {
 
   /** A state server that did not answer (connection refused or lost, timed out). */
   private final class Unreachable(message: String) extends Exception(message)
-
-  /** The most values or scanned entries a lookup answered on the dispatcher thread may ask for. */
-  private val InlineEntries = 1000
 
   /** The most entries of one key's map a range read chooses from. */
   val MaxEntriesInRange = 100000

@@ -108,8 +108,8 @@ object StateServer {
   // Reads may wait for a version being committed (ServerWaitMs): a few more threads than cores.
   private val HandlerThreads = 8
   private val MaxRequestBytes = 8 * 1024 * 1024
-  // The most entries a read's scans may ask for to be answered on the dispatcher thread.
-  private val InlineEntries = 1000
+  /** The most values or scanned entries a read (or a lookup) answered on a dispatcher thread may ask for. */
+  val InlineEntries = 1000
   val ReadPath = "/internal/v1/read"
   /** The refusal of a read whose version (of its run) this JVM does not hold: the proxy may ask again. */
   val VersionNotHeld = "version_not_held"

@@ -54,10 +54,8 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
    * starts or the application ends, and its entry says it stopped.
    */
   private[service] def register(query: StreamExecution): Unit = {
-    Option(queries.put(query.id, RunningQuery(query))).filter(_.query.runId != query.runId).foreach { before =>
-      lookups.forget(before.query.runId)
-      ServiceRegistry.withdraw(before.query.runId.toString)
-    }
+    Option(queries.put(query.id, RunningQuery(query))).filter(_.query.runId != query.runId)
+      .foreach(before => forget(before.query.runId))
     publishEntry(query, stopped = false)
   }
 
@@ -70,10 +68,15 @@ final class QueryService private (sc: SparkContext, settings: ServiceSettings) e
       if (statesOf(q.query).nonEmpty) publishEntry(q.query, stopped = true)
       else {
         queries.remove(id, q)
-        lookups.forget(runId)
-        ServiceRegistry.withdraw(runId.toString)
+        forget(runId)
       }
     }
+
+  /** Serves run `runId` no more: its states' catalog and its registry entry go. */
+  private def forget(runId: UUID): Unit = {
+    lookups.forget(runId)
+    ServiceRegistry.withdraw(runId.toString)
+  }
 
   /**
    * The queryable states of `query`, none when they cannot be learned (a query whose plan fails,
