@@ -69,8 +69,8 @@ test: setup test-scala test-python
 # bounded at 50), and the end-to-end pipeline (Kafka in, PostgreSQL and Kafka out) killed 20
 # times (about 12 minutes; CI kills it 6 times).
 soak: setup
-	KILL_TEST_KILLS=100 KILL_TEST_BUDGET_S=4500 $(PY) -m pytest -v tests/provider/test_kill_restart.py
-	PIPELINE_KILLS=20 $(PY) -m pytest -v -s tests/sinks/test_exactly_once_pipeline.py
+	KILL_TEST_KILLS=100 KILL_TEST_BUDGET_S=4500 KILL_TEST_CLEAN_RUN=1 $(PY) -m pytest -v tests/provider/test_kill_restart.py
+	PIPELINE_KILLS=20 PIPELINE_CLEAN_RUN=1 $(PY) -m pytest -v -s tests/sinks/test_exactly_once_pipeline.py
 
 wheel: setup
 	$(PY) -m pip wheel --no-deps -w dist .

@@ -20,6 +20,7 @@ Reported, side by side in one run:
 
     python bench/queryable_bench.py                      # the documented run: 10M keys
     python bench/queryable_bench.py --lookups-from checkpoint   # the driver's checkpoint fallback
+    python bench/queryable_bench.py --client-cpu 1       # the client on a CPU of its own
     python bench/queryable_bench.py --keys 200000 --updates 20000 --batches 4 --rounds 1
 """
 
@@ -87,11 +88,22 @@ def events(users: np.ndarray, rng: np.random.Generator) -> pa.Table:
 
 
 def lookup_load(
-    url: str, token: str, query_id: str, keys: int, rate: float, stop: str, out: str
+    url: str,
+    token: str,
+    query_id: str,
+    keys: int,
+    rate: float,
+    stop: str,
+    out: str,
+    cpu: int | None,
 ) -> None:
-    """In its own process: ``rate`` lookups per second, paced, on two threads, until the file
-    ``stop`` exists; then writes each lookup's (send time, latency, batch answered) to ``out``."""
+    """In its own process (on CPU ``cpu`` alone, if given): ``rate`` lookups per second, paced,
+    on two threads, until the file ``stop`` exists; then writes each lookup's (send time,
+    latency, batch answered) to ``out``."""
     from keyedstate import QueryableStateClient
+
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
 
     client = QueryableStateClient(url, token, query_id=query_id, timeout=30)
     cpu, began = os.times(), time.monotonic()
@@ -174,7 +186,19 @@ def main() -> None:
         default="executors",
         help="spark.keyedstate.service.lookupsFrom: checkpoint measures the driver's fallback",
     )
+    parser.add_argument(
+        "--client-cpu",
+        type=int,
+        help="run the lookups on this CPU alone and Spark on the others, as a client on another "
+        "machine would: the batch time then shows what serving the lookups costs the query",
+    )
     args = parser.parse_args()
+    if args.client_cpu is not None:
+        cpus = os.sched_getaffinity(0)
+        if args.client_cpu not in cpus or len(cpus) < 2:
+            parser.error(f"--client-cpu {args.client_cpu}: this process may use {sorted(cpus)}")
+        # Set before Spark starts: the JVM and its Python workers inherit it.
+        os.sched_setaffinity(0, cpus - {args.client_cpu})
 
     work = Path(tempfile.mkdtemp(prefix="queryable-bench-"))
     source, checkpoint = work / "input", work / "checkpoint"
@@ -238,6 +262,7 @@ def main() -> None:
                             args.rate,
                             str(stop),
                             out,
+                            args.client_cpu,
                         ),  # fmt: skip
                         daemon=True,
                     )
@@ -286,8 +311,9 @@ def main() -> None:
         f"errors {len(lookup_errors)}{first_error}"
     )
     print(f"lookup latency through the client: p50 {1000 * p50:.2f} ms, p99 {1000 * p99:.2f} ms")
+    where = "on a CPU of its own" if args.client_cpu is not None else "a process on the same cores"
     print(
-        f"the client's own CPU (a process on the same 2 cores): "
+        f"the client's own CPU ({where}): "
         f"{1e6 * client_cpu_s / max(1, len(latencies)):.0f} us per lookup"
     )
     print(

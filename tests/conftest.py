@@ -78,6 +78,15 @@ def postgres_server() -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
+def connect_server() -> Iterator[object]:
+    """A Spark Connect server with keyedstate in it, on 127.0.0.1 (``keyedstate connect-server``;
+    tests/support/servers/connect_server.py), started on first use and stopped after the session."""
+    from tests.support.servers.connect_server import ConnectServer
+
+    yield from _running(ConnectServer())
+
+
+@pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[object]:
     """A single-node KRaft Kafka broker on 127.0.0.1 (tests/support/servers/kafka_broker.py;
     jars from `make connectors`), started on first use and removed after the session."""

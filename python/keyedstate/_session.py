@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,12 @@ ENGINE_EXTENSIONS = [EXTENSIONS_CLASS, SERVICE_EXTENSIONS_CLASS]
 # Queryable state's state servers in the executors (docs/queryable-state.md).
 QUERYABLE_PLUGIN_CLASS = "io.keyedstate.queryable.QueryablePlugin"
 PLUGINS_KEY = "spark.plugins"
+# Spark's plugins put before spark.plugins: a local Spark Connect server replaces spark.plugins
+# with its own plugin (pyspark's _start_connect_server), and keeps this list.
+DEFAULT_PLUGINS_KEY = "spark.plugins.defaultList"
+# keyedstate's relations on Spark Connect (io.keyedstate.connect): a static setting of the server.
+CONNECT_RELATION_PLUGIN_CLASS = "io.keyedstate.connect.KeyedStateRelationPlugin"
+CONNECT_RELATIONS_KEY = "spark.connect.extensions.relation.classes"
 OPTION_PREFIX = "spark.sql.streaming.stateStore.keyedstate."
 # io.keyedstate.conf.KeyedStateConf.QueryablePrefix: Spark's operators lookups read.
 QUERYABLE_OPERATOR_PREFIX = OPTION_PREFIX + "queryable.operator."
@@ -66,10 +74,40 @@ def jar_path() -> str:
     )
 
 
-def _with_classes(builder: SparkSession.Builder, key: str, ours: list[str]) -> str:
-    """The builder's comma-separated class list under ``key`` with ``ours`` added once."""
-    existing = [e.strip() for e in str(builder._options.get(key, "")).split(",")]
+def _with_classes(settings: Mapping[str, Any], key: str, ours: list[str]) -> str:
+    """The comma-separated list (of classes, of jars) under ``key`` with ``ours`` added once."""
+    existing = [e.strip() for e in str(settings.get(key, "")).split(",")]
     return ",".join([e for e in existing if e and e not in ours] + ours)
+
+
+def application_settings(
+    existing: Mapping[str, Any], plugins_key: str = PLUGINS_KEY
+) -> dict[str, str]:
+    """The settings an application needs at its start for keyedstate (the jar, the provider,
+    the keyed functions' planner and the query service, queryable state's plugin, the relations
+    of Spark Connect), merged into the class lists of ``existing`` settings."""
+    return {
+        "spark.jars": _with_classes(existing, "spark.jars", [jar_path()]),
+        PROVIDER_CLASS_KEY: PROVIDER_CLASS,
+        EXTENSIONS_KEY: _with_classes(existing, EXTENSIONS_KEY, ENGINE_EXTENSIONS),
+        plugins_key: _with_classes(existing, plugins_key, [QUERYABLE_PLUGIN_CLASS]),
+        CONNECT_RELATIONS_KEY: _with_classes(
+            existing, CONNECT_RELATIONS_KEY, [CONNECT_RELATION_PLUGIN_CLASS]
+        ),
+    }
+
+
+def _connect_remote(builder: SparkSession.Builder) -> str | None:
+    """The Spark Connect server a builder's session talks to (``sc://host:port`` for one that
+    runs; otherwise the master of the server it starts in this process, as ``local[2]``), or
+    None for a classic session."""
+    options = builder._options
+    remote = options.get("spark.remote") or os.environ.get("SPARK_REMOTE")
+    if remote:
+        return str(remote)
+    if str(options.get("spark.api.mode", "")).lower() == "connect":
+        return str(options.get("spark.master", "local[*]"))
+    return None
 
 
 def _option_value(name: str, value: Any) -> str:  # noqa: ANN401 - any option's value
@@ -129,6 +167,11 @@ def configure(
     value is checked here, as the provider checks it. ``kafka=True`` also adds Spark's Kafka
     source and sink (``KAFKA_CONNECTOR_PACKAGE`` to ``spark.jars.packages``, which Spark fetches
     from Maven Central when the session starts).
+
+    On Spark Connect, a builder for a server started in this process (``.remote("local[2]")``,
+    or ``spark.api.mode=connect``) gets the server's settings too; one for a server that runs
+    (``sc://``) gets the session's own, and the server must have been started with the rest
+    (docs/spark-connect.md).
     """
     if not isinstance(kafka, bool):
         raise ValueError(f"kafka= must be True or False, got {kafka!r}")
@@ -138,12 +181,29 @@ def configure(
             f"unknown keyedstate option(s) {unknown}; allowed: {sorted(OPTIONS)}", INVALID_OPTION
         )
     settings = {OPTIONS[name]["key"]: _option_value(name, value) for name, value in options.items()}
-    builder = (
-        builder.config("spark.jars", jar_path())
-        .config(PROVIDER_CLASS_KEY, PROVIDER_CLASS)
-        .config(EXTENSIONS_KEY, _with_classes(builder, EXTENSIONS_KEY, ENGINE_EXTENSIONS))
-        .config(PLUGINS_KEY, _with_classes(builder, PLUGINS_KEY, [QUERYABLE_PLUGIN_CLASS]))
-    )
+    remote = _connect_remote(builder)
+    if remote is not None and remote.startswith("sc://"):
+        # A Spark Connect server that runs already: its static settings were made when it started
+        # (docs/spark-connect.md); the session's own settings are made here.
+        if kafka:
+            raise ValueError(
+                "kafka=True adds Spark's Kafka connector to the application: on a Spark Connect "
+                f"server ({remote}) start the server with --packages {KAFKA_CONNECTOR_PACKAGE}"
+            )
+        builder = builder.config(PROVIDER_CLASS_KEY, PROVIDER_CLASS)
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        return builder
+    plugins_key = PLUGINS_KEY if remote is None else DEFAULT_PLUGINS_KEY
+    if remote is not None:
+        # The server this process starts takes them all; PySpark then sets each again as a
+        # session setting, and warns that the static ones cannot be: they were, at the start.
+        for key in (*application_settings({}, plugins_key), PACKAGES_KEY):
+            warnings.filterwarnings(
+                "ignore", message=f"Failed to set {re.escape(key)} to ", category=UserWarning
+            )
+    for key, value in application_settings(builder._options, plugins_key).items():
+        builder = builder.config(key, value)
     for key, value in settings.items():
         builder = builder.config(key, value)
     if kafka:

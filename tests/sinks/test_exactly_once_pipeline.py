@@ -4,14 +4,14 @@ SIGKILLed at random points and the database and the broker killed mid-run.
 The driver (tests/support/drivers/pipeline_driver.py) reads a Kafka topic a few records per
 micro-batch, keeps a running count and sum per key in keyedstate state, and writes one row per event
 to a PostgreSQL table and, transactionally, to a Kafka topic, under a fixed-delay restart strategy.
-An uninterrupted run on its own checkpoint, table and topic gives the reference. Then the same
-driver runs on a second checkpoint and is SIGKILLed ``PIPELINE_KILLS`` times (6 in CI; ``make soak``
+The driver runs on a checkpoint and is SIGKILLed ``PIPELINE_KILLS`` times (6 in CI; ``make soak``
 runs the issue's 20, about 12 minutes) at seeded random points: while it starts, with a batch in
 flight, inside the sinks (PostgreSQL written, Kafka not yet), right after a batch's sinks, after a
 commit. Once each, while it runs, the PostgreSQL server and the Kafka broker are killed and
 restarted (the restart strategy brings the query back). Each time the driver restarts on the same
-checkpoint. At the end the table and the ``read_committed`` topic must equal the uninterrupted run's
-and the values computed here: nothing lost, nothing duplicated.
+checkpoint. At the end the table and the ``read_committed`` topic must equal the values computed
+here: nothing lost, nothing duplicated (``make soak`` also runs the driver uninterrupted, with
+``PIPELINE_CLEAN_RUN=1``, and checks that it writes the same).
 
 PIPELINE_SEED picks the kill points; the seed and the kill log are printed.
 """
@@ -34,6 +34,7 @@ from tests.support.streaming_harness import committed_batches, planned_batches
 
 DRIVER = DRIVERS / "pipeline_driver.py"
 KILLS = int(os.environ.get("PIPELINE_KILLS", "6"))
+CLEAN_RUN = os.environ.get("PIPELINE_CLEAN_RUN") == "1"
 SEED = int(os.environ.get("PIPELINE_SEED", "20261122"))
 RECORDS = 360
 KEYS = 12
@@ -119,17 +120,21 @@ def test_kills_and_outages_are_exactly_once_end_to_end(
         )
         return path
 
-    # The reference: one uninterrupted run.
-    clean_config = config("clean")
-    clean = Driver([str(clean_config)], tmp_path / "driver-clean.log", script=DRIVER)
-    drivers.append(clean)
-    rc = clean.wait(timeout=WAIT_TIMEOUT_S * 2)
-    assert rc == 0, f"uninterrupted driver failed (rc={rc}):\n{clean.tail()}"
-    clean_settings = json.loads(clean_config.read_text())
-    clean_table = table_rows(postgres_server, clean_settings["table"])
-    clean_topic = topic_rows(kafka_broker, clean_settings["output_topic"])
-    assert clean_table == expected, "the uninterrupted run's table is wrong"
-    assert clean_topic == expected, "the uninterrupted run's topic is wrong"
+    # The reference: the values computed here; with PIPELINE_CLEAN_RUN=1 (``make soak``), also an
+    # uninterrupted run of the same driver, whose table and topic must equal them.
+    if CLEAN_RUN:
+        clean_config = config("clean")
+        clean = Driver([str(clean_config)], tmp_path / "driver-clean.log", script=DRIVER)
+        drivers.append(clean)
+        rc = clean.wait(timeout=WAIT_TIMEOUT_S * 2)
+        assert rc == 0, f"uninterrupted driver failed (rc={rc}):\n{clean.tail()}"
+        clean_settings = json.loads(clean_config.read_text())
+        assert table_rows(postgres_server, clean_settings["table"]) == expected, (
+            "the uninterrupted run's table is wrong"
+        )
+        assert topic_rows(kafka_broker, clean_settings["output_topic"]) == expected, (
+            "the uninterrupted run's topic is wrong"
+        )
 
     killed_config = config("killed")
     settings = json.loads(killed_config.read_text())
@@ -230,5 +235,5 @@ def test_kills_and_outages_are_exactly_once_end_to_end(
 
     killed_table = table_rows(postgres_server, settings["table"])
     killed_topic = topic_rows(kafka_broker, settings["output_topic"])
-    assert killed_table == clean_table, f"PostgreSQL differs after kills (seed {SEED}):\n{history}"
-    assert killed_topic == clean_topic, f"Kafka differs after kills (seed {SEED}):\n{history}"
+    assert killed_table == expected, f"PostgreSQL differs after kills (seed {SEED}):\n{history}"
+    assert killed_topic == expected, f"Kafka differs after kills (seed {SEED}):\n{history}"

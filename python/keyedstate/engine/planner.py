@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from keyedstate._session import EXTENSIONS_CLASS, EXTENSIONS_KEY
+from keyedstate.connect import is_connect
 from keyedstate.engine.contexts import RuntimeContextImpl
 from keyedstate.engine.function_copy import copy_function
 from keyedstate.engine.keyed_state import KeyState
@@ -389,11 +390,6 @@ def build(
         raise StateUsageError(f"uid must be a non-empty string, got {uid!r}")
     if not isinstance(df, DataFrame) and type(df).__name__ != "DataFrame":
         raise TypeError(f"key_by needs a DataFrame, got {type(df).__name__}")
-    if not hasattr(df, "_jdf"):
-        raise StateUsageError(
-            "keyed functions run on classic Spark sessions (the planner reaches the JVM through "
-            "py4j); this DataFrame belongs to a Spark Connect session"
-        )
     if not df.isStreaming:
         raise StateUsageError(
             "keyedstate runs on streaming DataFrames (spark.readStream...); for a static "
@@ -412,10 +408,11 @@ def build(
             "(it has no open())"
         )
     broadcast_df = None if broadcast is None else broadcast.df
-    classic = broadcast_df is None or hasattr(broadcast_df, "_jdf")
-    if not classic or (broadcast_df is not None and not broadcast_df.isStreaming):
+    if broadcast_df is not None and (
+        is_connect(broadcast_df) != is_connect(df) or not broadcast_df.isStreaming
+    ):
         raise StateUsageError(
-            "keyedstate.broadcast() takes a streaming DataFrame of a classic Spark session"
+            "keyedstate.broadcast() takes a streaming DataFrame of the keyed stream's session"
         )
     columns = df.schema.names + ([] if broadcast_df is None else broadcast_df.schema.names)
     # connect()'s generated key of a stream that is not keyed is the one input column allowed.
@@ -486,9 +483,7 @@ def build(
             ".connect(...)) and use a KeyedBroadcastProcessFunction"
         )
     states = [StatePlan(i, d.name, d.kind, d) for i, d in enumerate(keyed)]
-    states += [
-        StatePlan(len(keyed) + i, d.name, kind, d) for i, (d, kind) in enumerate(operator)
-    ]
+    states += [StatePlan(len(keyed) + i, d.name, kind, d) for i, (d, kind) in enumerate(operator)]
     broadcast_states = [] if broadcast is None else broadcast.descriptors
     visits_keyed_state = broadcast is not None and _mentions(function, "apply_to_keyed_state")
     states += [
@@ -518,11 +513,7 @@ def build(
         "visitsKeyedState": visits_keyed_state,
     }
     spec_json = json.dumps(spec)
-    jvm = spark._jvm  # type: ignore[attr-defined]
-    engine = jvm.io.keyedstate.engine.KeyedProcess
-    out_schema = T.StructType.fromJson(
-        json.loads(engine.outSchemaJson(spec_json, df.schema.json()))
-    )
+    out_schema = _out_schema(df, spec_json)
     time_zone = spark.conf.get("spark.sql.session.timeZone") or "UTC"
     plan = RunnerPlan(
         kind=kind,
@@ -548,18 +539,16 @@ def build(
         ),
         visits_keyed_state=visits_keyed_state,
     )
-    try:
-        lookup = DataFrame(
-            engine.lookup(df._jdf, None if broadcast_df is None else broadcast_df._jdf, spec_json),
-            spark,
-        )
-    except Exception as error:  # noqa: BLE001 - py4j errors carry the JVM message
-        raise StateUsageError(f"cannot plan {type(function).__name__}: {error}") from None
     runner = KeyedRunner(plan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mapped = lookup.mapInArrow(runner, out_schema)
-    result = DataFrame(engine.apply(mapped._jdf, spec_json, df.schema.json()), spark)
+    try:
+        lookup = _lookup(df, broadcast_df, spec_json)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # On Spark Connect this asks the server for the lookup's columns: it is planned here.
+            mapped = lookup.mapInArrow(runner, out_schema)
+    except Exception as error:  # noqa: BLE001 - py4j's and Connect's errors carry the JVM message
+        raise StateUsageError(f"cannot plan {type(function).__name__}: {error}") from None
+    result = _apply(mapped, spec_json, df.schema)
     if not sides:
         return result
     from pyspark.sql import functions as F
@@ -589,6 +578,43 @@ def build(
     )
     setattr(main, SIDE_OUTPUTS_ATTRIBUTE, {**side_frames, None: combined})
     return main
+
+
+# The plan's three JVM parts, through py4j in a classic session and as keyedstate's extension
+# relations on Spark Connect (keyedstate.connect.relations); the JVM builds the same nodes.
+
+
+def _out_schema(df: DataFrame, spec_json: str) -> T.StructType:
+    """The schema the keyed function's Python returns (``mapInArrow``'s)."""
+    if is_connect(df):
+        from keyedstate.connect import relations
+
+        return relations.out_schema(df, spec_json)
+    engine = df.sparkSession._jvm.io.keyedstate.engine.KeyedProcess  # type: ignore[attr-defined]
+    return T.StructType.fromJson(json.loads(engine.outSchemaJson(spec_json, df.schema.json())))
+
+
+def _lookup(df: DataFrame, broadcast_df: DataFrame | None, spec_json: str) -> DataFrame:
+    """The rows the keyed function's Python reads: ``df`` by key, with its state."""
+    if is_connect(df):
+        from keyedstate.connect import relations
+
+        return relations.lookup(df, broadcast_df, spec_json)
+    spark = df.sparkSession
+    engine = spark._jvm.io.keyedstate.engine.KeyedProcess  # type: ignore[attr-defined]
+    jbroadcast = None if broadcast_df is None else broadcast_df._jdf
+    return DataFrame(engine.lookup(df._jdf, jbroadcast, spec_json), spark)
+
+
+def _apply(mapped: DataFrame, spec_json: str, input_schema: T.StructType) -> DataFrame:
+    """The keyed function's outputs, its state changes applied and committed."""
+    if is_connect(mapped):
+        from keyedstate.connect import relations
+
+        return relations.apply(mapped, spec_json, input_schema)
+    spark = mapped.sparkSession
+    engine = spark._jvm.io.keyedstate.engine.KeyedProcess  # type: ignore[attr-defined]
+    return DataFrame(engine.apply(mapped._jdf, spec_json, input_schema.json()), spark)
 
 
 def _quoted(name: str) -> str:

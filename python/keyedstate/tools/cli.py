@@ -1,4 +1,5 @@
-"""The ``keyedstate`` command line: ``jar``, ``demo``, ``rescale``, ``inspect``, ``savepoint``."""
+"""The ``keyedstate`` command line: ``jar``, ``demo``, ``rescale``, ``inspect``, ``savepoint``,
+``connect-server``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import sys
 import tempfile
 import traceback
@@ -316,6 +318,42 @@ def _savepoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _connect_server(args: argparse.Namespace) -> int:
+    """``start-connect-server.sh --wait`` with keyedstate's settings (the user's on top): the
+    process becomes the server, its Python workers run this Python."""
+    settings: dict[str, str] = {}
+    for setting in args.conf:
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            print(
+                f"keyedstate connect-server: --conf expects KEY=VALUE, got {setting!r}",
+                file=sys.stderr,
+            )
+            return 2
+        settings[key] = value
+    if not 0 < args.port < 65536:
+        print(
+            f"keyedstate connect-server: --port must be 1 to 65535, got {args.port}",
+            file=sys.stderr,
+        )
+        return 2
+    import pyspark
+
+    script = os.path.join(os.path.dirname(pyspark.__file__), "sbin", "start-connect-server.sh")
+    settings.update(_session.application_settings(settings))
+    settings.setdefault("spark.connect.grpc.binding.address", args.host)
+    settings.setdefault("spark.connect.grpc.binding.port", str(args.port))
+    command = [script, "--wait", "--master", args.master]
+    for key, value in settings.items():
+        command += ["--conf", f"{key}={value}"]
+    if args.print:
+        print(shlex.join(command))
+        return 0
+    env = dict(os.environ)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.execve(script, command, env)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(
         prog="keyedstate",
@@ -389,12 +427,29 @@ def main(argv: list[str] | None = None) -> int:
         action.add_argument("--json", action="store_true", help="print the result as JSON")
         _add_spark_options(action)
 
+    server = commands.add_parser(
+        "connect-server",
+        help="run a Spark Connect server with keyedstate in it, in the foreground "
+        "(pyspark's sbin/start-connect-server.sh)",
+    )
+    server.add_argument("--host", default="127.0.0.1", help="the address to bind")
+    server.add_argument("--port", type=int, default=15002, help="the gRPC port (default 15002)")
+    server.add_argument("--master", default="local[*]", help="the application's master")
+    server.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
+    )
+    server.add_argument(
+        "--print", action="store_true", help="print the command instead of running it"
+    )
+
     args, rest = parser.parse_known_args(argv)
     if rest and args.command != "demo":  # only the demo passes its arguments on
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "jar":
         print(_session.jar_path())
         return 0
+    if args.command == "connect-server":
+        return _connect_server(args)
     from keyedstate.errors import CheckpointOperationError, QueryServiceError
 
     run = {"rescale": _rescale, "inspect": _inspect, "savepoint": _savepoint}.get(args.command)
@@ -431,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         if log:
             log.keep = False
         return code
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

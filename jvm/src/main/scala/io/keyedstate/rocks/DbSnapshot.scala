@@ -20,7 +20,9 @@ final class DbSnapshot private[rocks] (
     snapshot: Snapshot,
     onReleased: DbSnapshot => Unit) extends AutoCloseable {
 
-  private val readOptions = new ReadOptions().setSnapshot(snapshot)
+  // Lookups read blocks without caching them: random keys of a large state would otherwise evict
+  // the blocks the query's own batches read (the block cache is shared with the writer).
+  private val readOptions = new ReadOptions().setSnapshot(snapshot).setFillCache(false)
   // Reads in flight and whether the snapshot was given up, under `this`.
   private var readers = 0
   private var givenUp = false
@@ -60,7 +62,7 @@ final class DbSnapshot private[rocks] (
     reading("scan a snapshot") {
       if (!families.contains(cf)) (Nil, false)
       else families.using(cf, "scan a snapshot") { h =>
-        val options = new ReadOptions().setSnapshot(snapshot)
+        val options = new ReadOptions().setSnapshot(snapshot).setFillCache(false)
         val upper = KeyBytes.prefixUpperBound(prefix).map(new Slice(_))
         upper.foreach(options.setIterateUpperBound)
         val it = native.db.newIterator(h, options)

@@ -1,0 +1,80 @@
+package io.keyedstate.connect
+
+import java.util.{Base64, Optional}
+
+import org.apache.spark.sql.catalyst.plans.logical.{LocalRelation, LogicalPlan}
+import org.apache.spark.sql.connect.ConnectProtoUtils
+import org.apache.spark.sql.connect.planner.SparkConnectPlanner
+import org.apache.spark.sql.connect.plugin.RelationPlugin
+import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
+import org.apache.spark.sql.types.{DataType, StructType}
+import org.json4s._
+import org.json4s.jackson.JsonMethods
+
+import io.keyedstate.engine.{KeyedProcess, KeyedProcessPlan}
+
+/**
+ * keyedstate's relations on Spark Connect (registered with
+ * `spark.connect.extensions.relation.classes`): the Python client sends each as an extension
+ * relation ([[ExtensionMessage]]) and this plugin plans it as py4j's entry points do in a
+ * classic session ([[KeyedProcess]]), so a keyed function is the same plan either way:
+ * `lookup` over the keyed stream's relation, Spark's own `mapInArrow` (the client's), `apply`
+ * over that.
+ */
+final class KeyedStateRelationPlugin extends RelationPlugin {
+  import KeyedStateRelationPlugin._
+
+  override def transform(relation: Array[Byte], planner: SparkConnectPlanner): Optional[LogicalPlan] =
+    ExtensionMessage.decode(relation) match {
+      case Some(message) => Optional.of(plan(message, planner))
+      case None => Optional.empty() // another library's relation
+    }
+
+  private def plan(message: ExtensionMessage, planner: SparkConnectPlanner): LogicalPlan = {
+    val session = planner.session
+    def relation(field: String): Option[LogicalPlan] = message.body \ field match {
+      case JString(encoded) =>
+        val bytes = Base64.getDecoder.decode(encoded)
+        Some(planner.transformRelation(ConnectProtoUtils.parseRelationWithRecursionLimit(bytes, RecursionLimit)))
+      case JNothing | JNull => None
+      case other => throw bad(message, s"'$field' must be a relation's bytes in base64, got ${JsonMethods.compact(other)}")
+    }
+    def text(field: String): String = message.body \ field match {
+      case JString(s) => s
+      case other => throw bad(message, s"'$field' must be a string, got ${JsonMethods.compact(other)}")
+    }
+    def frame(plan: LogicalPlan) = KeyedProcessSqlBridge.ofRows(session, plan)
+    def required(field: String) = relation(field).getOrElse(throw bad(message, s"'$field' is missing"))
+    message.kind match {
+      case Lookup =>
+        KeyedProcessSqlBridge.logicalPlan(KeyedProcess.lookup(frame(required("input")),
+          relation("broadcast").map(frame).orNull, text("spec")))
+      case Apply =>
+        KeyedProcessSqlBridge.logicalPlan(KeyedProcess.apply(frame(required("input")), text("spec"),
+          text("inputSchema")))
+      case OutSchema =>
+        // No rows: the client asks its schema (what mapInArrow's function returns).
+        val schema = DataType.fromJson(KeyedProcess.outSchemaJson(text("spec"), text("inputSchema")))
+          .asInstanceOf[StructType]
+        LocalRelation(KeyedProcessPlan.attributes(schema))
+      case other => throw bad(message, s"unknown relation '$other'; this server's keyedstate plans ${Kinds.mkString(", ")}")
+    }
+  }
+}
+
+object KeyedStateRelationPlugin {
+  /** The plugin's class, for `spark.connect.extensions.relation.classes`. */
+  val ClassName: String = classOf[KeyedStateRelationPlugin].getName
+
+  val Lookup = "lookup"
+  val Apply = "apply"
+  val OutSchema = "outSchema"
+  private val Kinds = Seq(Lookup, Apply, OutSchema)
+
+  // Spark's own bound on a relation's nesting (spark.connect.grpc.marshallerRecursionLimit's default).
+  private val RecursionLimit = 1024
+
+  private def bad(message: ExtensionMessage, why: String) =
+    new IllegalArgumentException(s"keyedstate's Spark Connect relation '${message.kind}': $why (is the client's " +
+      "keyedstate the server's version?)")
+}

@@ -1,0 +1,16 @@
+"""keyedstate on Spark Connect: its plans sent as extension relations, which the server's
+``io.keyedstate.connect.KeyedStateRelationPlugin`` plans as py4j's entry points do in a classic
+session. Importing this package needs PySpark's Connect client (``pip install
+'pyspark[connect]'``); the rest of keyedstate imports it only for a Connect DataFrame."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["is_connect"]
+
+
+def is_connect(frame: Any) -> bool:  # noqa: ANN401 - a DataFrame or a SparkSession of either kind
+    """Whether ``frame`` (a DataFrame or a SparkSession) belongs to a Spark Connect session,
+    told without importing PySpark's Connect client."""
+    return type(frame).__module__.startswith("pyspark.sql.connect.")

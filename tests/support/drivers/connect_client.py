@@ -1,0 +1,65 @@
+"""A Spark Connect client for tests/engine/test_connect.py: runs one phase of
+tests/support/connect_scenarios.py on the Spark Connect server at URL; with ``--uid-change``,
+then restarts a keyed function under another uid, which keyedstate refuses, and reports the
+error as ``keyedstate.errors.state_error`` maps it. Prints one JSON line ``SUMMARY {...}``.
+
+usage: connect_client.py URL ROOT [--uid-change]
+"""
+
+from __future__ import annotations
+
+import script_paths  # noqa: F401 - first: puts the repository and the package on sys.path
+
+# isort: split
+
+import json
+import sys
+from pathlib import Path
+
+import keyedstate
+from pyspark.sql import SparkSession
+
+from tests.support.connect_scenarios import GroupCount, run_phase
+
+
+def uid_change(spark: SparkSession, root: Path) -> dict[str, str | None]:
+    """A keyed function run under uid ``one``, then on the same checkpoint under ``two``."""
+    source = root / "uid-change" / "input"
+    source.mkdir(parents=True)
+    for n, uid in enumerate(("one", "two")):
+        (source / f"{n}.json").write_text('{"k": "a", "count": 1}\n')
+        stream = spark.readStream.schema("k string, count long").json(str(source))
+        frame = keyedstate.key_by(stream, "k").process(
+            GroupCount(), "k string, count long, rows long", uid=uid
+        )
+        query = (
+            frame.writeStream.format("noop")
+            .option("checkpointLocation", str(root / "uid-change" / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            query.awaitTermination()
+        except Exception as failure:  # noqa: BLE001 - what a Connect client gets, reported
+            mapped = keyedstate.errors.state_error(failure)
+            return {
+                "raised": type(failure).__module__ + "." + type(failure).__name__,
+                "class": None if mapped is None else type(mapped).__name__,
+                "error_id": None if mapped is None else mapped.error_id,
+            }
+    return {"raised": None, "class": None, "error_id": None}
+
+
+def main() -> None:
+    url, root = sys.argv[1], Path(sys.argv[2])
+    spark = keyedstate.configure(SparkSession.builder.remote(url)).getOrCreate()
+    run_phase(spark, root)
+    summary: dict[str, object] = {"session": type(spark).__module__}
+    if "--uid-change" in sys.argv[3:]:
+        summary["uid_change"] = uid_change(spark, root)
+    print("SUMMARY " + json.dumps(summary), flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
