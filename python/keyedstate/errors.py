@@ -232,6 +232,10 @@ _JVM_LINE = re.compile(
     r"\[((?:KEYEDSTATE|KEYED_FUNCTION)_[A-Z_]+)\] (.*)$",
     re.MULTILINE,
 )
+# Spark Connect sends the server's error as its message alone (its class, if at all, in the
+# stack trace below): keyedstate's message starts with its ``[ID]``, whose prefixes are
+# keyedstate's own (none of Spark's error classes has them).
+_CONNECT_LINE = re.compile(r"\A\[((?:KEYEDSTATE|KEYED_FUNCTION)_[A-Z_]+)\] (.*)$", re.MULTILINE)
 # A Python error, raised in a Python worker (a keyed function's task: Spark's PythonException
 # quotes the worker's traceback) or in a ``foreachBatch`` function: the traceback's last line,
 # the class by module and name, then the message.
@@ -278,7 +282,7 @@ def _from_text(error: BaseException, operation: bool) -> KeyedStateError | None:
     ``[ID]`` line, else a Python one by its class's name."""
     texts = list(_texts(error))
     for text in texts:
-        jvm = _JVM_LINE.search(text)
+        jvm = _JVM_LINE.search(text) or _CONNECT_LINE.search(text)
         if jvm is not None:
             error_id = jvm.group(1)
             cls = error_class(error_id)

@@ -3,7 +3,9 @@ started as a user starts one (``keyedstate connect-server``), the client in its 
 (tests/support/drivers/connect_client.py). Every kind of state, TTL, timers, a side output, a
 chained keyed function, operator state and broadcast state give, phase by phase across a restart,
 the rows the same functions give in the tests' classic session; a refused restart (another uid)
-is keyedstate's error on the client, as in a classic session."""
+is keyedstate's error on the client, as in a classic session; the offline operations (state
+read, inspect, savepoints taken, inspected, listed, restored, disposed of, a rescale, a running
+query stopped with a savepoint, a missing checkpoint refused) answer as in the classic session."""
 
 from __future__ import annotations
 
@@ -14,7 +16,14 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.support.connect_scenarios import PHASES, QUERIES, outputs, run_phase, write_inputs
+from tests.support.connect_scenarios import (
+    PHASES,
+    QUERIES,
+    outputs,
+    run_operations,
+    run_phase,
+    write_inputs,
+)
 from tests.support.driver_process import Driver
 from tests.support.paths import DRIVERS
 
@@ -50,7 +59,8 @@ def test_keyed_functions_on_spark_connect_give_what_a_classic_session_gives(
         write_inputs(remote, phase)
         run_phase(spark, classic)
         log = tmp_path / f"client-{phase}.log"
-        options = ["--uid-change"] if phase == 0 else []
+        last = phase == len(PHASES) - 1
+        options = ["--uid-change"] if phase == 0 else ["--operations"] if last else []
         summary = on_connect(connect_server, remote, log, drivers, *options)
         assert summary["session"].startswith("pyspark.sql.connect."), summary
         if phase == 0:
@@ -63,6 +73,16 @@ def test_keyed_functions_on_spark_connect_give_what_a_classic_session_gives(
         got, expected = outputs(remote), outputs(classic)
         for name in QUERIES:
             assert got[name] == expected[name], f"phase {phase}, {name}"
+    # The offline operations on the last phase's checkpoints: the same answers on both sides.
+    operations = json.loads(json.dumps(run_operations(spark, classic)))
+    assert summary["operations"] == operations
+    assert operations["counts"] == [["a", 3], ["b", 2], ["c", 2], ["d", 1]], operations
+    assert operations["restored"][2] == operations["counts"], operations
+    assert operations["refused"] == [
+        "QueryCheckpointError",
+        "KEYEDSTATE_QUERY_CHECKPOINT_INVALID",
+    ], operations
+    assert operations["stopped"][2] is False, operations
     # Not two empty runs: what the functions must have given across the restart.
     final = {r[0]: r for r in got["kinds"] if r[1] != -1}
     assert max(r[1] for r in got["kinds"] if r[0] == "a") == 3, got["kinds"]

@@ -224,3 +224,55 @@ def outputs(root: Path) -> dict[str, list[tuple]]:
         rows = [tuple(r.values()) for f in files for r in pq.read_table(f).to_pylist()]
         found[name] = sorted(rows, key=repr)
     return found
+
+
+def run_operations(spark: SparkSession, root: Path) -> dict[str, Any]:
+    """The offline operations on the ``kinds`` query's checkpoint (its query stopped): the state
+    read, inspected, a native savepoint taken, inspected, listed, restored at 3 partitions and
+    disposed of, the checkpoint rescaled to 3, a running query stopped with a savepoint, and a
+    missing checkpoint refused. What each gives, without the paths (which differ per run)."""
+    from keyedstate.errors import CheckpointOperationError
+
+    checkpoint = str(root / "checkpoint" / "kinds")
+    rows = keyedstate.state.read(spark, checkpoint, "kinds", "count").collect()
+    counts = sorted((r["k"], r["value"]) for r in rows)
+    report = keyedstate.inspect(spark, checkpoint)
+    operators = sorted((o.operator_id, o.uid, o.keys) for o in report.operators)
+    savepoints = root / "savepoints"
+    taken = keyedstate.savepoint(spark, checkpoint, str(savepoints / "sp-1"), format="native")
+    inspected = keyedstate.inspect_savepoint(spark, str(savepoints / "sp-1"), verify=True)
+    listed = [Path(i.path).name for i in keyedstate.list_savepoints(spark, str(savepoints))]
+    restored = keyedstate.restore_savepoint(
+        spark, str(savepoints / "sp-1"), str(root / "restored"), partitions=3
+    )
+    restored_counts = sorted(
+        (r["k"], r["value"])
+        for r in keyedstate.state.read(spark, str(root / "restored"), "kinds", "count").collect()
+    )
+    rescaled = keyedstate.rescale(spark, checkpoint, 3, output=str(root / "rescaled"))
+    disposed = keyedstate.dispose_savepoint(spark, str(savepoints / "sp-1"))
+    # A running query stopped with a savepoint: the chained query, on new input it waits for.
+    query = (
+        queries(spark, root)["chained"]
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(root / "checkpoint" / "chained"))
+        .start()
+    )
+    query.processAllAvailable()
+    stopped = keyedstate.stop_with_savepoint(query, str(savepoints / "sp-stop"))
+    try:
+        keyedstate.inspect(spark, str(root / "missing"))
+        refused = None
+    except CheckpointOperationError as error:
+        refused = [type(error).__name__, error.error_id]
+    return {
+        "counts": counts,
+        "inspect": [report.batch_id, report.partitions, operators],
+        "savepoint": [taken.batch_id, taken.partitions, taken.format, inspected.batch_id],
+        "listed": listed,
+        "restored": [restored.batch_id, restored.to_partitions, restored_counts],
+        "rescaled": [rescaled.from_partitions, rescaled.to_partitions, rescaled.keys],
+        "disposed": disposed.batch_id,
+        "stopped": [stopped.batch_id, sorted(o.uid for o in stopped.operators), query.isActive],
+        "refused": refused,
+    }

@@ -12,23 +12,26 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
+from typing import Any
 
 import pyspark.sql.connect.proto as proto
 from pyspark.sql import types as T
 from pyspark.sql.connect.client import SparkConnectClient
 from pyspark.sql.connect.dataframe import DataFrame
 from pyspark.sql.connect.plan import LogicalPlan
+from pyspark.sql.connect.session import SparkSession
 
-__all__ = ["apply", "lookup", "out_schema"]
+__all__ = ["apply", "lookup", "operation", "out_schema", "state_read"]
 
 TYPE_URL_PREFIX = "type.googleapis.com/keyedstate."
 
 
 class KeyedStateRelation(LogicalPlan):
-    """One keyedstate relation: ``kind``, its ``fields`` (strings) and its ``inputs`` (plans)."""
+    """One keyedstate relation: ``kind``, its ``fields`` (JSON values) and its ``inputs``
+    (plans)."""
 
     def __init__(
-        self, kind: str, fields: Mapping[str, str], inputs: Mapping[str, LogicalPlan]
+        self, kind: str, fields: Mapping[str, Any], inputs: Mapping[str, LogicalPlan]
     ) -> None:
         super().__init__(next(iter(inputs.values()), None))
         self._kind = kind
@@ -37,7 +40,7 @@ class KeyedStateRelation(LogicalPlan):
 
     def plan(self, session: SparkConnectClient) -> proto.Relation:
         relation = self._create_proto_relation()
-        body: dict[str, str] = dict(self._fields)
+        body: dict[str, Any] = dict(self._fields)
         for name, child in self._inputs.items():
             body[name] = base64.b64encode(child.plan(session).SerializeToString()).decode("ascii")
         relation.extension.type_url = TYPE_URL_PREFIX + self._kind
@@ -50,6 +53,29 @@ class KeyedStateRelation(LogicalPlan):
 
 def _frame(relation: KeyedStateRelation, like: DataFrame) -> DataFrame:
     return DataFrame(relation, like.sparkSession)
+
+
+def operation(spark: SparkSession, name: str, arguments: list[Any]) -> str:
+    """Runs offline operation ``name`` on the server (``io.keyedstate.connect.ConnectOperations``:
+    the entry point py4j calls in a classic session) and returns its JSON answer. Collected
+    once: the server runs the operation when the relation executes."""
+    relation = KeyedStateRelation("operation", {"name": name, "arguments": arguments}, {})
+    [row] = DataFrame(relation, spark).collect()
+    return str(row[0])
+
+
+def state_read(
+    spark: SparkSession, path: str, operator: str, state: str, batch_id: int, flatten: bool
+) -> DataFrame:
+    """``keyedstate.state.read``'s DataFrame, planned on the server."""
+    fields = {
+        "path": path,
+        "operator": operator,
+        "state": state,
+        "batchId": batch_id,
+        "flatten": flatten,
+    }
+    return DataFrame(KeyedStateRelation("stateRead", fields, {}), spark)
 
 
 def lookup(df: DataFrame, broadcast: DataFrame | None, spec_json: str) -> DataFrame:

@@ -1,5 +1,6 @@
 """The JVM side of the offline operations (``io.keyedstate.offline``): calling an entry point
-and turning its failures and its JSON results into the package's errors and dataclasses."""
+(through py4j in a classic session, as an operation relation on Spark Connect) and turning its
+failures and its JSON results into the package's errors and dataclasses."""
 
 from __future__ import annotations
 
@@ -9,13 +10,38 @@ from typing import Any, TypeVar
 
 from py4j.java_gateway import JavaClass
 from py4j.protocol import Py4JJavaError
-from pyspark.errors.exceptions.captured import CapturedException
+from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from keyedstate._session import PROVIDER_CLASS
+from keyedstate.connect import is_connect
 from keyedstate.errors import CheckpointOperationError, first_line, state_error
 
 T = TypeVar("T")
+
+
+# The operations by the names the Connect plugin knows them (io.keyedstate.connect.
+# ConnectOperations): the entry point's object, its package under io.keyedstate.offline, method.
+_OPERATIONS = {
+    "inspect": ("CheckpointInspector", "inspect", "report"),
+    "rescale": ("Rescaler", "rescale", "rescale"),
+    **{
+        f"savepoint.{command}": ("SavepointCommands", "savepoint", command)
+        for command in ("create", "restore", "inspect", "list", "dispose")
+    },
+}
+
+
+def operation(spark: SparkSession, name: str, *args: Any) -> str:
+    """Operation ``name``'s JSON answer: its entry point called through py4j, or on Spark
+    Connect by the server's plugin; a failure is mapped as :func:`call` maps it."""
+    if is_connect(spark):
+        from keyedstate.connect import relations
+
+        return str(call(relations.operation, spark, name, list(args)))
+    entry, package, method = _OPERATIONS[name]
+    target, session = entry_point(spark, entry, package)
+    return str(call(getattr(target, method), session, *args))
 
 
 def call(method: Any, *args: Any) -> Any:
@@ -25,10 +51,12 @@ def call(method: Any, *args: Any) -> Any:
     the error's first line. Spark's job failures embed executor stack traces: never shown.
 
     pyspark converts some JVM errors (``IllegalArgumentException``, Spark's error classes) into
-    its ``CapturedException`` classes before they reach here; the rest stay ``Py4JJavaError``."""
+    its ``CapturedException`` classes before they reach here; the rest stay ``Py4JJavaError``.
+    On Spark Connect every failure comes as one of PySpark's Connect exceptions, the JVM's
+    message in its text."""
     try:
         return method(*args)
-    except (Py4JJavaError, CapturedException) as e:
+    except (Py4JJavaError, PySparkException) as e:
         mapped = state_error(e, operation=True)
         if mapped is None:
             java = e.java_exception if isinstance(e, Py4JJavaError) else None

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-from keyedstate.offline._bridge import call, decode, entry_point
+from keyedstate.offline._bridge import decode, operation
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,7 @@ class InspectReport:
 
 def inspect(spark: SparkSession, checkpoint: str, *, key_groups: int = 128) -> InspectReport:
     """Keys, bytes and key-group skew per operator and state partition of a checkpoint."""
-    inspector, session = entry_point(spark, "CheckpointInspector", "inspect")
-    raw = json.loads(call(inspector.report, session, checkpoint, key_groups))
+    raw = json.loads(operation(spark, "inspect", checkpoint, key_groups))
     report = decode(InspectReport, raw)
     return dataclasses.replace(
         report,

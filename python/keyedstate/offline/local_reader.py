@@ -418,9 +418,7 @@ class LocalPartition:
         return f"LocalPartition({self._describe()})"
 
 
-def _values(
-    row: Callable[[bytes, int, int], Any], multiple: bool
-) -> Callable[[bytes], Any]:
+def _values(row: Callable[[bytes, int, int], Any], multiple: bool) -> Callable[[bytes], Any]:
     """A stored value's decoder: ``[int64 stamp][row]``, or in a multi-value column family
     ``[int32 length][int64 stamp][row]`` elements (``ttl.TtlValueCodec``)."""
     if not multiple:
@@ -726,8 +724,11 @@ def open_partition(
         raise QueryCheckpointError(
             f"{root} holds no state of operator {operator_id}, partition {partition}, store "
             f"{store!r} (no {directory}); operators: {', '.join(map(str, operators)) or 'none'}"
-            + (f"; partitions of {operator_id}: {', '.join(map(str, partitions))}" if partitions
-               else ""),
+            + (
+                f"; partitions of {operator_id}: {', '.join(map(str, partitions))}"
+                if partitions
+                else ""
+            ),
             QUERY_CHECKPOINT_INVALID,
         )
     version, manifest_path = _choose_manifest(root, directory, operator_id, version, savepoint)

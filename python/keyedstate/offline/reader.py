@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
 
+from keyedstate.connect import is_connect
 from keyedstate.offline._bridge import call, entry_point
 
 __all__ = ["read"]
@@ -40,6 +41,18 @@ def read(
         raise TypeError(f"batch_id must be an int, got {batch_id!r}")
     if operator is not None and (isinstance(operator, bool) or not isinstance(operator, str | int)):
         raise TypeError(f"operator must be a uid (str) or an operator id (int), got {operator!r}")
+    if is_connect(spark):
+        from keyedstate.connect import relations
+
+        # Planned (and its failures raised) when the DataFrame is first used.
+        return relations.state_read(
+            spark,
+            path,
+            "" if operator is None else str(operator),
+            state or "",
+            -1 if batch_id is None else batch_id,
+            flatten,
+        )
     reader, session = entry_point(spark, "StateReader")
     jdf = call(
         reader.read,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from keyedstate.offline._bridge import call, decode, entry_point
+from keyedstate.offline._bridge import decode, operation
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,5 @@ def rescale(
     """
     if isinstance(partitions, bool) or not isinstance(partitions, int):
         raise TypeError(f"partitions must be an int, got {partitions!r}")
-    rescaler, session = entry_point(spark, "Rescaler", "rescale")
-    raw = json.loads(
-        call(rescaler.rescale, session, checkpoint, partitions, output or "", in_place)
-    )
+    raw = json.loads(operation(spark, "rescale", checkpoint, partitions, output or "", in_place))
     return decode(RescaleResult, raw)

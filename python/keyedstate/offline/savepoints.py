@@ -9,7 +9,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from keyedstate.offline._bridge import call, decode, entry_point, snake
+from keyedstate.connect import is_connect
+from keyedstate.offline._bridge import call, decode, entry_point, operation, snake
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,10 @@ def _operator(raw: dict[str, Any]) -> SavepointOperator:
 
 def savepoint_command(spark: SparkSession, command: str, *args: Any) -> Any:  # noqa: ANN401
     """The JVM's ``SavepointCommands.<command>(session, *args)``, its JSON answer parsed."""
-    savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
-    return json.loads(call(getattr(savepoints, command), session, *args))
+    if command in ("bootstrap", "transform"):
+        savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
+        return json.loads(call(getattr(savepoints, command), session, *args))
+    return json.loads(operation(spark, f"savepoint.{command}", *args))
 
 
 def savepoint_info(path: str, raw: dict[str, Any]) -> SavepointInfo:
@@ -129,12 +132,18 @@ def stop_with_savepoint(
     """Stop ``query`` and take a savepoint of its last committed batch (Flink's ``flink stop
     --savepointPath``). A batch in flight when it stops is not committed and not in the
     savepoint: a query restored from it runs that batch again, exactly once."""
+    _check_format(format)
+    if is_connect(query):
+        # The query runs in the server's session of the client's: the savepoint is taken there.
+        spark = query._session
+        checkpoint = operation(spark, "query.checkpoint", str(query.id))
+        query.stop()
+        return savepoint(spark, checkpoint, target, format=format)
     checkpoint = query._jsq.streamingQuery().resolvedCheckpointRoot()
     # The query's own session: its file system settings are the ones its checkpoint needs.
     from pyspark import SparkContext
 
     spark = SparkSession(SparkContext._active_spark_context, query._jsq.sparkSession())
-    _check_format(format)
     query.stop()
     return savepoint(spark, checkpoint, target, format=format)
 

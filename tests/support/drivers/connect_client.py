@@ -3,7 +3,10 @@ tests/support/connect_scenarios.py on the Spark Connect server at URL; with ``--
 then restarts a keyed function under another uid, which keyedstate refuses, and reports the
 error as ``keyedstate.errors.state_error`` maps it. Prints one JSON line ``SUMMARY {...}``.
 
-usage: connect_client.py URL ROOT [--uid-change]
+usage: connect_client.py URL ROOT [--uid-change] [--operations]
+
+``--operations``: then the offline operations (``connect_scenarios.run_operations``), their
+results in the summary.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 import keyedstate
 from pyspark.sql import SparkSession
 
-from tests.support.connect_scenarios import GroupCount, run_phase
+from tests.support.connect_scenarios import GroupCount, run_operations, run_phase
 
 
 def uid_change(spark: SparkSession, root: Path) -> dict[str, str | None]:
@@ -57,6 +60,8 @@ def main() -> None:
     summary: dict[str, object] = {"session": type(spark).__module__}
     if "--uid-change" in sys.argv[3:]:
         summary["uid_change"] = uid_change(spark, root)
+    if "--operations" in sys.argv[3:]:
+        summary["operations"] = run_operations(spark, root)
     print("SUMMARY " + json.dumps(summary), flush=True)
     spark.stop()
 

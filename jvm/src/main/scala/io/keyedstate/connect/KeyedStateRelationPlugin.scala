@@ -12,6 +12,7 @@ import org.json4s._
 import org.json4s.jackson.JsonMethods
 
 import io.keyedstate.engine.{KeyedProcess, KeyedProcessPlan}
+import io.keyedstate.offline.StateReader
 
 /**
  * keyedstate's relations on Spark Connect (registered with
@@ -19,7 +20,8 @@ import io.keyedstate.engine.{KeyedProcess, KeyedProcessPlan}
  * relation ([[ExtensionMessage]]) and this plugin plans it as py4j's entry points do in a
  * classic session ([[KeyedProcess]]), so a keyed function is the same plan either way:
  * `lookup` over the keyed stream's relation, Spark's own `mapInArrow` (the client's), `apply`
- * over that.
+ * over that. The offline operations are relations too: the state reader's DataFrame, and the
+ * others a command whose one row is the operation's JSON answer ([[ConnectOperations]]).
  */
 final class KeyedStateRelationPlugin extends RelationPlugin {
   import KeyedStateRelationPlugin._
@@ -52,6 +54,19 @@ final class KeyedStateRelationPlugin extends RelationPlugin {
       case Apply =>
         KeyedProcessSqlBridge.logicalPlan(KeyedProcess.apply(frame(required("input")), text("spec"),
           text("inputSchema")))
+      case Operation =>
+        ConnectOperations.command(text("name"), message.body \ "arguments")
+      case StateRead =>
+        val batchId = message.body \ "batchId" match {
+          case JInt(n) if n.isValidLong => n.toLong
+          case other => throw bad(message, s"'batchId' must be a long (-1: the last), got ${JsonMethods.compact(other)}")
+        }
+        val flatten = message.body \ "flatten" match {
+          case JBool(b) => b
+          case other => throw bad(message, s"'flatten' must be a boolean, got ${JsonMethods.compact(other)}")
+        }
+        KeyedProcessSqlBridge.logicalPlan(StateReader.read(session, text("path"), text("operator"), text("state"),
+          batchId, flatten))
       case OutSchema =>
         // No rows: the client asks its schema (what mapInArrow's function returns).
         val schema = DataType.fromJson(KeyedProcess.outSchemaJson(text("spec"), text("inputSchema")))
@@ -69,7 +84,11 @@ object KeyedStateRelationPlugin {
   val Lookup = "lookup"
   val Apply = "apply"
   val OutSchema = "outSchema"
-  private val Kinds = Seq(Lookup, Apply, OutSchema)
+  /** An offline operation ([[ConnectOperations]]), run when the relation executes. */
+  val Operation = "operation"
+  /** `keyedstate.state.read`'s DataFrame. */
+  val StateRead = "stateRead"
+  private val Kinds = Seq(Lookup, Apply, OutSchema, Operation, StateRead)
 
   // Spark's own bound on a relation's nesting (spark.connect.grpc.marshallerRecursionLimit's default).
   private val RecursionLimit = 1024

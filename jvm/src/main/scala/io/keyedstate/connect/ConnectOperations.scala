@@ -1,0 +1,88 @@
+package io.keyedstate.connect
+
+import org.apache.spark.sql.{Row, SparkSession}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeReference}
+import org.apache.spark.sql.execution.command.LeafRunnableCommand
+import org.apache.spark.sql.types.StringType
+import org.json4s._
+import org.json4s.jackson.JsonMethods
+
+import io.keyedstate.offline.inspect.CheckpointInspector
+import io.keyedstate.offline.rescale.Rescaler
+import io.keyedstate.offline.savepoint.SavepointCommands
+
+/**
+ * The offline operations a Spark Connect client asks for, by the names its `operation` relation
+ * gives: each the entry point py4j calls in a classic session, its arguments from the
+ * relation's JSON array, its JSON answer returned.
+ */
+object ConnectOperations {
+  private type Operation = (SparkSession, Arguments) => String
+
+  private val operations: Map[String, Operation] = Map(
+    "inspect" -> ((s, a) => CheckpointInspector.report(s, a.text(0), a.int(1))),
+    "rescale" -> ((s, a) => Rescaler.rescale(s, a.text(0), a.int(1), a.text(2), a.bool(3))),
+    "savepoint.create" -> ((s, a) => SavepointCommands.create(s, a.text(0), a.text(1), a.text(2))),
+    "savepoint.restore" -> ((s, a) =>
+      SavepointCommands.restore(s, a.text(0), a.text(1), a.int(2), a.text(3), a.bool(4))),
+    "savepoint.inspect" -> ((s, a) => SavepointCommands.inspect(s, a.text(0), a.bool(1))),
+    "savepoint.list" -> ((s, a) => SavepointCommands.list(s, a.text(0))),
+    "savepoint.dispose" -> ((s, a) => SavepointCommands.dispose(s, a.text(0))),
+    "query.checkpoint" -> ((s, a) => runningCheckpoint(s, a.text(0))))
+
+  val Names: Seq[String] = operations.keys.toSeq.sorted
+
+  /** The command that runs operation `name` when the relation is executed (once per request). */
+  def command(name: String, arguments: JValue): RunOperation = {
+    require(operations.contains(name), s"unknown operation '$name'; this server's keyedstate runs ${Names.mkString(", ")}")
+    val values = arguments match {
+      case JArray(items) => items
+      case other => throw new IllegalArgumentException(s"an operation's arguments are a JSON array, not ${JsonMethods.compact(other)}")
+    }
+    RunOperation(name, JsonMethods.compact(JArray(values)))
+  }
+
+  private[connect] def run(session: SparkSession, name: String, arguments: String): String =
+    operations(name)(session, new Arguments(name, JsonMethods.parse(arguments) match {
+      case JArray(items) => items
+      case _ => Nil
+    }))
+
+  /** The checkpoint of the session's running query `id` (to stop it with a savepoint). */
+  private def runningCheckpoint(session: SparkSession, id: String): String = {
+    val query = Option(session.streams.get(id)).getOrElse(throw new IllegalArgumentException(
+      s"no running query $id in this session (a stopped query's savepoint is taken from its checkpoint)"))
+    query match {
+      case wrapper: org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper =>
+        wrapper.streamingQuery.resolvedCheckpointRoot
+      case other => throw new IllegalStateException(s"query $id is a ${other.getClass.getName}")
+    }
+  }
+
+  /** An operation's arguments, each read as the type its entry point takes. */
+  private final class Arguments(operation: String, values: List[JValue]) {
+    private def at(i: Int): JValue = values.lift(i).getOrElse(
+      throw new IllegalArgumentException(s"operation '$operation' takes at least ${i + 1} arguments, got ${values.size}"))
+    private def wrong(i: Int, what: String) = new IllegalArgumentException(
+      s"argument ${i + 1} of operation '$operation' must be $what, got ${JsonMethods.compact(at(i))}")
+    def text(i: Int): String = at(i) match { case JString(s) => s; case _ => throw wrong(i, "a string") }
+    def int(i: Int): Int = at(i) match {
+      case JInt(n) if n.isValidInt => n.toInt
+      case JLong(n) if n.isValidInt => n.toInt
+      case _ => throw wrong(i, "an int")
+    }
+    def bool(i: Int): Boolean = at(i) match { case JBool(b) => b; case _ => throw wrong(i, "a boolean") }
+  }
+}
+
+/**
+ * An offline operation as a command: run when its plan executes (Spark runs a command once per
+ * query execution), its JSON answer the one row of `result`.
+ */
+final case class RunOperation(name: String, arguments: String) extends LeafRunnableCommand {
+  override val output: Seq[Attribute] = Seq(AttributeReference("result", StringType, nullable = false)())
+
+  override def run(session: SparkSession): Seq[Row] = Seq(Row(ConnectOperations.run(session, name, arguments)))
+
+  override def simpleString(maxFields: Int): String = s"keyedstate $name"
+}
