@@ -282,7 +282,7 @@ _SUBMODULES = frozenset(
     }
 )
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # keyedstate._version's (the facade imports nothing eagerly)
 
 
 def __getattr__(name: str) -> Any:  # noqa: ANN401 - the attribute asked for

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import keyedstate
 import pytest
 from pyspark.sql import SparkSession
 
@@ -91,3 +92,20 @@ def test_keyed_functions_on_spark_connect_give_what_a_classic_session_gives(
     assert sorted(got["big"]) == [("a", 15), ("b", 12)]
     assert {r[2] for r in got["broadcast"]} == {"any", "big"}
     assert len(got["operator"]) == sum(len(f) for p in PHASES for f in p["events"])
+
+
+def test_a_client_of_another_keyedstate_version_is_refused_naming_both(
+    connect_server: Any,  # noqa: ANN401
+    tmp_path: Path,
+    drivers: list[Driver],
+) -> None:
+    summary = on_connect(
+        connect_server, tmp_path, tmp_path / "client.log", drivers, "--client-version", "0.0.9"
+    )
+    refused = summary["other_version"]
+    assert refused["class"] == "InvalidOptionError", refused
+    assert refused["error_id"] == "KEYEDSTATE_CONNECT_VERSION_MISMATCH", refused
+    assert (
+        f"keyedstate 0.0.9 and the server runs keyedstate {keyedstate.__version__}"
+        in (refused["message"])
+    ), refused

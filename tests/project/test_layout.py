@@ -20,7 +20,7 @@ PACKAGE = PYTHON_SOURCES / "keyedstate"
 
 # The Python side, lowest layer first: each entry a top-level module or subpackage of keyedstate.
 PY_LAYERS = [
-    {"_error_catalog"},  # generated from the JVM's error declaration
+    {"_error_catalog", "_version"},  # generated from the JVM's error declaration; the version
     {"errors"},
     {"_session"},  # the session's configuration and the jar
     {"state"},  # the state API (PyFlink's datastream/state.py): imports no runtime code
@@ -92,8 +92,9 @@ def imported_packages(path: Path) -> list[tuple[str, bool, int]]:
             for alias in node.names:
                 names = alias.name.split(".")
                 if names[0] == "keyedstate":
-                    found.append((names[1] if len(names) > 1 else "", id(node) in top_level,
-                                  node.lineno))
+                    found.append(
+                        (names[1] if len(names) > 1 else "", id(node) in top_level, node.lineno)
+                    )
     return found
 
 
@@ -197,8 +198,7 @@ PY_RUNTIME_LAYERS = ("offline", "runtime", "sinks", "engine")
 @pytest.mark.parametrize("module", ["keyedstate", "keyedstate.errors", "keyedstate.state"])
 def test_the_facade_errors_and_state_api_import_no_runtime_layer(module: str) -> None:
     done = run_python(
-        f"import {module}, sys; "
-        "print(sorted(m for m in sys.modules if m.startswith('keyedstate')))"
+        f"import {module}, sys; print(sorted(m for m in sys.modules if m.startswith('keyedstate')))"
     )
     assert done.returncode == 0, done.stderr[-2000:]
     loaded = ast.literal_eval(done.stdout.strip().splitlines()[-1])
@@ -328,3 +328,23 @@ def test_architecture_doc_lists_every_jvm_source_file() -> None:
     assert not actual - listed, f"not in architecture.md's file table: {sorted(actual - listed)}"
     stale = sorted(listed - actual)
     assert not stale, f"architecture.md names files that do not exist: {stale}"
+
+
+def test_the_package_its_jar_and_the_build_have_one_version() -> None:
+    """A Spark Connect server refuses a client of another keyedstate version by the jar's
+    manifest: the Python package (its facade and keyedstate._version), pyproject.toml, build.sbt
+    and the built jar must agree."""
+    import zipfile
+
+    from keyedstate._session import jar_path
+    from keyedstate._version import __version__
+
+    pyproject = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M)
+    sbt = re.search(r'^ThisBuild / version := "([^"]+)"', (REPO / "build.sbt").read_text(), re.M)
+    with zipfile.ZipFile(jar_path()) as jar:
+        manifest = jar.read("META-INF/MANIFEST.MF").decode()
+    built = re.search(r"^Implementation-Version: (\S+)", manifest, re.M)
+    import keyedstate
+
+    found = [keyedstate.__version__] + [m.group(1) if m else None for m in (pyproject, sbt, built)]
+    assert found == [__version__] * 4, (__version__, found)

@@ -21,6 +21,9 @@ from pyspark.sql.connect.dataframe import DataFrame
 from pyspark.sql.connect.plan import LogicalPlan
 from pyspark.sql.connect.session import SparkSession
 
+from keyedstate._version import __version__
+from keyedstate.errors import keyedstate_errors
+
 __all__ = ["apply", "lookup", "operation", "out_schema", "state_read"]
 
 TYPE_URL_PREFIX = "type.googleapis.com/keyedstate."
@@ -40,7 +43,8 @@ class KeyedStateRelation(LogicalPlan):
 
     def plan(self, session: SparkConnectClient) -> proto.Relation:
         relation = self._create_proto_relation()
-        body: dict[str, Any] = dict(self._fields)
+        # The server checks it is its own version (KEYEDSTATE_CONNECT_VERSION_MISMATCH).
+        body: dict[str, Any] = {"client": __version__, **self._fields}
         for name, child in self._inputs.items():
             body[name] = base64.b64encode(child.plan(session).SerializeToString()).decode("ascii")
         relation.extension.type_url = TYPE_URL_PREFIX + self._kind
@@ -86,6 +90,7 @@ def lookup(df: DataFrame, broadcast: DataFrame | None, spec_json: str) -> DataFr
     return _frame(KeyedStateRelation("lookup", {"spec": spec_json}, inputs), df)
 
 
+@keyedstate_errors  # the first relation a keyed function sends: a refusal is keyedstate's error
 def out_schema(df: DataFrame, spec_json: str) -> T.StructType:
     """``KeyedProcess.outSchemaJson``: the schema the keyed function's Python returns (the
     schema of an empty relation the server plans for it)."""

@@ -4,6 +4,10 @@ then restarts a keyed function under another uid, which keyedstate refuses, and 
 error as ``keyedstate.errors.state_error`` maps it. Prints one JSON line ``SUMMARY {...}``.
 
 usage: connect_client.py URL ROOT [--uid-change] [--operations]
+       connect_client.py URL ROOT --client-version VERSION
+
+``--client-version``: only plans a keyed function as a client of keyedstate VERSION would, and
+reports the error.
 
 ``--operations``: then the offline operations (``connect_scenarios.run_operations``), their
 results in the summary.
@@ -53,9 +57,32 @@ def uid_change(spark: SparkSession, root: Path) -> dict[str, str | None]:
     return {"raised": None, "class": None, "error_id": None}
 
 
+def other_version(spark: SparkSession, root: Path, version: str) -> dict[str, str | None]:
+    """A keyed function planned by a client that says it is keyedstate ``version``."""
+    from keyedstate.connect import relations
+
+    relations.__version__ = version
+    (root / "other-version").mkdir(parents=True, exist_ok=True)
+    stream = spark.readStream.schema("k string, count long").json(str(root / "other-version"))
+    try:
+        keyedstate.key_by(stream, "k").process(GroupCount(), "k string, count long, rows long")
+    except Exception as error:  # noqa: BLE001 - what the client gets, reported
+        return {
+            "class": type(error).__name__,
+            "error_id": getattr(error, "error_id", None),
+            "message": str(error),
+        }
+    return {"class": None, "error_id": None, "message": None}
+
+
 def main() -> None:
     url, root = sys.argv[1], Path(sys.argv[2])
     spark = keyedstate.configure(SparkSession.builder.remote(url)).getOrCreate()
+    if "--client-version" in sys.argv[3:]:
+        version = sys.argv[sys.argv.index("--client-version") + 1]
+        print("SUMMARY " + json.dumps({"other_version": other_version(spark, root, version)}))
+        spark.stop()
+        return
     run_phase(spark, root)
     summary: dict[str, object] = {"session": type(spark).__module__}
     if "--uid-change" in sys.argv[3:]:

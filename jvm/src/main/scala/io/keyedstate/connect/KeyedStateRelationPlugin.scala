@@ -12,6 +12,7 @@ import org.json4s._
 import org.json4s.jackson.JsonMethods
 
 import io.keyedstate.engine.{KeyedProcess, KeyedProcessPlan}
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.offline.StateReader
 
 /**
@@ -33,6 +34,7 @@ final class KeyedStateRelationPlugin extends RelationPlugin {
     }
 
   private def plan(message: ExtensionMessage, planner: SparkConnectPlanner): LogicalPlan = {
+    checkVersion(message)
     val session = planner.session
     def relation(field: String): Option[LogicalPlan] = message.body \ field match {
       case JString(encoded) =>
@@ -78,6 +80,27 @@ final class KeyedStateRelationPlugin extends RelationPlugin {
 }
 
 object KeyedStateRelationPlugin {
+  /** The jar's keyedstate version (its manifest's); None when run from classes (the build's tests). */
+  val ServerVersion: Option[String] = Option(classOf[KeyedStateRelationPlugin].getPackage)
+    .flatMap(p => Option(p.getImplementationVersion))
+
+  /**
+   * The client's keyedstate plans the relation (the spec, the runner) and the server's runs it:
+   * one version on both sides, or a clear refusal instead of a plan that fails later.
+   */
+  private def checkVersion(message: ExtensionMessage): Unit = ServerVersion.foreach { server =>
+    val client = message.body \ "client" match {
+      case JString(v) => v
+      case _ => "unknown (it sent none)"
+    }
+    if (client != server) {
+      throw KeyedStateErrors.badArgument(ErrorId.ConnectVersionMismatch,
+        s"this Spark Connect client runs keyedstate $client and the server runs keyedstate $server: install " +
+          s"keyedstate $server where the client runs (pip install keyedstate==$server), or start the server with " +
+          s"the client's version")
+    }
+  }
+
   /** The plugin's class, for `spark.connect.extensions.relation.classes`. */
   val ClassName: String = classOf[KeyedStateRelationPlugin].getName
 

@@ -82,6 +82,9 @@ object ErrorId {
   case object InvalidOption extends ErrorId("KEYEDSTATE_INVALID_OPTION", Configuration,
     "an unknown keyedstate option or a value it does not allow (key, value, what is allowed), TTL asked of a " +
       "stream-stream join; also raised by `keyedstate.configure` in Python")
+  case object ConnectVersionMismatch extends ErrorId("KEYEDSTATE_CONNECT_VERSION_MISMATCH", Configuration,
+    "a Spark Connect client's keyedstate is not the server's version (both named): the client plans with its " +
+      "keyedstate and the server runs its own, so they must be one version")
   case object RescaleRefused extends ErrorId("KEYEDSTATE_RESCALE_REFUSED", Rescale,
     "`rescale` refused before writing anything: a bad partition count, the count it already has, an " +
       "uncommitted batch, a running query, another provider's files, checkpoint format v2")
@@ -162,7 +165,8 @@ object ErrorId {
 
   /** Every identifier, in the order docs/errors.md lists them (`ErrorCatalogSuite` checks none is left out). */
   val all: Seq[ErrorId] = Seq(CheckpointFileMissing, CheckpointFileCorrupt, CheckpointWriteFailed,
-    StateLoadFailed, CommitFailed, LocalDiskWriteFailed, InvalidOption, RescaleRefused, RescaleInProgress,
+    StateLoadFailed, CommitFailed, LocalDiskWriteFailed, InvalidOption, ConnectVersionMismatch, RescaleRefused,
+    RescaleInProgress,
     QueryCheckpointInvalid, StoreBusy, StoreClosed, UnsupportedOperation, InvalidStoreArgument, StoredValueCorrupt,
     KeyedFunctionKeyChanged, KeyedFunctionStateChanged, KeyedFunctionCompleteMode, KeyedFunctionUidChanged,
     KeyedFunctionDuplicateUid, KeyedFunctionStateNotRestored, KeyedFunctionDeclarationMissing,
