@@ -195,14 +195,18 @@ def configure(
             builder = builder.config(key, value)
         return builder
     plugins_key = PLUGINS_KEY if remote is None else DEFAULT_PLUGINS_KEY
+    static = application_settings(builder._options, plugins_key)
     if remote is not None:
         # The server this process starts takes them all; PySpark then sets each again as a
         # session setting, and warns that the static ones cannot be: they were, at the start.
-        for key in (*application_settings({}, plugins_key), PACKAGES_KEY):
+        # Only those warnings, of these very values, are silenced.
+        for key, value in static.items():
             warnings.filterwarnings(
-                "ignore", message=f"Failed to set {re.escape(key)} to ", category=UserWarning
+                "ignore",
+                message=f"Failed to set {re.escape(key)} to Some\\({re.escape(value)}\\) ",
+                category=UserWarning,
             )
-    for key, value in application_settings(builder._options, plugins_key).items():
+    for key, value in static.items():
         builder = builder.config(key, value)
     for key, value in settings.items():
         builder = builder.config(key, value)

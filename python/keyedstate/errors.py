@@ -232,10 +232,12 @@ _JVM_LINE = re.compile(
     r"\[((?:KEYEDSTATE|KEYED_FUNCTION)_[A-Z_]+)\] (.*)$",
     re.MULTILINE,
 )
-# Spark Connect sends the server's error as its message alone (its class, if at all, in the
-# stack trace below): keyedstate's message starts with its ``[ID]``, whose prefixes are
-# keyedstate's own (none of Spark's error classes has them).
-_CONNECT_LINE = re.compile(r"\A\[((?:KEYEDSTATE|KEYED_FUNCTION)_[A-Z_]+)\] (.*)$", re.MULTILINE)
+# Spark Connect sends the server's error as its message (after the JVM class in parentheses,
+# for a class PySpark has no exception of its own for): keyedstate's message starts with its
+# ``[ID]``, whose prefixes are keyedstate's own (none of Spark's error classes has them).
+_CONNECT_LINE = re.compile(
+    r"\A(?:\([\w.$]+\) )?\[((?:KEYEDSTATE|KEYED_FUNCTION)_[A-Z_]+)\] (.*)$", re.MULTILINE
+)
 # A Python error, raised in a Python worker (a keyed function's task: Spark's PythonException
 # quotes the worker's traceback) or in a ``foreachBatch`` function: the traceback's last line,
 # the class by module and name, then the message.
@@ -263,6 +265,11 @@ def _texts(error: BaseException) -> Iterator[str]:
             except Exception:
                 continue
             yield text
+        # A Spark Connect error's server stack trace (its causes' "Caused by: <class>: [ID] ..."
+        # lines), kept even when the client does not show it.
+        stacktrace = getattr(link, "_stacktrace", None)
+        if isinstance(stacktrace, str) and stacktrace:
+            yield stacktrace
 
 
 def _python_classes() -> dict[str, type[KeyedStateError]]:

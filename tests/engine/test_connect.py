@@ -80,10 +80,14 @@ def test_keyed_functions_on_spark_connect_give_what_a_classic_session_gives(
     assert operations["counts"] == [["a", 3], ["b", 2], ["c", 2], ["d", 1]], operations
     assert operations["restored"][2] == operations["counts"], operations
     assert operations["refused"] == [
-        "QueryCheckpointError",
-        "KEYEDSTATE_QUERY_CHECKPOINT_INVALID",
+        ["QueryCheckpointError", "KEYEDSTATE_QUERY_CHECKPOINT_INVALID"],
+        ["RescaleError", "KEYEDSTATE_RESCALE_REFUSED"],
+        ["QueryCheckpointError", "KEYEDSTATE_QUERY_CHECKPOINT_INVALID"],
     ], operations
     assert operations["stopped"][2] is False, operations
+    assert operations["transformed"][2] == [[k, 10 * n] for k, n in operations["counts"]]
+    assert "seen" not in operations["transformed"][1], operations
+    assert operations["bootstrapped"][1:] == [["chained"], [["a", 2], ["e", 1]]], operations
     # Not two empty runs: what the functions must have given across the restart.
     main = [r for r in got["kinds"] if r[6] is None]  # (k, count, ..., side_output, big.k, big.v)
     assert max(r[1] for r in main if r[0] == "a") == 3, main

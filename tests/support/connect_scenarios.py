@@ -228,9 +228,10 @@ def outputs(root: Path) -> dict[str, list[tuple]]:
 
 def run_operations(spark: SparkSession, root: Path) -> dict[str, Any]:
     """The offline operations on the ``kinds`` query's checkpoint (its query stopped): the state
-    read, inspected, a native savepoint taken, inspected, listed, restored at 3 partitions and
-    disposed of, the checkpoint rescaled to 3, a running query stopped with a savepoint, and a
-    missing checkpoint refused. What each gives, without the paths (which differ per run)."""
+    read, inspected, a native savepoint taken, inspected, listed, restored at 3 partitions,
+    transformed and disposed of, the checkpoint rescaled to 3, a savepoint bootstrapped, a
+    running query stopped with a savepoint, and a missing checkpoint refused. What each gives,
+    without the paths (which differ per run)."""
     from keyedstate.errors import CheckpointOperationError
 
     checkpoint = str(root / "checkpoint" / "kinds")
@@ -250,6 +251,34 @@ def run_operations(spark: SparkSession, root: Path) -> dict[str, Any]:
         for r in keyedstate.state.read(spark, str(root / "restored"), "kinds", "count").collect()
     )
     rescaled = keyedstate.rescale(spark, checkpoint, 3, output=str(root / "rescaled"))
+    # The state processor API: a savepoint changed (counts times 10, the list state dropped) and
+    # one bootstrapped from a static DataFrame by the chained query's function.
+    from pyspark.sql import functions as F
+
+    changed = keyedstate.state.transform(
+        spark,
+        str(savepoints / "sp-1"),
+        str(savepoints / "sp-changed"),
+        map_states={("kinds", "count"): lambda df: df.withColumn("value", F.col("value") * 10)},
+        drop=[("kinds", "seen")],
+    )
+    changed_counts = sorted(
+        (r["k"], r["value"])
+        for r in keyedstate.state.read(
+            spark, str(savepoints / "sp-changed"), "kinds", "count"
+        ).collect()
+    )
+    history = spark.createDataFrame([("a", 1), ("a", 1), ("e", 1)], "k string, count long")
+    boot = keyedstate.state.bootstrap(
+        spark,
+        history,
+        lambda stream: keyedstate.key_by(stream, "k").process(
+            GroupCount(), "k string, count long, rows long", uid="chained"
+        ),
+        str(savepoints / "sp-boot"),
+    )
+    booted = keyedstate.state.read(spark, str(savepoints / "sp-boot"), "chained", "rows")
+    booted_rows = sorted((r["k"], r["value"]) for r in booted.collect())
     disposed = keyedstate.dispose_savepoint(spark, str(savepoints / "sp-1"))
     # A running query stopped with a savepoint: the chained query, on new input it waits for.
     query = (
@@ -260,11 +289,17 @@ def run_operations(spark: SparkSession, root: Path) -> dict[str, Any]:
     )
     query.processAllAvailable()
     stopped = keyedstate.stop_with_savepoint(query, str(savepoints / "sp-stop"))
-    try:
-        keyedstate.inspect(spark, str(root / "missing"))
-        refused = None
-    except CheckpointOperationError as error:
-        refused = [type(error).__name__, error.error_id]
+    refused = []
+    for refusal in (
+        lambda: keyedstate.inspect(spark, str(root / "missing")),  # an IllegalArgumentException
+        lambda: keyedstate.rescale(spark, checkpoint, 2),  # the count it has: IllegalStateException
+        lambda: keyedstate.state.read(spark, checkpoint, "kinds", "nothing"),
+    ):
+        try:
+            refusal()
+            refused.append(None)
+        except CheckpointOperationError as error:
+            refused.append([type(error).__name__, error.error_id])
     return {
         "counts": counts,
         "inspect": [report.batch_id, report.partitions, operators],
@@ -273,6 +308,12 @@ def run_operations(spark: SparkSession, root: Path) -> dict[str, Any]:
         "restored": [restored.batch_id, restored.to_partitions, restored_counts],
         "rescaled": [rescaled.from_partitions, rescaled.to_partitions, rescaled.keys],
         "disposed": disposed.batch_id,
+        "transformed": [
+            changed.format,
+            sorted(t.state for o in changed.operators for t in o.tables),
+            changed_counts,
+        ],
+        "bootstrapped": [boot.format, sorted(o.uid for o in boot.operators), booted_rows],
         "stopped": [stopped.batch_id, sorted(o.uid for o in stopped.operators), query.isActive],
         "refused": refused,
     }

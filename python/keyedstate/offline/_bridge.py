@@ -5,13 +5,14 @@ failures and its JSON results into the package's errors and dataclasses."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any, TypeVar
 
 from py4j.java_gateway import JavaClass
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from keyedstate._session import PROVIDER_CLASS
 from keyedstate.connect import is_connect
@@ -27,20 +28,37 @@ _OPERATIONS = {
     "rescale": ("Rescaler", "rescale", "rescale"),
     **{
         f"savepoint.{command}": ("SavepointCommands", "savepoint", command)
-        for command in ("create", "restore", "inspect", "list", "dispose")
+        for command in (
+            "create",
+            "restore",
+            "inspect",
+            "list",
+            "dispose",
+            "bootstrap",
+            "clearBootstrap",
+            "transform",
+        )  # fmt: skip
     },
 }
 
 
-def operation(spark: SparkSession, name: str, *args: Any) -> str:
+def operation(
+    spark: SparkSession, name: str, *args: Any, frames: Mapping[str, DataFrame] | None = None
+) -> str:
     """Operation ``name``'s JSON answer: its entry point called through py4j, or on Spark
-    Connect by the server's plugin; a failure is mapped as :func:`call` maps it."""
+    Connect by the server's plugin; ``frames`` (DataFrames by name) are its last argument, a map.
+    A failure is mapped as :func:`call` maps it."""
     if is_connect(spark):
         from keyedstate.connect import relations
 
-        return str(call(relations.operation, spark, name, list(args)))
+        return str(call(relations.operation, spark, name, list(args), frames))
     entry, package, method = _OPERATIONS[name]
     target, session = entry_point(spark, entry, package)
+    if frames is not None:
+        java_map = spark.sparkContext._jvm.java.util.HashMap()  # type: ignore[union-attr]
+        for key, frame in frames.items():
+            java_map.put(key, frame._jdf)
+        args = (*args, java_map)
     return str(call(getattr(target, method), session, *args))
 
 
@@ -60,7 +78,7 @@ def call(method: Any, *args: Any) -> Any:
         mapped = state_error(e, operation=True)
         if mapped is None:
             java = e.java_exception if isinstance(e, Py4JJavaError) else None
-            line = first_line(java) if java is not None else str(e).splitlines()[0]
+            line = first_line(java) if java is not None else (str(e).splitlines() or [""])[0]
             mapped = CheckpointOperationError(line or str(e))
         raise mapped from e
 

@@ -44,13 +44,8 @@ def bootstrap(
         raise ValueError(
             f"Invalid output_mode {output_mode!r} for bootstrap: allowed are append, update"
         )
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     work = target.rstrip("/") + ".bootstrapping"
-    work_path = jvm.org.apache.hadoop.fs.Path(work)
-    hadoop = spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-    fs = work_path.getFileSystem(hadoop)
-    if fs.exists(work_path):
-        fs.delete(work_path, True)  # a bootstrap that died: its work is redone
+    savepoint_command(spark, "clearBootstrap", work)  # a bootstrap that died: its work is redone
     try:
         data.write.parquet(work + "/input")
         stream = spark.readStream.schema(data.schema).parquet(work + "/input")
@@ -69,4 +64,4 @@ def bootstrap(
         raw = savepoint_command(spark, "bootstrap", work + "/checkpoint", target)
         return savepoint_info(target, raw)
     finally:
-        fs.delete(work_path, True)
+        savepoint_command(spark, "clearBootstrap", work)

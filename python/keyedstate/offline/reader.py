@@ -44,8 +44,7 @@ def read(
     if is_connect(spark):
         from keyedstate.connect import relations
 
-        # Planned (and its failures raised) when the DataFrame is first used.
-        return relations.state_read(
+        frame = relations.state_read(
             spark,
             path,
             "" if operator is None else str(operator),
@@ -53,6 +52,8 @@ def read(
             -1 if batch_id is None else batch_id,
             flatten,
         )
+        call(lambda: frame.schema)  # planned on the server now: its refusals raised here, mapped
+        return frame
     reader, session = entry_point(spark, "StateReader")
     jdf = call(
         reader.read,

@@ -10,7 +10,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from keyedstate.connect import is_connect
-from keyedstate.offline._bridge import call, decode, entry_point, operation, snake
+from keyedstate.offline._bridge import decode, operation, snake
 
 
 @dataclass(frozen=True)
@@ -77,9 +77,6 @@ def _operator(raw: dict[str, Any]) -> SavepointOperator:
 
 def savepoint_command(spark: SparkSession, command: str, *args: Any) -> Any:  # noqa: ANN401
     """The JVM's ``SavepointCommands.<command>(session, *args)``, its JSON answer parsed."""
-    if command in ("bootstrap", "transform"):
-        savepoints, session = entry_point(spark, "SavepointCommands", "savepoint")
-        return json.loads(call(getattr(savepoints, command), session, *args))
     return json.loads(operation(spark, f"savepoint.{command}", *args))
 
 

@@ -8,8 +8,9 @@ from collections.abc import Callable, Iterable, Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 
+from keyedstate.offline._bridge import operation
 from keyedstate.offline.reader import read
-from keyedstate.offline.savepoints import SavepointInfo, savepoint_command, savepoint_info
+from keyedstate.offline.savepoints import SavepointInfo, savepoint_info
 
 __all__ = ["transform"]
 
@@ -45,24 +46,23 @@ def transform(
     A state added to a function starts empty when the restored query declares it."""
     replacements = {}
     for (operator, state), change in (map_states or {}).items():
-        rows = change(read(spark, source, operator, state, flatten=False))
-        replacements[f"{operator}\u0000{state}"] = rows._jdf
+        replacements[f"{operator}\u0000{state}"] = change(
+            read(spark, source, operator, state, flatten=False)
+        )
     drops = []
     for entry in drop:
         operator, state = entry if isinstance(entry, tuple) else (entry, "")
         drops.append([str(operator), state])
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    java_map = jvm.java.util.HashMap()
-    for key, jdf in replacements.items():
-        java_map.put(key, jdf)
-    raw = savepoint_command(
-        spark,
-        "transform",
-        source,
-        target,
-        json.dumps(dict(rename_uids or {})),
-        json.dumps(drops),
-        java_map,
-        json.dumps([[uid, path] for uid, path in (add or {}).items()]),
+    raw = json.loads(
+        operation(
+            spark,
+            "savepoint.transform",
+            source,
+            target,
+            json.dumps(dict(rename_uids or {})),
+            json.dumps(drops),
+            json.dumps([[uid, path] for uid, path in (add or {}).items()]),
+            frames=replacements,
+        )
     )
     return savepoint_info(target, raw)

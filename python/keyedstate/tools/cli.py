@@ -340,7 +340,12 @@ def _connect_server(args: argparse.Namespace) -> int:
     import pyspark
 
     script = os.path.join(os.path.dirname(pyspark.__file__), "sbin", "start-connect-server.sh")
-    settings.update(_session.application_settings(settings))
+    # keyedstate's class and jar lists merged into the user's; a provider the user names stays.
+    settings = {
+        **settings,
+        **_session.application_settings(settings),
+        **{k: v for k, v in settings.items() if k == _session.PROVIDER_CLASS_KEY},
+    }
     settings.setdefault("spark.connect.grpc.binding.address", args.host)
     settings.setdefault("spark.connect.grpc.binding.port", str(args.port))
     command = [script, "--wait", "--master", args.master]

@@ -37,7 +37,7 @@ class ConnectServer(DaemonServer):
         signal on to the server's JVM (its child); SIGKILL to what is left after
         STOP_TIMEOUT_S."""
         if self.process is None:
-            return
+            return  # never started, or stopped already
         group = self.process.pid
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, self.STOP_SIGNAL)
@@ -53,6 +53,7 @@ class ConnectServer(DaemonServer):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(group, signal.SIGKILL)
         self.process.wait(30)
+        self.process = None  # its group id is not signalled again (it may be reused)
 
     @property
     def url(self) -> str:
@@ -83,4 +84,8 @@ class ConnectServer(DaemonServer):
             with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                 return True
 
-        self._wait_ready(answers, OSError, 0.5, self.url)
+        try:
+            self._wait_ready(answers, OSError, 0.5, self.url)
+        except BaseException:
+            self.stop()  # its JVM would outlive the tests otherwise (a session of its own)
+            raise

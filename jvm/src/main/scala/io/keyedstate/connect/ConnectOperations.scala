@@ -1,12 +1,17 @@
 package io.keyedstate.connect
 
-import org.apache.spark.sql.{Row, SparkSession}
+import scala.jdk.CollectionConverters._
+
+import org.apache.spark.sql.{DataFrame, Row, SparkSession}
 import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeReference}
+import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
 import org.apache.spark.sql.execution.command.LeafRunnableCommand
+import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.types.StringType
 import org.json4s._
 import org.json4s.jackson.JsonMethods
 
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.offline.inspect.CheckpointInspector
 import io.keyedstate.offline.rescale.Rescaler
 import io.keyedstate.offline.savepoint.SavepointCommands
@@ -28,30 +33,39 @@ object ConnectOperations {
     "savepoint.inspect" -> ((s, a) => SavepointCommands.inspect(s, a.text(0), a.bool(1))),
     "savepoint.list" -> ((s, a) => SavepointCommands.list(s, a.text(0))),
     "savepoint.dispose" -> ((s, a) => SavepointCommands.dispose(s, a.text(0))),
+    "savepoint.bootstrap" -> ((s, a) => SavepointCommands.bootstrap(s, a.text(0), a.text(1))),
+    "savepoint.clearBootstrap" -> ((s, a) => SavepointCommands.clearBootstrap(s, a.text(0))),
+    "savepoint.transform" -> ((s, a) => SavepointCommands.transform(s, a.text(0), a.text(1), a.text(2), a.text(3),
+      a.text(4), a.frames(s))),
     "query.checkpoint" -> ((s, a) => runningCheckpoint(s, a.text(0))))
 
   val Names: Seq[String] = operations.keys.toSeq.sorted
 
-  /** The command that runs operation `name` when the relation is executed (once per request). */
-  def command(name: String, arguments: JValue): RunOperation = {
+  /**
+   * The command that runs operation `name` when the relation is executed (once per request);
+   * `frames`: the DataFrames it is given (a transform's new rows), by name.
+   */
+  def command(name: String, arguments: JValue, frames: Map[String, LogicalPlan]): RunOperation = {
     require(operations.contains(name), s"unknown operation '$name'; this server's keyedstate runs ${Names.mkString(", ")}")
     val values = arguments match {
       case JArray(items) => items
       case other => throw new IllegalArgumentException(s"an operation's arguments are a JSON array, not ${JsonMethods.compact(other)}")
     }
-    RunOperation(name, JsonMethods.compact(JArray(values)))
+    RunOperation(name, JsonMethods.compact(JArray(values)), frames)
   }
 
-  private[connect] def run(session: SparkSession, name: String, arguments: String): String =
+  private[connect] def run(session: SparkSession, name: String, arguments: String,
+      frames: Map[String, LogicalPlan]): String =
     operations(name)(session, new Arguments(name, JsonMethods.parse(arguments) match {
       case JArray(items) => items
       case _ => Nil
-    }))
+    }, frames))
 
   /** The checkpoint of the session's running query `id` (to stop it with a savepoint). */
   private def runningCheckpoint(session: SparkSession, id: String): String = {
-    val query = Option(session.streams.get(id)).getOrElse(throw new IllegalArgumentException(
-      s"no running query $id in this session (a stopped query's savepoint is taken from its checkpoint)"))
+    val query = Option(session.streams.get(id)).getOrElse(throw KeyedStateErrors.badArgument(
+      ErrorId.QueryCheckpointInvalid, s"query $id does not run in this session: stop_with_savepoint takes a running " +
+        "query's; take keyedstate.savepoint(spark, <its checkpoint>, <target>) of a stopped one"))
     query match {
       case wrapper: org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper =>
         wrapper.streamingQuery.resolvedCheckpointRoot
@@ -60,7 +74,9 @@ object ConnectOperations {
   }
 
   /** An operation's arguments, each read as the type its entry point takes. */
-  private final class Arguments(operation: String, values: List[JValue]) {
+  private final class Arguments(operation: String, values: List[JValue], plans: Map[String, LogicalPlan]) {
+    def frames(session: SparkSession): java.util.Map[String, DataFrame] =
+      plans.map { case (k, p) => k -> KeyedProcessSqlBridge.ofRows(session, p) }.asJava
     private def at(i: Int): JValue = values.lift(i).getOrElse(
       throw new IllegalArgumentException(s"operation '$operation' takes at least ${i + 1} arguments, got ${values.size}"))
     private def wrong(i: Int, what: String) = new IllegalArgumentException(
@@ -79,10 +95,12 @@ object ConnectOperations {
  * An offline operation as a command: run when its plan executes (Spark runs a command once per
  * query execution), its JSON answer the one row of `result`.
  */
-final case class RunOperation(name: String, arguments: String) extends LeafRunnableCommand {
+final case class RunOperation(name: String, arguments: String, frames: Map[String, LogicalPlan])
+    extends LeafRunnableCommand {
   override val output: Seq[Attribute] = Seq(AttributeReference("result", StringType, nullable = false)())
 
-  override def run(session: SparkSession): Seq[Row] = Seq(Row(ConnectOperations.run(session, name, arguments)))
+  override def run(session: SparkSession): Seq[Row] =
+    Seq(Row(ConnectOperations.run(session, name, arguments, frames)))
 
   override def simpleString(maxFields: Int): String = s"keyedstate $name"
 }

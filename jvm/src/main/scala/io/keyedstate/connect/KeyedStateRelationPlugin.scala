@@ -1,6 +1,6 @@
 package io.keyedstate.connect
 
-import java.util.{Base64, Optional}
+import java.util.Optional
 
 import org.apache.spark.sql.catalyst.plans.logical.{LocalRelation, LogicalPlan}
 import org.apache.spark.sql.connect.ConnectProtoUtils
@@ -36,13 +36,13 @@ final class KeyedStateRelationPlugin extends RelationPlugin {
   private def plan(message: ExtensionMessage, planner: SparkConnectPlanner): LogicalPlan = {
     checkVersion(message)
     val session = planner.session
-    def relation(field: String): Option[LogicalPlan] = message.body \ field match {
-      case JString(encoded) =>
-        val bytes = Base64.getDecoder.decode(encoded)
-        Some(planner.transformRelation(ConnectProtoUtils.parseRelationWithRecursionLimit(bytes, RecursionLimit)))
-      case JNothing | JNull => None
-      case other => throw bad(message, s"'$field' must be a relation's bytes in base64, got ${JsonMethods.compact(other)}")
-    }
+    def relationIn(holder: JValue, field: String): Option[LogicalPlan] =
+      message.relationAt(holder \ field).map { bytes =>
+        planner.transformRelation(ConnectProtoUtils.parseRelationWithRecursionLimit(bytes, RecursionLimit))
+      }
+    def relation(field: String): Option[LogicalPlan] = relationIn(message.body, field)
+    def relationAt(holder: JValue, field: String): LogicalPlan =
+      relationIn(holder, field).getOrElse(throw bad(message, s"'$field' is missing"))
     def text(field: String): String = message.body \ field match {
       case JString(s) => s
       case other => throw bad(message, s"'$field' must be a string, got ${JsonMethods.compact(other)}")
@@ -57,7 +57,12 @@ final class KeyedStateRelationPlugin extends RelationPlugin {
         KeyedProcessSqlBridge.logicalPlan(KeyedProcess.apply(frame(required("input")), text("spec"),
           text("inputSchema")))
       case Operation =>
-        ConnectOperations.command(text("name"), message.body \ "arguments")
+        val frames = message.body \ "frames" match {
+          case JObject(fields) => fields.map { case (name, _) => name -> relationAt(message.body \ "frames", name) }.toMap
+          case JNothing | JNull => Map.empty[String, LogicalPlan]
+          case other => throw bad(message, s"'frames' must be an object of relations, got ${JsonMethods.compact(other)}")
+        }
+        ConnectOperations.command(text("name"), message.body \ "arguments", frames)
       case StateRead =>
         val batchId = message.body \ "batchId" match {
           case JInt(n) if n.isValidLong => n.toLong

@@ -7,7 +7,7 @@ import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.JsonMethods.parse
 import org.json4s.jackson.Serialization
 
-import io.keyedstate.offline.{Progress, SavepointMetadata}
+import io.keyedstate.offline.{Progress, QueryCheckpoint, SavepointMetadata}
 
 /** The entry points of the Python package and the CLI (`keyedstate savepoint ...`): results as JSON. */
 object SavepointCommands {
@@ -24,12 +24,26 @@ object SavepointCommands {
     Serialization.write(withProgress(spark).create(checkpoint, target, SavepointMetadata.Canonical, bootstrap = true))
 
   /**
+   * Removes a bootstrap's work folder (`<target>.bootstrapping`: the input it wrote, the
+   * bootstrapping query's checkpoint), if there is one; refuses any other folder.
+   */
+  def clearBootstrap(spark: SparkSession, work: String): String = {
+    require(work.endsWith(BootstrapSuffix), s"a bootstrap's work folder ends with $BootstrapSuffix, not $work")
+    val path = new org.apache.hadoop.fs.Path(work)
+    val fs = path.getFileSystem(QueryCheckpoint.hadoopConf(spark))
+    Serialization.write(Map("removed" -> (fs.exists(path) && fs.delete(path, true))))
+  }
+
+  val BootstrapSuffix = ".bootstrapping"
+
+  /**
    * [[SavepointTransform]]: `renames` a JSON object (old uid to new), `drops` a JSON array of
-   * [operator, state] pairs (state "": the whole keyed function), `replacements` the new rows of
-   * tables keyed by `<operator>\u0000<state>`, `additions` a JSON array of [uid, savepoint] pairs.
+   * [operator, state] pairs (state "": the whole keyed function), `additions` a JSON array of
+   * [uid, savepoint] pairs, `replacements` the new rows of tables keyed by
+   * `<operator>\u0000<state>`.
    */
   def transform(spark: SparkSession, source: String, target: String, renames: String, drops: String,
-      replacements: java.util.Map[String, DataFrame], additions: String): String = {
+      additions: String, replacements: java.util.Map[String, DataFrame]): String = {
     val added = parse(additions).extract[List[List[String]]].map {
       case List(uid, from) => uid -> from
       case other => throw new IllegalArgumentException(s"an addition is [uid, savepoint], not $other")
