@@ -41,27 +41,15 @@ def read(
         raise TypeError(f"batch_id must be an int, got {batch_id!r}")
     if operator is not None and (isinstance(operator, bool) or not isinstance(operator, str | int)):
         raise TypeError(f"operator must be a uid (str) or an operator id (int), got {operator!r}")
+    # The entry point's arguments: "" for no operator or state, -1 for the last batch.
+    batch = -1 if batch_id is None else batch_id
+    args = (path, "" if operator is None else str(operator), state or "", batch, flatten)
     if is_connect(spark):
         from keyedstate.connect import relations
 
-        frame = relations.state_read(
-            spark,
-            path,
-            "" if operator is None else str(operator),
-            state or "",
-            -1 if batch_id is None else batch_id,
-            flatten,
-        )
+        frame = relations.state_read(spark, *args)
         call(lambda: frame.schema)  # planned on the server now: its refusals raised here, mapped
         return frame
     reader, session = entry_point(spark, "StateReader")
-    jdf = call(
-        reader.read,
-        session,
-        path,
-        "" if operator is None else str(operator),
-        state or "",
-        -1 if batch_id is None else batch_id,
-        flatten,
-    )
+    jdf = call(reader.read, session, *args)
     return DataFrame(jdf, spark)
