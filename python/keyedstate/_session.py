@@ -30,8 +30,8 @@ PLUGINS_KEY = "spark.plugins"
 # Spark's plugins put before spark.plugins: a local Spark Connect server replaces spark.plugins
 # with its own plugin (pyspark's _start_connect_server), and keeps this list.
 DEFAULT_PLUGINS_KEY = "spark.plugins.defaultList"
-# keyedstate's relations on Spark Connect (io.keyedstate.connect): a static setting of the server.
-CONNECT_RELATION_PLUGIN_CLASS = "io.keyedstate.connect.KeyedStateRelationPlugin"
+# keyedstate's relations on Spark Connect (io.keyedstate.sparkconnect): a server's static setting.
+CONNECT_RELATION_PLUGIN_CLASS = "io.keyedstate.sparkconnect.KeyedStateRelationPlugin"
 CONNECT_RELATIONS_KEY = "spark.connect.extensions.relation.classes"
 OPTION_PREFIX = "spark.sql.streaming.stateStore.keyedstate."
 # io.keyedstate.conf.KeyedStateConf.QueryablePrefix: Spark's operators lookups read.

@@ -128,9 +128,15 @@ def _operation_class(cls: type[KeyedStateError]) -> type[CheckpointOperationErro
         return cls
     if cls is KeyedStateError:  # the root is a base of CheckpointOperationError already
         return CheckpointOperationError
-    combined = type(cls.__name__, (cls, CheckpointOperationError), {
-        "__module__": __name__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
-    })
+    combined = type(
+        cls.__name__,
+        (cls, CheckpointOperationError),
+        {
+            "__module__": __name__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__,
+        },
+    )
     return combined  # type: ignore[return-value]
 
 
@@ -404,7 +410,8 @@ def _schema_error(throwable: Any, checkpoint: str) -> StateSchemaError | None:  
             return None
         existing, new = schemas.groups()
         operators = [
-            label for label, stored in _stored_schemas(checkpoint)
+            label
+            for label, stored in _stored_schemas(checkpoint)
             if stored[0 if side == "key" else 1] == existing
         ]
         if not operators:

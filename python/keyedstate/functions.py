@@ -330,7 +330,9 @@ class KeyedBroadcastProcessFunction(BaseBroadcastProcessFunction, Generic[IN, T,
     class Context(BaseBroadcastProcessFunction.Context):
         @abstractmethod
         def apply_to_keyed_state(
-            self, state_descriptor: Any, function: Callable[[Any, State], None]  # noqa: ANN401
+            self,
+            state_descriptor: Any,
+            function: Callable[[Any, State], None],  # noqa: ANN401
         ) -> None:
             """Calls ``function(key, state)`` for every key of the partition that has the keyed
             state ``state_descriptor`` names; the function may read, update or clear it."""

@@ -58,6 +58,7 @@ def side_output(result: DataFrame, tag: OutputTag | str | None) -> DataFrame:
 
     return planner.side_output(result, tag)
 
+
 WITH_STATE_NAME = "withState"
 
 

@@ -26,7 +26,7 @@ PY_LAYERS = [
     {"state"},  # the state API (PyFlink's datastream/state.py): imports no runtime code
     {"functions", "elements"},
     {"keyed_stream"},
-    {"connect"},  # keyedstate's relations on Spark Connect (needs PySpark's Connect client)
+    {"spark_connect"},  # keyedstate's relations on Spark Connect (PySpark's Connect client)
     {"engine", "offline", "runtime", "sinks"},
     {"service"},  # the query service's client: savepoints through the query's application
     {"tools", "examples"},
@@ -260,7 +260,7 @@ JVM_LAYERS = [
     # The query service on the driver, over the running queries and the offline operations.
     {"service"},
     # Spark Connect's plugins: keyedstate's relations planned as py4j's entry points plan them.
-    {"connect"},
+    {"sparkconnect"},
 ]
 # Outside the layers: packages that import no other keyedstate package but the error
 # identifiers, and that none imports (the Kafka sink's writer needs nothing of the store).

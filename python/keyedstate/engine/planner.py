@@ -18,7 +18,6 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from keyedstate._session import EXTENSIONS_CLASS, EXTENSIONS_KEY
-from keyedstate.connect import is_connect
 from keyedstate.engine.contexts import RuntimeContextImpl
 from keyedstate.engine.function_copy import copy_function
 from keyedstate.engine.keyed_state import KeyState
@@ -29,6 +28,7 @@ from keyedstate.functions import (
     KeyedProcessFunction,
 )
 from keyedstate.keyed_stream import SPREAD_COLUMN
+from keyedstate.spark_connect import is_connect
 from keyedstate.state.descriptors import (
     BROADCAST,
     OPERATOR_STATE_KINDS,
@@ -581,13 +581,13 @@ def build(
 
 
 # The plan's three JVM parts, through py4j in a classic session and as keyedstate's extension
-# relations on Spark Connect (keyedstate.connect.relations); the JVM builds the same nodes.
+# relations on Spark Connect (keyedstate.spark_connect.relations); the JVM builds the same nodes.
 
 
 def _out_schema(df: DataFrame, spec_json: str) -> T.StructType:
     """The schema the keyed function's Python returns (``mapInArrow``'s)."""
     if is_connect(df):
-        from keyedstate.connect import relations
+        from keyedstate.spark_connect import relations
 
         return relations.out_schema(df, spec_json)
     engine = df.sparkSession._jvm.io.keyedstate.engine.KeyedProcess  # type: ignore[attr-defined]
@@ -597,7 +597,7 @@ def _out_schema(df: DataFrame, spec_json: str) -> T.StructType:
 def _lookup(df: DataFrame, broadcast_df: DataFrame | None, spec_json: str) -> DataFrame:
     """The rows the keyed function's Python reads: ``df`` by key, with its state."""
     if is_connect(df):
-        from keyedstate.connect import relations
+        from keyedstate.spark_connect import relations
 
         return relations.lookup(df, broadcast_df, spec_json)
     spark = df.sparkSession
@@ -609,7 +609,7 @@ def _lookup(df: DataFrame, broadcast_df: DataFrame | None, spec_json: str) -> Da
 def _apply(mapped: DataFrame, spec_json: str, input_schema: T.StructType) -> DataFrame:
     """The keyed function's outputs, its state changes applied and committed."""
     if is_connect(mapped):
-        from keyedstate.connect import relations
+        from keyedstate.spark_connect import relations
 
         return relations.apply(mapped, spec_json, input_schema)
     spark = mapped.sparkSession

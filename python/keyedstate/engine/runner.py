@@ -650,6 +650,7 @@ class _Task:
         row[at + 1] = puts
         row[at + 2] = removed
 
+
 class _NoCurrentKey(dict):
     """The keyed state values while broadcast elements are processed: there is no current key."""
 

@@ -15,13 +15,13 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
 from keyedstate._session import PROVIDER_CLASS
-from keyedstate.connect import is_connect
 from keyedstate.errors import CheckpointOperationError, first_line, state_error
+from keyedstate.spark_connect import is_connect
 
 T = TypeVar("T")
 
 
-# The operations by the names the Connect plugin knows them (io.keyedstate.connect.
+# The operations by the names the Connect plugin knows them (io.keyedstate.sparkconnect.
 # ConnectOperations): the entry point's object, its package under io.keyedstate.offline, method.
 _OPERATIONS = {
     "inspect": ("CheckpointInspector", "inspect", "report"),
@@ -49,7 +49,7 @@ def operation(
     Connect by the server's plugin; ``frames`` (DataFrames by name) are its last argument, a map.
     A failure is mapped as :func:`call` maps it."""
     if is_connect(spark):
-        from keyedstate.connect import relations
+        from keyedstate.spark_connect import relations
 
         return str(call(relations.operation, spark, name, list(args), frames))
     entry, package, method = _OPERATIONS[name]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
 
-from keyedstate.connect import is_connect
 from keyedstate.offline._bridge import call, entry_point
+from keyedstate.spark_connect import is_connect
 
 __all__ = ["read"]
 
@@ -45,7 +45,7 @@ def read(
     batch = -1 if batch_id is None else batch_id
     args = (path, "" if operator is None else str(operator), state or "", batch, flatten)
     if is_connect(spark):
-        from keyedstate.connect import relations
+        from keyedstate.spark_connect import relations
 
         frame = relations.state_read(spark, *args)
         call(lambda: frame.schema)  # planned on the server now: its refusals raised here, mapped

@@ -9,8 +9,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from keyedstate.connect import is_connect
 from keyedstate.offline._bridge import decode, operation, snake
+from keyedstate.spark_connect import is_connect
 
 
 @dataclass(frozen=True)

@@ -122,8 +122,7 @@ class CheckpointConfig:
         """How many batches' checkpoints Spark keeps (``minBatchesToRetain``, at least 1)."""
         if isinstance(num_retained, bool) or not isinstance(num_retained, int):
             raise TypeError(
-                "CheckpointConfig: num_retained must be an int of at least 1, got "
-                f"{num_retained!r}"
+                f"CheckpointConfig: num_retained must be an int of at least 1, got {num_retained!r}"
             )
         if num_retained < 1:
             raise ValueError(
@@ -153,8 +152,9 @@ class CheckpointConfig:
     ) -> CheckpointConfig:
         """RETAIN_ON_CANCELLATION (default) or DELETE_ON_CANCELLATION."""
         if not isinstance(cleanup, ExternalizedCheckpointCleanup):
-            allowed = ", ".join(f"ExternalizedCheckpointCleanup.{c.name}" for c in
-                                ExternalizedCheckpointCleanup)
+            allowed = ", ".join(
+                f"ExternalizedCheckpointCleanup.{c.name}" for c in ExternalizedCheckpointCleanup
+            )
             raise TypeError(f"CheckpointConfig: cleanup must be one of {allowed}, got {cleanup!r}")
         self._cleanup = cleanup
         return self

@@ -32,4 +32,3 @@ def to_millis(owner: str, name: str, value: object, minimum_ms: int = 0) -> int:
             f"{owner}: {name} must be at least {minimum_ms} ms, got {value!r} ({millis} ms)"
         )
     return millis
-

@@ -72,31 +72,33 @@ class QueryFailedError(RuntimeError):
 
 # Spark error conditions (and their families, before the first '.') that no restart fixes: the
 # checkpoint or its state does not fit the query, or the query is not valid as a stream.
-NON_RETRIABLE_CONDITIONS: frozenset[str] = frozenset({
-    # State written by another query shape or schema (keyedstate raises these too).
-    "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE",
-    "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE",
-    "STATE_STORE_COLUMN_FAMILY_SCHEMA_INCOMPATIBLE",
-    "STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION",
-    "STATE_STORE_INVALID_VARIABLE_TYPE_CHANGE",
-    "STATE_STORE_VALUE_SCHEMA_EVOLUTION_THRESHOLD_EXCEEDED",
-    "STATE_STORE_STATE_SCHEMA_FILES_THRESHOLD_EXCEEDED",
-    "STATE_STORE_INVALID_CONFIG_AFTER_RESTART",
-    "STATE_STORE_INVALID_PROVIDER",
-    "STATE_STORE_CHECKPOINT_IDS_NOT_SUPPORTED",
-    "STATE_STORE_PROVIDER_DOES_NOT_SUPPORT_FINE_GRAINED_STATE_REPLAY",
-    "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA",
-    "STREAMING_STATEFUL_OPERATOR_MISSING_STATE_DIRECTORY",
-    "STREAMING_CHECKPOINT_MISSING_METADATA_FILE",
-    "STREAM_STREAM_JOIN_INCOMPATIBLE_STATE_STORE_CONFIGS",
-    "STREAMING_UNFINISHED_REPARTITION_DETECTED",
-    "STATE_REPARTITION_INVALID_CHECKPOINT",
-    # The query itself is not a valid stream.
-    "STREAMING_QUERY_EVOLUTION_ERROR",
-    "STREAMING_OUTPUT_MODE",
-    "UNSUPPORTED_STREAMING_OPERATOR_WITHOUT_WATERMARK",
-    KEYED_FUNCTION_COMPLETE_MODE,
-})
+NON_RETRIABLE_CONDITIONS: frozenset[str] = frozenset(
+    {
+        # State written by another query shape or schema (keyedstate raises these too).
+        "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE",
+        "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE",
+        "STATE_STORE_COLUMN_FAMILY_SCHEMA_INCOMPATIBLE",
+        "STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION",
+        "STATE_STORE_INVALID_VARIABLE_TYPE_CHANGE",
+        "STATE_STORE_VALUE_SCHEMA_EVOLUTION_THRESHOLD_EXCEEDED",
+        "STATE_STORE_STATE_SCHEMA_FILES_THRESHOLD_EXCEEDED",
+        "STATE_STORE_INVALID_CONFIG_AFTER_RESTART",
+        "STATE_STORE_INVALID_PROVIDER",
+        "STATE_STORE_CHECKPOINT_IDS_NOT_SUPPORTED",
+        "STATE_STORE_PROVIDER_DOES_NOT_SUPPORT_FINE_GRAINED_STATE_REPLAY",
+        "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA",
+        "STREAMING_STATEFUL_OPERATOR_MISSING_STATE_DIRECTORY",
+        "STREAMING_CHECKPOINT_MISSING_METADATA_FILE",
+        "STREAM_STREAM_JOIN_INCOMPATIBLE_STATE_STORE_CONFIGS",
+        "STREAMING_UNFINISHED_REPARTITION_DETECTED",
+        "STATE_REPARTITION_INVALID_CHECKPOINT",
+        # The query itself is not a valid stream.
+        "STREAMING_QUERY_EVOLUTION_ERROR",
+        "STREAMING_OUTPUT_MODE",
+        "UNSUPPORTED_STREAMING_OPERATOR_WITHOUT_WATERMARK",
+        KEYED_FUNCTION_COMPLETE_MODE,
+    }
+)
 
 # JVM exception classes (or their subclasses) that mean a bad setting or query: keyedstate's
 # option checks (KeyedStateConf) and Spark's option checks throw IllegalArgumentException.
@@ -108,10 +110,12 @@ NON_RETRIABLE_JVM_CLASSES: tuple[str, ...] = (
 # Failures of the checkpoint itself (Flink's "failed checkpoints", which
 # CheckpointConfig.tolerable_checkpoint_failure_number tolerates): the state store's commit, the
 # offset or commit log's write, and a batch stopped for running past the checkpoint timeout.
-CHECKPOINT_FAILURE_CONDITIONS: frozenset[str] = frozenset({
-    "CANNOT_WRITE_STATE_STORE",
-    "STREAMING_CHECKPOINT_LOG_WRITE_FAILURE",
-})
+CHECKPOINT_FAILURE_CONDITIONS: frozenset[str] = frozenset(
+    {
+        "CANNOT_WRITE_STATE_STORE",
+        "STREAMING_CHECKPOINT_LOG_WRITE_FAILURE",
+    }
+)
 
 _SUPPRESS_NAME = f"{SuppressRestartsException.__module__}.{SuppressRestartsException.__qualname__}"
 
@@ -148,8 +152,9 @@ def _jvm_links(throwable: Any) -> Iterator[_Link]:  # noqa: ANN401 - a py4j Java
         condition = None
         if "org.apache.spark.SparkThrowable" in java_interfaces(link):
             condition = link.getCondition()
-        yield _Link(tuple(classes), str(condition) if condition else None,
-                    str(link.getMessage() or ""))
+        yield _Link(
+            tuple(classes), str(condition) if condition else None, str(link.getMessage() or "")
+        )
 
 
 def _links(error: BaseException, jvm_error: Any) -> Iterator[_Link]:  # noqa: ANN401

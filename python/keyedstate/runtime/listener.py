@@ -35,8 +35,6 @@ class SupervisorListener:
     ) -> None:
         """Batch ``batch_id`` has been running for ``elapsed`` seconds, past the timeout."""
 
-    def on_min_pause_violated(
-        self, query: StreamingQuery, batch_id: int, pause: float
-    ) -> None:
+    def on_min_pause_violated(self, query: StreamingQuery, batch_id: int, pause: float) -> None:
         """Batch ``batch_id`` started only ``pause`` seconds after the previous one ended,
         less than the configured minimum pause."""

@@ -43,7 +43,11 @@ log = logging.getLogger(__name__)
 QueryBuilder = Callable[[], "StreamingQuery | DataStreamWriter"]
 
 _CALLBACKS = (
-    "on_start", "on_restart", "on_failure", "on_terminated", "on_checkpoint_timeout",
+    "on_start",
+    "on_restart",
+    "on_failure",
+    "on_terminated",
+    "on_checkpoint_timeout",
     "on_min_pause_violated",
 )
 
@@ -243,7 +247,11 @@ class Supervisor:
                 delay = delay_ms / 1000
                 log.warning(
                     "streaming query %s failed: %s; restart %d in %.3f s (%s)",
-                    _label(self._query), summarize(error), self.restarts, delay, why,
+                    _label(self._query),
+                    summarize(error),
+                    self.restarts,
+                    delay,
+                    why,
                 )
                 log.debug("the failure of streaming query %s", _label(self._query), exc_info=error)
                 self._notify("on_restart", self.restarts, error, delay)
@@ -360,7 +368,10 @@ class Supervisor:
             batch_id, pause = paused
             log.warning(
                 "batch %d of streaming query %s started %.3f s after the previous batch ended, "
-                "less than the minimum pause of %d ms", batch_id, _label(query), pause,
+                "less than the minimum pause of %d ms",
+                batch_id,
+                _label(query),
+                pause,
                 self._config.get_min_pause_between_checkpoints(),
             )
             self._notify("on_min_pause_violated", query, batch_id, pause)
@@ -370,7 +381,11 @@ class Supervisor:
         timeout_ms = self._config.get_checkpoint_timeout()
         log.warning(
             "batch %s of streaming query %s has been running for %.1f s, past the checkpoint "
-            "timeout of %d ms", late.batch_id, _label(query), late.elapsed, timeout_ms,
+            "timeout of %d ms",
+            late.batch_id,
+            _label(query),
+            late.elapsed,
+            timeout_ms,
         )
         self._notify("on_checkpoint_timeout", query, late.batch_id, late.elapsed)
         if not self._config.is_fail_on_checkpoint_timeout():
@@ -404,9 +419,13 @@ class Supervisor:
         query = self._query
         how = "stopped by the user" if cancelled else "finished"
         log.info("streaming query %s %s", _label(query), how)
-        if cancelled and self._config is not None and (
-            self._config.get_externalized_checkpoint_cleanup()
-            is ExternalizedCheckpointCleanup.DELETE_ON_CANCELLATION
+        if (
+            cancelled
+            and self._config is not None
+            and (
+                self._config.get_externalized_checkpoint_cleanup()
+                is ExternalizedCheckpointCleanup.DELETE_ON_CANCELLATION
+            )
         ):
             self._delete_checkpoint()
         self._notify("on_terminated", query, cancelled)

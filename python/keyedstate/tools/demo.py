@@ -59,9 +59,7 @@ def per_user_totals(events: DataFrame) -> DataFrame:
 
 
 def run_phase(spark: SparkSession, events_dir: Path, checkpoint: Path, phase: str) -> None:
-    stream = (
-        spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(events_dir))
-    )
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(events_dir))
     query = (
         per_user_totals(stream)
         .writeStream.format("memory")
@@ -143,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         differences = streamed.exceptAll(batch).count() + batch.exceptAll(streamed).count()
         state = spark.read.format("statestore").load(str(checkpoint))
         partitions = state.select("partition_id").distinct().count()
-        print(f"\n== {streamed.count()} users; state rows read back from the checkpoint: "
-              f"{state.count()} in {partitions} partitions")
+        print(
+            f"\n== {streamed.count()} users; state rows read back from the checkpoint: "
+            f"{state.count()} in {partitions} partitions"
+        )
         print(f"== streamed result equals the batch computation: {differences == 0}")
         return 0 if differences == 0 else 1
     finally:

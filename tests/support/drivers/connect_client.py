@@ -59,7 +59,7 @@ def uid_change(spark: SparkSession, root: Path) -> dict[str, str | None]:
 
 def other_version(spark: SparkSession, root: Path, version: str) -> dict[str, str | None]:
     """A keyed function planned by a client that says it is keyedstate ``version``."""
-    from keyedstate.connect import relations
+    from keyedstate.spark_connect import relations
 
     relations.__version__ = version
     (root / "other-version").mkdir(parents=True, exist_ok=True)

@@ -4,9 +4,9 @@ A relation is a ``google.protobuf.Any`` in ``Relation.extension``: its type URL 
 (``type.googleapis.com/keyedstate.lookup``), its value holds, in the protobuf wire format, a JSON
 object (field 1) and the input relations it names as ``{"$relation": i}`` (field 2, repeated:
 Spark's own ``Relation`` messages, serialized). The server's plugin
-(``io.keyedstate.connect.ExtensionMessage``) reads it without protobuf classes of its own, so the
-two sides share no generated code; inputs stay raw bytes, so a chain of keyed functions (each
-nesting its input twice) grows by a few bytes per level, not by a text encoding's third.
+(``io.keyedstate.sparkconnect.ExtensionMessage``) reads it without protobuf classes of its own,
+so the two sides share no generated code; inputs stay raw bytes, so a chain of keyed functions
+(each nesting its input twice) grows by a few bytes per level, not by a text encoding's third.
 """
 
 from __future__ import annotations
@@ -97,10 +97,10 @@ def operation(
     arguments: list[Any],
     frames: Mapping[str, DataFrame] | None = None,
 ) -> str:
-    """Runs offline operation ``name`` on the server (``io.keyedstate.connect.ConnectOperations``:
-    the entry point py4j calls in a classic session), given ``frames`` (DataFrames by name), and
-    returns its JSON answer. Collected once: the server runs the operation when the relation
-    executes."""
+    """Runs offline operation ``name`` on the server (``ConnectOperations`` of
+    ``io.keyedstate.sparkconnect``: the entry point py4j calls in a classic session), given
+    ``frames`` (DataFrames by name), and returns its JSON answer. Collected once: the server
+    runs the operation when the relation executes."""
     plans = {name: frame._plan for name, frame in (frames or {}).items()}
     relation = KeyedStateRelation("operation", {"name": name, "arguments": arguments}, {}, plans)
     [row] = DataFrame(relation, spark).collect()
@@ -142,7 +142,7 @@ def out_schema(df: DataFrame, spec_json: str) -> T.StructType:
                 INVALID_OPTION,
                 "the Spark Connect server does not plan keyedstate's relations: start it with "
                 "`keyedstate connect-server` (or with spark.connect.extensions.relation.classes="
-                "io.keyedstate.connect.KeyedStateRelationPlugin and keyedstate's jar, "
+                "io.keyedstate.sparkconnect.KeyedStateRelationPlugin and keyedstate's jar, "
                 "docs/spark-connect.md)",
             ) from error
         raise

@@ -1,4 +1,4 @@
-package io.keyedstate.connect
+package io.keyedstate.sparkconnect
 
 import java.nio.charset.StandardCharsets.UTF_8
 

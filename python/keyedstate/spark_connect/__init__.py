@@ -1,7 +1,8 @@
 """keyedstate on Spark Connect: its plans sent as extension relations, which the server's
-``io.keyedstate.connect.KeyedStateRelationPlugin`` plans as py4j's entry points do in a classic
-session. Importing this package needs PySpark's Connect client (``pip install
-'pyspark[connect]'``); the rest of keyedstate imports it only for a Connect DataFrame."""
+``io.keyedstate.sparkconnect.KeyedStateRelationPlugin`` plans as py4j's entry points do in a
+classic session (the package is not named ``connect``: that is the broadcast API's function).
+Importing this package needs PySpark's Connect client (``pip install 'pyspark[connect]'``); the
+rest of keyedstate imports it only for a Connect DataFrame."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-package io.keyedstate.connect
+package io.keyedstate.sparkconnect
 
 import java.util.Optional
 

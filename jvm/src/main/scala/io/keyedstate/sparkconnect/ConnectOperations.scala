@@ -1,4 +1,4 @@
-package io.keyedstate.connect
+package io.keyedstate.sparkconnect
 
 import scala.jdk.CollectionConverters._
 
@@ -54,7 +54,7 @@ object ConnectOperations {
     RunOperation(name, JsonMethods.compact(JArray(values)), frames)
   }
 
-  private[connect] def run(session: SparkSession, name: String, arguments: String,
+  private[sparkconnect] def run(session: SparkSession, name: String, arguments: String,
       frames: Map[String, LogicalPlan]): String =
     operations(name)(session, new Arguments(name, JsonMethods.parse(arguments) match {
       case JArray(items) => items
