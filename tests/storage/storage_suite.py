@@ -12,7 +12,8 @@ Inputs stay local; only the checkpoints live on the remote storage. Per storage:
 - the kill-and-restart test (tests/provider/test_kill_restart.py) with a few kills.
 
 KEYEDSTATE_STORAGE_FULL=1 runs every operator-equivalence scenario and the kill test (both
-engines; about 6 minutes per storage); CI runs a subset of the scenarios and no kill test.
+engines; about 6 minutes per storage); CI runs two scenarios per storage (each module's
+``pytest_generate_tests``) and no kill test.
 """
 
 from __future__ import annotations
@@ -61,16 +62,18 @@ from tests.support.streaming_harness import (
 from tests.support.ttl_queries import Query, count_by_key, expired_key_starts_fresh
 
 FULL = os.environ.get("KEYEDSTATE_STORAGE_FULL") == "1"
-# In CI: an aggregation, a watermarked window, a join and a Python state function (the store
-# layouts: one value per key, per window, a join's two stores, column families of timeouts);
-# KEYEDSTATE_STORAGE_FULL=1 runs every scenario.
-SUBSET = {
-    "agg_update",
-    "window_append_watermark",
-    "join_inner",
-    "apply_in_pandas_with_state",
-}
-EQUIVALENCE = [s for s in SCENARIOS if FULL or s.name in SUBSET]
+
+
+def parametrize_equivalence(metafunc: pytest.Metafunc, subset: set[str]) -> None:
+    """A storage module's ``pytest_generate_tests``: the operator-equivalence scenarios it runs,
+    ``subset`` in CI and every one with KEYEDSTATE_STORAGE_FULL=1. The two storages take two of
+    the four store layouts each (one value per key, per window, a join's two stores, column
+    families of timeouts): together CI covers the four once."""
+    if "scenario" in metafunc.fixturenames:
+        chosen = [s for s in SCENARIOS if FULL or s.name in subset]
+        metafunc.parametrize("scenario", chosen, ids=str)
+
+
 KILL_ENGINES = ["aggregation", "python-api"]
 KILLS = 3
 KILL_FILES = 20
@@ -177,7 +180,6 @@ def test_python_api_same_output_as_on_local_checkpoint(
 # (a, e) Operator equivalence: keyedstate with checkpoints on the storage against the reference
 
 
-@pytest.mark.parametrize("scenario", EQUIVALENCE, ids=str)
 def test_operator_same_output_as_reference(
     scenario: Scenario, spark: SparkSession, remote: Callable[[str], str], tmp_path: Path
 ) -> None:

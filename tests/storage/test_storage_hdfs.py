@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.storage.storage_suite import (  # noqa: F401 - the tests this module runs
+    parametrize_equivalence,
     remote,
     test_kill_and_restart_is_exactly_once,
     test_operator_same_output_as_reference,
@@ -20,3 +21,8 @@ from tests.storage.storage_suite import (  # noqa: F401 - the tests this module 
 @pytest.fixture(scope="module")
 def storage(hdfs_cluster: object) -> object:
     return hdfs_cluster
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # In CI: a watermarked window's and a Python state function's (column families of timeouts).
+    parametrize_equivalence(metafunc, {"window_append_watermark", "apply_in_pandas_with_state"})

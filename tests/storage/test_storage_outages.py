@@ -173,7 +173,10 @@ def cause_line(error: str, pattern: str) -> str:
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_hdfs_datanode_killed_mid_upload(
-    mode: str, spark: SparkSession, hdfs_cluster: Any, tmp_path: Path  # noqa: ANN401
+    mode: str,
+    spark: SparkSession,
+    hdfs_cluster: Any,
+    tmp_path: Path,  # noqa: ANN401
 ) -> None:
     cluster = hdfs_cluster
     apply_hadoop_settings(spark, cluster.hadoop_settings())
@@ -225,7 +228,10 @@ def test_hdfs_datanode_killed_mid_upload(
 
 @pytest.mark.parametrize("upload", ["changelog", "manifest"])
 def test_s3_endpoint_stopped_mid_commit(
-    upload: str, spark: SparkSession, s3_endpoint: Any, tmp_path: Path  # noqa: ANN401
+    upload: str,
+    spark: SparkSession,
+    s3_endpoint: Any,
+    tmp_path: Path,  # noqa: ANN401
 ) -> None:
     endpoint = s3_endpoint
     apply_hadoop_settings(spark, endpoint.hadoop_settings())
@@ -293,8 +299,9 @@ def small_disk(path: Path, size: str) -> Iterator[Callable[[str], None]]:
 def test_local_disk_full(mode: str, spark: SparkSession, tmp_path: Path) -> None:
     disk = tmp_path / "small-local-disk"
     run = Run(spark, tmp_path, str(tmp_path / "checkpoint"))
-    with small_disk(disk, DISK_SIZE) as resize, session_conf(
-        spark, {CHANGELOG: MODES[mode], LOCAL_DIR: str(disk)}
+    with (
+        small_disk(disk, DISK_SIZE) as resize,
+        session_conf(spark, {CHANGELOG: MODES[mode], LOCAL_DIR: str(disk)}),
     ):
         run.run(batch(0, range(0, 300), 40), batch(1, range(150, 450), 40))
         # Two RocksDB instances and two versions: a few KB each, nothing reserved up front

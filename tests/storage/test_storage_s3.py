@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.storage.storage_suite import (  # noqa: F401 - the tests this module runs
+    parametrize_equivalence,
     remote,
     test_kill_and_restart_is_exactly_once,
     test_operator_same_output_as_reference,
@@ -20,3 +21,8 @@ from tests.storage.storage_suite import (  # noqa: F401 - the tests this module 
 @pytest.fixture(scope="module")
 def storage(s3_endpoint: object) -> object:
     return s3_endpoint
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # In CI: the layouts with the most files per version: an aggregation's and a join's four stores.
+    parametrize_equivalence(metafunc, {"agg_update", "join_inner"})
