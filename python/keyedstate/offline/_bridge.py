@@ -4,6 +4,7 @@ failures and its JSON results into the package's errors and dataclasses."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import fields
@@ -21,45 +22,22 @@ from keyedstate.spark_connect import is_connect
 T = TypeVar("T")
 
 
-# The operations by the names the Connect plugin knows them (io.keyedstate.sparkconnect.
-# ConnectOperations): the entry point's object, its package under io.keyedstate.offline, method.
-_OPERATIONS = {
-    "inspect": ("CheckpointInspector", "inspect", "report"),
-    "rescale": ("Rescaler", "rescale", "rescale"),
-    **{
-        f"savepoint.{command}": ("SavepointCommands", "savepoint", command)
-        for command in (
-            "create",
-            "restore",
-            "inspect",
-            "list",
-            "dispose",
-            "bootstrap",
-            "clearBootstrap",
-            "transform",
-        )  # fmt: skip
-    },
-}
-
-
 def operation(
     spark: SparkSession, name: str, *args: Any, frames: Mapping[str, DataFrame] | None = None
 ) -> str:
-    """Operation ``name``'s JSON answer: its entry point called through py4j, or on Spark
-    Connect by the server's plugin; ``frames`` (DataFrames by name) are its last argument, a map.
-    A failure is mapped as :func:`call` maps it."""
+    """Operation ``name``'s JSON answer, given ``args`` and ``frames`` (DataFrames by name): the
+    JVM's one registry of them (``io.keyedstate.sparkconnect.ConnectOperations``) runs it, called
+    through py4j, or on Spark Connect sent as an operation relation. A failure is mapped as
+    :func:`call` maps it."""
     if is_connect(spark):
         from keyedstate.spark_connect import relations
 
         return str(call(relations.operation, spark, name, list(args), frames))
-    entry, package, method = _OPERATIONS[name]
-    target, session = entry_point(spark, entry, package)
-    if frames is not None:
-        java_map = spark.sparkContext._jvm.java.util.HashMap()  # type: ignore[union-attr]
-        for key, frame in frames.items():
-            java_map.put(key, frame._jdf)
-        args = (*args, java_map)
-    return str(call(getattr(target, method), session, *args))
+    operations, session = entry_point(spark, "ConnectOperations", "sparkconnect")
+    java_map = spark.sparkContext._jvm.java.util.HashMap()  # type: ignore[union-attr]
+    for key, frame in (frames or {}).items():
+        java_map.put(key, frame._jdf)
+    return str(call(operations.run, session, name, json.dumps(list(args)), java_map))
 
 
 def call(method: Any, *args: Any) -> Any:
@@ -93,12 +71,12 @@ def decode(cls: type[T], raw: dict[str, Any]) -> T:
     return cls(**{f.name: values[f.name] for f in fields(cls)})  # type: ignore[call-arg]
 
 
-def entry_point(spark: SparkSession, name: str, package: str = "") -> tuple[Any, Any]:
-    """The JVM object ``io.keyedstate.offline[.<package>].<name>`` and the session's JVM side."""
+def entry_point(spark: SparkSession, name: str, package: str = "offline") -> tuple[Any, Any]:
+    """The JVM object ``io.keyedstate.<package>.<name>`` and the session's JVM side."""
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     if jvm is None:
         raise RuntimeError("the SparkSession has no JVM (Spark Connect is not supported here)")
-    where = jvm.io.keyedstate.offline
+    where = jvm.io.keyedstate
     for part in filter(None, package.split(".")):
         where = getattr(where, part)
     entry = getattr(where, name)

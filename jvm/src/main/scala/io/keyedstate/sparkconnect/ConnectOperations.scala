@@ -17,9 +17,10 @@ import io.keyedstate.offline.rescale.Rescaler
 import io.keyedstate.offline.savepoint.SavepointCommands
 
 /**
- * The offline operations a Spark Connect client asks for, by the names its `operation` relation
- * gives: each the entry point py4j calls in a classic session, its arguments from the
- * relation's JSON array, its JSON answer returned.
+ * The offline operations by name (the one registry of them): a classic session's Python calls
+ * [[run]] through py4j, a Spark Connect client sends an `operation` relation planned as a
+ * [[RunOperation]] command that calls it. Arguments come as a JSON array, each read as its
+ * entry point takes it; the answer is the entry point's JSON.
  */
 object ConnectOperations {
   private type Operation = (SparkSession, Arguments) => String
@@ -36,7 +37,7 @@ object ConnectOperations {
     "savepoint.bootstrap" -> ((s, a) => SavepointCommands.bootstrap(s, a.text(0), a.text(1))),
     "savepoint.clearBootstrap" -> ((s, a) => SavepointCommands.clearBootstrap(s, a.text(0))),
     "savepoint.transform" -> ((s, a) => SavepointCommands.transform(s, a.text(0), a.text(1), a.text(2), a.text(3),
-      a.text(4), a.frames(s))),
+      a.text(4), a.frames)),
     "query.checkpoint" -> ((s, a) => runningCheckpoint(s, a.text(0))))
 
   val Names: Seq[String] = operations.keys.toSeq.sorted
@@ -46,20 +47,21 @@ object ConnectOperations {
    * `frames`: the DataFrames it is given (a transform's new rows), by name.
    */
   def command(name: String, arguments: JValue, frames: Map[String, LogicalPlan]): RunOperation = {
-    require(operations.contains(name), s"unknown operation '$name'; this server's keyedstate runs ${Names.mkString(", ")}")
-    val values = arguments match {
-      case JArray(items) => items
-      case other => throw new IllegalArgumentException(s"an operation's arguments are a JSON array, not ${JsonMethods.compact(other)}")
-    }
-    RunOperation(name, JsonMethods.compact(JArray(values)), frames)
+    known(name)
+    RunOperation(name, JsonMethods.compact(JArray(array(arguments))), frames)
   }
 
-  private[sparkconnect] def run(session: SparkSession, name: String, arguments: String,
-      frames: Map[String, LogicalPlan]): String =
-    operations(name)(session, new Arguments(name, JsonMethods.parse(arguments) match {
-      case JArray(items) => items
-      case _ => Nil
-    }, frames))
+  /** Runs operation `name` with `arguments` (a JSON array) and `frames`: its JSON answer. */
+  def run(session: SparkSession, name: String, arguments: String, frames: java.util.Map[String, DataFrame]): String =
+    known(name)(session, new Arguments(name, array(JsonMethods.parse(arguments)), frames))
+
+  private def known(name: String): Operation = operations.getOrElse(name, throw new IllegalArgumentException(
+    s"unknown operation '$name'; this keyedstate runs ${Names.mkString(", ")}"))
+
+  private def array(arguments: JValue): List[JValue] = arguments match {
+    case JArray(items) => items
+    case other => throw new IllegalArgumentException(s"an operation's arguments are a JSON array, not ${JsonMethods.compact(other)}")
+  }
 
   /** The checkpoint of the session's running query `id` (to stop it with a savepoint). */
   private def runningCheckpoint(session: SparkSession, id: String): String = {
@@ -74,9 +76,8 @@ object ConnectOperations {
   }
 
   /** An operation's arguments, each read as the type its entry point takes. */
-  private final class Arguments(operation: String, values: List[JValue], plans: Map[String, LogicalPlan]) {
-    def frames(session: SparkSession): java.util.Map[String, DataFrame] =
-      plans.map { case (k, p) => k -> KeyedProcessSqlBridge.ofRows(session, p) }.asJava
+  private final class Arguments(operation: String, values: List[JValue],
+      val frames: java.util.Map[String, DataFrame]) {
     private def at(i: Int): JValue = values.lift(i).getOrElse(
       throw new IllegalArgumentException(s"operation '$operation' takes at least ${i + 1} arguments, got ${values.size}"))
     private def wrong(i: Int, what: String) = new IllegalArgumentException(
@@ -99,8 +100,10 @@ final case class RunOperation(name: String, arguments: String, frames: Map[Strin
     extends LeafRunnableCommand {
   override val output: Seq[Attribute] = Seq(AttributeReference("result", StringType, nullable = false)())
 
-  override def run(session: SparkSession): Seq[Row] =
-    Seq(Row(ConnectOperations.run(session, name, arguments, frames)))
+  override def run(session: SparkSession): Seq[Row] = {
+    val dataFrames = frames.map { case (k, p) => k -> KeyedProcessSqlBridge.ofRows(session, p) }.asJava
+    Seq(Row(ConnectOperations.run(session, name, arguments, dataFrames)))
+  }
 
   override def simpleString(maxFields: Int): String = s"keyedstate $name"
 }
