@@ -22,6 +22,7 @@ if importlib.util.find_spec("keyedstate") is None:
 from tests.support.streaming_harness import (  # noqa: E402
     PROVIDER_UNDER_TEST,
     REFERENCE_PROVIDER,
+    TEST_SETTINGS,
     session_builder,
 )
 
@@ -83,7 +84,7 @@ def connect_server() -> Iterator[object]:
     tests/support/servers/connect_server.py), started on first use and stopped after the session."""
     from tests.support.servers.connect_server import ConnectServer
 
-    yield from _running(ConnectServer())
+    yield from _running(ConnectServer(settings=TEST_SETTINGS))
 
 
 @pytest.fixture(scope="session")

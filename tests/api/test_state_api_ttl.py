@@ -288,6 +288,9 @@ def pipelined_runner(spark: SparkSession) -> Iterator[None]:
             conf.set(PIPELINED_RUNNER, before)
 
 
+@pytest.mark.classic_only(
+    "switches the SparkContext's pipelined runner on; a Connect client has no SparkContext"
+)
 def test_cleanup_on_every_record_is_refused_under_the_pipelined_python_runner(
     spark: SparkSession, tmp_path: Path, pipelined_runner: None
 ) -> None:
@@ -306,6 +309,9 @@ def test_cleanup_on_every_record_is_refused_under_the_pipelined_python_runner(
     assert "state 'seen' of keyed function ChurnEveryRecord" in str(failure.value)
 
 
+@pytest.mark.classic_only(
+    "switches the SparkContext's pipelined runner on; a Connect client has no SparkContext"
+)
 def test_ttl_state_that_reads_without_writing_runs_under_the_pipelined_python_runner(
     spark: SparkSession, tmp_path: Path, pipelined_runner: None
 ) -> None:
@@ -316,9 +322,7 @@ def test_ttl_state_that_reads_without_writing_runs_under_the_pipelined_python_ru
     source.add([{"key": f"k{i}", "op": "write", "n": i} for i in range(300)])
     frame = key_by(source.read_stream(spark), "key").process(Churn(), OUTPUT)
     collector = BatchCollector()
-    query = start_query(
-        spark, PROVIDER_UNDER_TEST, frame, "append", tmp_path / "ckpt", collector
-    )
+    query = start_query(spark, PROVIDER_UNDER_TEST, frame, "append", tmp_path / "ckpt", collector)
     await_finished(query)
     assert sorted(r["key"] for rows in collector.batches.values() for r in rows) == sorted(
         f"k{i}" for i in range(300)
@@ -361,9 +365,7 @@ def test_session_ttl_defaults_do_not_reach_keyed_functions(
             source.add([{"key": "a", "op": "write", "n": 1}])
             frame = key_by(source.read_stream(spark), "key").process(PlainCount(), OUTPUT)
             collector = BatchCollector()
-            query = start_query(
-                spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector
-            )
+            query = start_query(spark, PROVIDER_UNDER_TEST, frame, "append", checkpoint, collector)
             await_finished(query)
             counts += [r["now"] for rows in collector.batches.values() for r in rows]
             time.sleep(0.6)  # three times the session's TTL

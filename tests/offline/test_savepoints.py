@@ -522,7 +522,7 @@ def test_a_restore_killed_mid_way_starts_no_query_and_is_redone(
         keyedstate.restore_savepoint(spark, str(target), str(tmp_path / "line" / "checkpoint"))
     keyedstate.restore_savepoint(spark, str(target), str(restored), partitions=3)
     assert not marker.exists()
-    line.collector.batches.clear()
+    line.collector.clear()
     line.run(restored, [])  # the second phase's files are in the input already
     assert normalized(line.collector.batches, batch) == normalized(
         reference.collector.batches, batch

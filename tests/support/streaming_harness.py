@@ -10,12 +10,16 @@ overwrites itself instead of being counted twice.
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import decimal
 import json
 import os
+import pickle
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -53,26 +57,30 @@ HADOOP_CONF_ENV = "KEYEDSTATE_TEST_HADOOP_CONF"
 _MTIME_BASE = int(time.time()) - 24 * 3600
 
 
+# The tests' Spark settings: their classic session's, and the Spark Connect server's.
+TEST_SETTINGS = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.memory": "2g",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.streaming.stateStore.maintenanceInterval": "2s",
+    "spark.sql.streaming.minBatchesToRetain": "10",
+    "spark.sql.streaming.pollingDelay": "10ms",
+    "spark.python.worker.reuse": "true",
+}
+
+
 def session_builder(app_name: str, provider: str = PROVIDER_UNDER_TEST) -> SparkSession.Builder:
     """A small local-mode builder wired through ``keyedstate.configure``.
 
     When the provider under test is ours, the jar is required (a missing jar is an error). When it
     is one of Spark's (harness self-check), the jar is added if it exists.
     """
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.streaming.stateStore.maintenanceInterval", "2s")
-        .config("spark.sql.streaming.minBatchesToRetain", "10")
-        .config("spark.sql.streaming.pollingDelay", "10ms")
-        .config("spark.python.worker.reuse", "true")
-    )
+    builder = SparkSession.builder.master("local[2]").appName(app_name)
+    for key, value in TEST_SETTINGS.items():
+        builder = builder.config(key, value)
     if provider == keyedstate.PROVIDER_CLASS:
         builder = keyedstate.configure(builder)
     else:
@@ -196,15 +204,39 @@ def rows_of(df: DataFrame) -> list[dict[str, Any]]:
 
 
 class BatchCollector:
-    """A ``foreachBatch`` function that records each batch's rows, keyed by batch id."""
+    """A ``foreachBatch`` function that records each batch's rows, keyed by batch id.
+
+    The rows go to files in a directory of its own, read back by ``batches`` and ``calls``: on
+    Spark Connect the function runs in the server's Python process, not in the test's.
+    """
 
     def __init__(self) -> None:
-        self.batches: dict[int, list[dict[str, Any]]] = {}
-        self.calls: list[int] = []
+        self.directory = Path(tempfile.mkdtemp(prefix="keyedstate-batches-"))
+        atexit.register(shutil.rmtree, self.directory, True)
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        self.calls.append(batch_id)
-        self.batches[batch_id] = rows_of(df)
+        rows = rows_of(df)
+        part = self.directory / f".{batch_id}.pickle.tmp"
+        part.write_bytes(pickle.dumps(rows))
+        part.replace(self.directory / f"{batch_id}.pickle")  # a replayed batch replaces its rows
+        with open(self.directory / "calls", "a") as calls:
+            calls.write(f"{batch_id}\n")
+
+    @property
+    def batches(self) -> dict[int, list[dict[str, Any]]]:
+        found = {int(f.name.split(".")[0]): f for f in self.directory.glob("*.pickle")}
+        return {b: pickle.loads(found[b].read_bytes()) for b in sorted(found)}
+
+    @property
+    def calls(self) -> list[int]:
+        """The batch ids of every call, in call order (a replayed batch twice)."""
+        log = self.directory / "calls"
+        return [int(line) for line in log.read_text().split()] if log.exists() else []
+
+    def clear(self) -> None:
+        """Forgets every batch recorded so far."""
+        for f in self.directory.iterdir():
+            f.unlink()
 
     def non_empty(self) -> dict[int, list[dict[str, Any]]]:
         return {b: rows for b, rows in self.batches.items() if rows}

@@ -12,6 +12,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from tests.support.paths import PYTHON_SOURCES, REPO
@@ -25,8 +26,9 @@ class ConnectServer(DaemonServer):
     STOP_TIMEOUT_S = 30.0
     START_TIMEOUT_S = 120.0
 
-    def __init__(self, master: str = "local[2]") -> None:
+    def __init__(self, master: str = "local[2]", settings: Mapping[str, str] | None = None) -> None:
         self.master = master
+        self.settings = dict(settings or {})
         self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="keyedstate-connect-"))
         self.log_path = self.root / "server.log"
@@ -63,6 +65,7 @@ class ConnectServer(DaemonServer):
         settings = {
             "spark.ui.enabled": "false",
             "spark.sql.shuffle.partitions": "2",
+            **self.settings,
             "spark.driver.host": "127.0.0.1",
             "spark.local.dir": str(self.root / "local"),
         }

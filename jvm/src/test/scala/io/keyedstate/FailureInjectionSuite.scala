@@ -196,6 +196,8 @@ object FaultyFileSystem {
   @volatile private var failAt = 0L
   @volatile private var failed: Option[String] = None
   @volatile private var unchecked = false
+  // Where each call counted by `countOnly` came from (see `site`).
+  private val counted = new java.util.concurrent.ConcurrentLinkedQueue[String]()
 
   /**
    * Fails the `n`th call from now: with an IOException naming the path, or `unchecked`, as an
@@ -205,10 +207,30 @@ object FaultyFileSystem {
     calls.set(0); failed = None; failAt = n; this.unchecked = unchecked
   }
   /** Counts calls without failing any: how many points a step has (then `disarm` returns it). */
-  def countOnly(): Unit = synchronized { calls.set(0); failed = None; failAt = Long.MaxValue }
+  def countOnly(): Unit = synchronized { calls.set(0); failed = None; failAt = Long.MaxValue; counted.clear() }
   /** Stops injecting; returns the number of calls made since the last `armAt` or `countOnly`. */
   def disarm(): Long = synchronized { failAt = 0; calls.get }
   def failedCall: Option[String] = failed
+
+  /** The site of each call the last `countOnly` counted, in call order. */
+  def countedSites: Seq[String] = { import scala.jdk.CollectionConverters._; counted.asScala.toSeq }
+
+  /**
+   * The calls (1-based) to fail to reach every site: the first and the last call of each. A
+   * site's calls differ only by path (one per partition or file), so the first meets nothing
+   * written yet and the last everything else done.
+   */
+  def firstAndLastOfEachSite(sites: Seq[String]): Seq[Int] =
+    sites.zipWithIndex.groupBy(_._1).values.flatMap(at => Seq(at.head._2, at.last._2)).toSeq.distinct.sorted.map(_ + 1)
+
+  // A call's site: the operation and keyedstate's frames above it (the same code path, whatever
+  // the path it names).
+  private def site(what: String): String =
+    Thread.currentThread().getStackTrace.iterator
+      .filter(f => f.getClassName.startsWith("io.keyedstate.") && !f.getClassName.contains("Faulty") &&
+        !f.getClassName.contains("InterceptedFileSystem"))
+      .map(f => s"${f.getClassName}.${f.getMethodName}:${f.getLineNumber}")
+      .mkString(s"$what@", "<", "")
 
   /** "N injection points: create a, open b, ..." for a run's failed calls. */
   def summary(calls: Seq[String]): String =
@@ -216,6 +238,7 @@ object FaultyFileSystem {
       calls.groupBy(_.takeWhile(_ != ' ')).toSeq.sortBy(_._1).map { case (k, v) => s"$k ${v.size}" }.mkString(", ")
 
   def call(what: String, path: Path): Unit = {
+    if (failAt == Long.MaxValue) counted.add(site(what))
     if (failAt > 0 && calls.incrementAndGet() == failAt) {
       // Only the Nth call: calls made after it (cleanup, the retry) go through.
       failed = Some(s"$what ${path.getName}")

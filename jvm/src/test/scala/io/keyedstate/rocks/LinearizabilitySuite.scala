@@ -15,6 +15,7 @@ import org.jetbrains.kotlinx.lincheck.strategy.managed.modelchecking.ModelChecki
 import org.jetbrains.kotlinx.lincheck.strategy.stress.StressOptions
 import org.scalatest.funsuite.AnyFunSuite
 
+import io.keyedstate.TestScale
 import io.keyedstate.checkpoint.LocalFiles
 import io.keyedstate.conf.KeyedStateConf
 
@@ -34,13 +35,13 @@ import io.keyedstate.conf.KeyedStateConf
 class LinearizabilitySuite extends AnyFunSuite {
   test("a column family's handle: no use after its retire, in every interleaving Lincheck explores (model checking)") {
     LinChecker.check(classOf[GuardedHandleOperations], new ModelCheckingOptions()
-      .iterations(20).invocationsPerIteration(200).threads(3).actorsPerThread(2)
+      .iterations(TestScale(ci = 8, full = 20)).invocationsPerIteration(200).threads(3).actorsPerThread(2)
       .sequentialSpecification(classOf[GuardedHandleModel]))
   }
 
   test("the store's writes, freezes, bound spills and drops beside reads in two threads are linearizable (stress)") {
     val options = new StressOptions()
-      .iterations(30).invocationsPerIteration(60).threads(3).actorsPerThread(3).actorsBefore(2).actorsAfter(1)
+      .iterations(TestScale(ci = 12, full = 30)).invocationsPerIteration(60).threads(3).actorsPerThread(3).actorsBefore(2).actorsAfter(1)
       .sequentialSpecification(classOf[StoreModel])
     // Random scenarios rarely line a read up with a window; these do, and run as many times.
     // Reads of writes that happened before, while the buffer holding them is frozen and written.

@@ -27,9 +27,11 @@ import io.keyedstate.FaultyFs
 import io.keyedstate.FaultyLocalFileSystem
 import io.keyedstate.KeyedStateStoreProvider
 import io.keyedstate.ProviderFixture
+import io.keyedstate.TestScale
 
 /**
- * Failure injection in a rescale, at every file-system call (the split and build tasks, the
+ * Failure injection in a rescale, at every file-system call (in CI the first and last call of
+ * each call site; see [[io.keyedstate.TestScale]]) (the split and build tasks, the
  * journal, the publish), on a real streaming query's checkpoint: Spark local mode, the checkpoint
  * read and written through `faulty://` (Hadoop's checksummed local file system over
  * [[FaultyFileSystem]]). After a fault at call N:
@@ -141,16 +143,22 @@ class RescaleFailureInjectionSuite extends AnyFunSuite with BeforeAndAfterAll wi
     new Rescaler(spark, _ => ()).run(s"faulty://${source.getAbsolutePath}", to,
       output.map(o => s"faulty://${o.getAbsolutePath}"), inPlace)
 
-  /** Runs `attempt` once per file-system call it makes, failing that call; returns the calls failed. */
+  /**
+   * Runs `attempt` once per file-system call it makes, failing that call (under `make soak`; in
+   * CI the first and the last call of each call site); returns the calls failed.
+   */
   private def atEveryCall(attempt: () => (File, Option[File]), run: (File, Option[File]) => Unit)(
       verify: (File, Option[File], String, Boolean) => Unit): Seq[String] = {
-    val points = {
+    val (points, sites) = {
       val (src, out) = attempt()
       FaultyFileSystem.countOnly()
       try run(src, out) finally FaultyFileSystem.disarm()
-      FaultyFileSystem.disarm()
+      (FaultyFileSystem.disarm(), FaultyFileSystem.countedSites)
     }
-    val tried = (1 to points.toInt).map { n =>
+    assert(sites.size == points, s"${sites.size} sites for $points calls")
+    val chosen = TestScale(ci = FaultyFileSystem.firstAndLastOfEachSite(sites), full = 1 to points.toInt)
+    info(s"failing ${chosen.size} of $points calls (${sites.distinct.size} call sites)")
+    val tried = chosen.map { n =>
       val (src, out) = attempt()
       FaultyFileSystem.armAt(n)
       val ok = try Try(run(src, out)).isSuccess finally FaultyFileSystem.disarm()
@@ -158,7 +166,7 @@ class RescaleFailureInjectionSuite extends AnyFunSuite with BeforeAndAfterAll wi
       verify(src, out, call, ok)
       call
     }
-    assert(tried.size == points && points > 0)
+    assert(tried.size == chosen.size && points > 0)
     tried
   }
 
