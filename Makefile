@@ -70,7 +70,7 @@ SCALA_LOG := build/test-scala.log
 test: setup
 	@mkdir -p build; rm -f $(SCALA_LOG).rc
 	@( nice -n 10 $(SBT) test > $(SCALA_LOG) 2>&1; echo $$? > $(SCALA_LOG).rc ) & scala=$$!; \
-	  $(MAKE) --no-print-directory test-python; python_rc=$$?; wait $$scala; \
+	  $(PY) -m ruff check python tests bench && $(PY) -m pytest -v tests; python_rc=$$?; wait $$scala; \
 	  echo "--- the Scala suites ($(SCALA_LOG)) ---"; cat $(SCALA_LOG); \
 	  scala_rc=$$(cat $(SCALA_LOG).rc 2>/dev/null || echo 1); \
 	  echo "Scala suites: exit $$scala_rc; Python suites: exit $$python_rc"; \

@@ -24,6 +24,7 @@ from tests.support.streaming_harness import (  # noqa: E402
     REFERENCE_PROVIDER,
     TEST_SETTINGS,
     session_builder,
+    test_jars,
 )
 
 # Python workers (applyInPandasWithState) must run the interpreter that runs the tests.
@@ -84,7 +85,39 @@ def connect_server() -> Iterator[object]:
     tests/support/servers/connect_server.py), started on first use and stopped after the session."""
     from tests.support.servers.connect_server import ConnectServer
 
-    yield from _running(ConnectServer(settings=TEST_SETTINGS))
+    settings = {**TEST_SETTINGS, "spark.jars": ",".join(test_jars())}
+    yield from _running(ConnectServer(settings=settings))
+
+
+@pytest.fixture(scope="session")
+def connect_session(connect_server: Any) -> Iterator[Any]:  # noqa: ANN401
+    """A Spark Connect client session of ``connect_server``, for the whole test session."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    session = ConnectSession.builder.remote(connect_server.url).getOrCreate()
+    yield session
+    session.stop()
+
+
+# PySpark's functions and column helpers build Connect expressions while this is set. PySpark
+# sets it for the whole process once a Connect session is made through SparkSession.builder; the
+# tests set it only around a test that uses the Connect session, so the classic tests of the
+# same process still get classic ones.
+_CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
+
+
+@pytest.fixture
+def connect_spark(connect_session: Any) -> Iterator[Any]:  # noqa: ANN401
+    """The Connect session, with PySpark in Connect mode for the test."""
+    before = os.environ.get(_CONNECT_MODE)
+    os.environ[_CONNECT_MODE] = "1"
+    try:
+        yield connect_session
+    finally:
+        if before is None:
+            os.environ.pop(_CONNECT_MODE, None)
+        else:
+            os.environ[_CONNECT_MODE] = before
 
 
 @pytest.fixture(scope="session")

@@ -1,21 +1,15 @@
 """The state API's tests run twice: in the tests' classic session, and from a Spark Connect
-client of one Connect server for the whole test session (``connect_server``, keyedstate's
+client of one Connect server for the whole test session (``connect_spark``, keyedstate's
 ``connect-server`` on 127.0.0.1). A test that needs a classic session (the SparkContext, a driver
 script of its own) is marked ``classic_only``."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
-
-# PySpark's functions and column helpers build Connect expressions while this is set; pyspark
-# sets it for the whole process once a Connect session exists, so it is set only around the tests
-# that use the Connect session and the classic tests of the other modules still get classic ones.
-_CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -30,15 +24,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
 
 
-@pytest.fixture(scope="session")
-def _connect_session(connect_server: Any) -> Iterator[SparkSession]:  # noqa: ANN401
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
-
-    session = ConnectSession.builder.remote(connect_server.url).getOrCreate()
-    yield session  # type: ignore[misc]
-    session.stop()
-
-
 @pytest.fixture(scope="session", params=["classic", "connect"])
 def spark_mode(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -46,17 +31,8 @@ def spark_mode(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def spark(spark: SparkSession, spark_mode: str, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """The classic session, or a Connect session with PySpark in Connect mode for the test."""
+    """The classic session, or the Connect session with PySpark in Connect mode for the test."""
     if spark_mode == "classic":
         yield spark
-        return
-    session = request.getfixturevalue("_connect_session")
-    before = os.environ.get(_CONNECT_MODE)
-    os.environ[_CONNECT_MODE] = "1"
-    try:
-        yield session
-    finally:
-        if before is None:
-            os.environ.pop(_CONNECT_MODE, None)
-        else:
-            os.environ[_CONNECT_MODE] = before
+    else:
+        yield request.getfixturevalue("connect_spark")

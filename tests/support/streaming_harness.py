@@ -72,6 +72,16 @@ TEST_SETTINGS = {
 }
 
 
+def test_jars() -> list[str]:
+    """Spark's Kafka source and sink, when `make connectors` fetched them (tests/sinks/), and
+    s3a, when `make storage` fetched it (tests/storage/): jars load only at start."""
+    return [
+        str(jar)
+        for folder in (KAFKA_CONNECTOR_JARS, S3A_JARS)
+        for jar in sorted(folder.glob("*.jar"))
+    ]
+
+
 def session_builder(app_name: str, provider: str = PROVIDER_UNDER_TEST) -> SparkSession.Builder:
     """A small local-mode builder wired through ``keyedstate.configure``.
 
@@ -88,16 +98,9 @@ def session_builder(app_name: str, provider: str = PROVIDER_UNDER_TEST) -> Spark
             builder = keyedstate.configure(builder)
         except FileNotFoundError:
             pass
-    # Spark's Kafka source and sink, when `make connectors` fetched them (tests/sinks/).
-    kafka_jars = [str(jar) for jar in sorted(KAFKA_CONNECTOR_JARS.glob("*.jar"))]
-    if kafka_jars:
+    if test_jars():
         jars = [j for j in str(builder._options.get("spark.jars", "")).split(",") if j]
-        builder = builder.config("spark.jars", ",".join(jars + kafka_jars))
-    # s3a, when `make storage` fetched it (tests/storage/); jars load only at start.
-    s3a_jars = [str(jar) for jar in sorted(S3A_JARS.glob("*.jar"))]
-    if s3a_jars:
-        jars = [j for j in str(builder._options.get("spark.jars", "")).split(",") if j]
-        builder = builder.config("spark.jars", ",".join(jars + s3a_jars))
+        builder = builder.config("spark.jars", ",".join(jars + test_jars()))
     for key, value in json.loads(os.environ.get(HADOOP_CONF_ENV, "{}")).items():
         builder = builder.config(f"spark.hadoop.{key}", value)
     return builder.config(PROVIDER_CLASS_KEY, provider)

@@ -30,6 +30,7 @@ from keyedstate.errors import (
     first_line,
     java_causes,
     keyedstate_cause,
+    state_error,
 )
 from keyedstate.sinks.two_phase_commit import (
     QUERY_ID_PROPERTY,
@@ -37,6 +38,7 @@ from keyedstate.sinks.two_phase_commit import (
     TransactionScope,
     TwoPhaseCommitSink,
 )
+from keyedstate.spark_connect import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row
@@ -155,6 +157,9 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
     # -- foreachBatch entry point --------------------------------------------------------------
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
+        if is_connect(df):
+            self._write_on_connect(df, batch_id)
+            return
         bound = copy.copy(self)  # this batch's query id, without changing the user's sink
         bound._query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
         sink_id = self.sink_id_for(df)
@@ -167,6 +172,40 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
             bound._settings(sink_id),
             not self._topic_checked,
         )
+        self._topic_checked = True
+
+    def _write_on_connect(self, df: DataFrame, batch_id: int) -> None:
+        """The batch from a Connect client's ``foreachBatch`` (run in the server's Python
+        process): the server's ``sink.kafka.write`` operation writes it, as ``KafkaSinkWriter``
+        writes a classic session's batch."""
+        from pyspark.errors import PySparkException
+
+        from keyedstate.spark_connect import relations
+
+        what = f"writing batch {batch_id} to Kafka topic {self.topic!r}"
+        settings = {
+            "topic": self.topic,
+            "bootstrapServers": self.bootstrap_servers,
+            "sinkId": self.sink_id_for(df),
+            "queryId": None,  # not visible to foreachBatch on Connect (the marks' metadata)
+            "config": self.config,
+            "timeoutMs": round(self.timeout_s * 1000),
+            "transactionTimeoutMs": round(self.transaction_timeout_s * 1000),
+            "scope": self.scope.value,
+        }
+        arguments = [batch_id, settings, not self._topic_checked]
+        try:
+            relations.operation(df.sparkSession, "sink.kafka.write", arguments, {"batch": df})
+        except PySparkException as error:
+            mapped = state_error(error)
+            if isinstance(mapped, (KafkaSinkError, BatchAlreadyCommitted)):
+                raise mapped from None
+            text = str(error)
+            if "org/apache/kafka" in text or "org.apache.kafka" in text:
+                raise KafkaSinkError(f"{what}: {_CONNECTOR_HINT} on the Connect server") from None
+            raise KafkaSinkError(
+                f"{what} failed: {text.splitlines()[0] if text else ''}"
+            ) from error
         self._topic_checked = True
 
     def check_topic(self) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from keyedstate.errors import BatchAlreadyCommitted
+from keyedstate.spark_connect import is_connect
 
 if TYPE_CHECKING:  # pyspark is only needed once a batch is written
     from pyspark.sql import DataFrame, Row
@@ -127,6 +128,14 @@ class TwoPhaseCommitSink(ABC, Generic[TXN]):
         """The sink id of the batch ``df``: the given one, else the streaming query's id."""
         if self.sink_id is not None:
             return self.sink_id
+        if is_connect(df):
+            # foreachBatch runs in the Connect server's Python process, which Spark does not tell
+            # the query's id (the batch's session is the query's, its thread is not).
+            raise ValueError(
+                f"{type(self).__name__}: on Spark Connect give the sink a stable sink_id "
+                "(e.g. the query's name): the streaming query's id is not visible to "
+                "foreachBatch there"
+            )
         query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
         if not query_id:
             raise ValueError(

@@ -346,6 +346,11 @@ def _connect_server(args: argparse.Namespace) -> int:
         **_session.application_settings(settings),
         **{k: v for k, v in settings.items() if k == _session.PROVIDER_CLASS_KEY},
     }
+    if args.kafka:  # as keyedstate.configure(builder, kafka=True) adds it
+        packages = [p for p in settings.get(_session.PACKAGES_KEY, "").split(",") if p.strip()]
+        if _session.KAFKA_CONNECTOR_PACKAGE not in packages:
+            packages.append(_session.KAFKA_CONNECTOR_PACKAGE)
+        settings[_session.PACKAGES_KEY] = ",".join(packages)
     settings.setdefault("spark.connect.grpc.binding.address", args.host)
     settings.setdefault("spark.connect.grpc.binding.port", str(args.port))
     command = [script, "--wait", "--master", args.master]
@@ -442,6 +447,11 @@ def main(argv: list[str] | None = None) -> int:
     server.add_argument("--master", default="local[*]", help="the application's master")
     server.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
+    )
+    server.add_argument(
+        "--kafka",
+        action="store_true",
+        help="add Spark's Kafka connector (the Kafka source and keyedstate's Kafka sink)",
     )
     server.add_argument(
         "--print", action="store_true", help="print the command instead of running it"

@@ -15,6 +15,7 @@ import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.offline.inspect.CheckpointInspector
 import io.keyedstate.offline.rescale.Rescaler
 import io.keyedstate.offline.savepoint.SavepointCommands
+import io.keyedstate.sinks.{KafkaSinkSettings, KafkaSinkWriter}
 
 /**
  * The offline operations by name (the one registry of them): a classic session's Python calls
@@ -38,7 +39,13 @@ object ConnectOperations {
     "savepoint.clearBootstrap" -> ((s, a) => SavepointCommands.clearBootstrap(s, a.text(0))),
     "savepoint.transform" -> ((s, a) => SavepointCommands.transform(s, a.text(0), a.text(1), a.text(2), a.text(3),
       a.text(4), a.frames)),
-    "query.checkpoint" -> ((s, a) => runningCheckpoint(s, a.text(0))))
+    "query.checkpoint" -> ((s, a) => runningCheckpoint(s, a.text(0))),
+    // A Connect client's foreachBatch runs in the server's Python process: its batch comes back
+    // here as a frame (the classic session hands KafkaSinkWriter the batch's DataFrame itself).
+    "sink.kafka.write" -> ((_, a) => {
+      KafkaSinkWriter.write(a.frame("batch"), a.long(0), kafkaSettings(a, 1), a.bool(2))
+      "{}"
+    }))
 
   val Names: Seq[String] = operations.keys.toSeq.sorted
 
@@ -75,6 +82,32 @@ object ConnectOperations {
     }
   }
 
+  /** The Kafka sink's settings, a JSON object at argument `i` (`KafkaSink._settings_fields`). */
+  private def kafkaSettings(a: Arguments, i: Int): KafkaSinkSettings = {
+    val fields = a.fields(i)
+    def field(name: String): JValue = fields.getOrElse(name,
+      throw new IllegalArgumentException(s"the Kafka sink's settings have no '$name'"))
+    def text(name: String): String = field(name) match {
+      case JString(v) => v
+      case JNull => null
+      case other => throw new IllegalArgumentException(s"the Kafka sink's '$name' must be a string, got ${JsonMethods.compact(other)}")
+    }
+    def millis(name: String): Int = field(name) match {
+      case JInt(v) if v.isValidInt => v.toInt
+      case JLong(v) if v.isValidInt => v.toInt
+      case other => throw new IllegalArgumentException(s"the Kafka sink's '$name' must be an int, got ${JsonMethods.compact(other)}")
+    }
+    val config = field("config") match {
+      case JObject(entries) => entries.map {
+        case (k, JString(v)) => k -> v
+        case (k, other) => throw new IllegalArgumentException(s"the Kafka client setting '$k' must be a string, got ${JsonMethods.compact(other)}")
+      }.toMap
+      case other => throw new IllegalArgumentException(s"the Kafka sink's 'config' must be an object, got ${JsonMethods.compact(other)}")
+    }
+    KafkaSinkSettings.create(text("topic"), text("bootstrapServers"), text("sinkId"), text("queryId"), config.asJava,
+      millis("timeoutMs"), millis("transactionTimeoutMs"), text("scope"))
+  }
+
   /** An operation's arguments, each read as the type its entry point takes. */
   private final class Arguments(operation: String, values: List[JValue],
       val frames: java.util.Map[String, DataFrame]) {
@@ -88,7 +121,18 @@ object ConnectOperations {
       case JLong(n) if n.isValidInt => n.toInt
       case _ => throw wrong(i, "an int")
     }
+    def long(i: Int): Long = at(i) match {
+      case JInt(n) if n.isValidLong => n.toLong
+      case JLong(n) => n
+      case _ => throw wrong(i, "a long")
+    }
     def bool(i: Int): Boolean = at(i) match { case JBool(b) => b; case _ => throw wrong(i, "a boolean") }
+    def fields(i: Int): Map[String, JValue] = at(i) match {
+      case JObject(entries) => entries.toMap
+      case _ => throw wrong(i, "a JSON object")
+    }
+    def frame(name: String): DataFrame = Option(frames.get(name)).getOrElse(
+      throw new IllegalArgumentException(s"operation '$operation' needs the DataFrame '$name'"))
   }
 }
 
