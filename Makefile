@@ -63,14 +63,18 @@ test-python: setup
 	$(PY) -m ruff check python tests bench
 	$(PY) -m pytest -v tests
 
-# The Scala suites run beside the Python ones, at a lower CPU priority: the Python suites leave
-# about a fifth of the two cores idle (waiting on processes and servers), which the Scala suites
-# use; their output follows the Python suites'. Fails if either fails.
+# The Scala suites (compiled first) run beside the Python ones, at a lower CPU priority: the
+# Python suites leave about a fifth of the two cores idle (waiting on processes and servers),
+# which the Scala suites use; their output follows the Python suites'. Fails if either fails; an
+# interrupt stops both (the Scala suites run in a process group of their own).
 SCALA_LOG := build/test-scala.log
 test: setup
+	$(SBT) Test/compile
 	@mkdir -p build; rm -f $(SCALA_LOG).rc
-	@( nice -n 10 $(SBT) test > $(SCALA_LOG) 2>&1; echo $$? > $(SCALA_LOG).rc ) & scala=$$!; \
+	@set -m; ( nice -n 10 $(SBT) test > $(SCALA_LOG) 2>&1; echo $$? > $(SCALA_LOG).rc ) & scala=$$!; set +m; \
+	  trap 'kill -TERM -- -'$$scala' 2>/dev/null; exit 130' INT TERM; \
 	  $(PY) -m ruff check python tests bench && $(PY) -m pytest -v tests; python_rc=$$?; wait $$scala; \
+	  trap - INT TERM; \
 	  echo "--- the Scala suites ($(SCALA_LOG)) ---"; cat $(SCALA_LOG); \
 	  scala_rc=$$(cat $(SCALA_LOG).rc 2>/dev/null || echo 1); \
 	  echo "Scala suites: exit $$scala_rc; Python suites: exit $$python_rc"; \

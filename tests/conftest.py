@@ -23,8 +23,8 @@ from tests.support.streaming_harness import (  # noqa: E402
     PROVIDER_UNDER_TEST,
     REFERENCE_PROVIDER,
     TEST_SETTINGS,
+    extra_jars,
     session_builder,
-    test_jars,
 )
 
 # Python workers (applyInPandasWithState) must run the interpreter that runs the tests.
@@ -85,39 +85,47 @@ def connect_server() -> Iterator[object]:
     tests/support/servers/connect_server.py), started on first use and stopped after the session."""
     from tests.support.servers.connect_server import ConnectServer
 
-    settings = {**TEST_SETTINGS, "spark.jars": ",".join(test_jars())}
+    settings = {**TEST_SETTINGS, "spark.jars": ",".join(extra_jars())}
     yield from _running(ConnectServer(settings=settings))
 
 
 @pytest.fixture(scope="session")
 def connect_session(connect_server: Any) -> Iterator[Any]:  # noqa: ANN401
     """A Spark Connect client session of ``connect_server``, for the whole test session."""
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
+    from tests.support.connect_mode import connect_session as new_session
 
-    session = ConnectSession.builder.remote(connect_server.url).getOrCreate()
+    session = new_session(connect_server.url)
     yield session
     session.stop()
 
 
-# PySpark's functions and column helpers build Connect expressions while this is set. PySpark
-# sets it for the whole process once a Connect session is made through SparkSession.builder; the
-# tests set it only around a test that uses the Connect session, so the classic tests of the
-# same process still get classic ones.
-_CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
+@pytest.fixture(scope="session", params=["classic", "connect"])
+def spark_mode(request: pytest.FixtureRequest) -> str:
+    """The state API's and the supervisor's tests run in both modes: a folder's conftest
+    (tests/api, tests/runtime) makes its session fixture depend on this."""
+    return str(request.param)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselects the Connect runs of the tests marked ``classic_only``."""
+    kept, dropped = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        on_connect = callspec is not None and callspec.params.get("spark_mode") == "connect"
+        (dropped if on_connect and item.get_closest_marker("classic_only") else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture
 def connect_spark(connect_session: Any) -> Iterator[Any]:  # noqa: ANN401
-    """The Connect session, with PySpark in Connect mode for the test."""
-    before = os.environ.get(_CONNECT_MODE)
-    os.environ[_CONNECT_MODE] = "1"
-    try:
+    """The Connect session, with PySpark in Connect mode for the test
+    (tests/support/connect_mode.py)."""
+    from tests.support.connect_mode import connect_mode
+
+    with connect_mode():
         yield connect_session
-    finally:
-        if before is None:
-            os.environ.pop(_CONNECT_MODE, None)
-        else:
-            os.environ[_CONNECT_MODE] = before
 
 
 @pytest.fixture(scope="session")

@@ -52,6 +52,7 @@ __all__ = [
     "RescaleError",
     "StateSchemaError",
     "StateStoreError",
+    "SuppressRestartsException",
     "error_class",
     "from_java",
     "java_causes",
@@ -94,6 +95,14 @@ class CheckpointOperationError(KeyedStateError, RuntimeError):
     """A rescale, inspect, ``state.read`` or savepoint operation refused or failed; the message
     says why. A failure with a keyedstate identifier is also an instance of its family's class
     (a refused rescale is a ``RescaleError`` and a ``CheckpointOperationError``)."""
+
+
+class SuppressRestartsException(Exception):  # noqa: N818 - Flink's name
+    """A failure no restart can fix (``keyedstate.run``'s supervisor, docs/exactly-once.md).
+    Raise it (in the query builder or in a ``foreachBatch`` function) to fail the supervised
+    query without restarts, as Flink's ``SuppressRestartsException``. In ``foreachBatch``, raise
+    this class itself (``raise SuppressRestartsException("...") from error``): Spark passes the
+    Python error on as text, and the supervisor finds this class's name in it."""
 
 
 def error_class(error_id: str) -> type[KeyedStateError]:

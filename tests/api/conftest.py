@@ -12,23 +12,6 @@ import pytest
 from pyspark.sql import SparkSession
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselects the Connect runs of the tests marked ``classic_only``."""
-    kept, dropped = [], []
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        on_connect = callspec is not None and callspec.params.get("spark_mode") == "connect"
-        (dropped if on_connect and item.get_closest_marker("classic_only") else kept).append(item)
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
-
-
-@pytest.fixture(scope="session", params=["classic", "connect"])
-def spark_mode(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 @pytest.fixture
 def spark(spark: SparkSession, spark_mode: str, request: pytest.FixtureRequest) -> Iterator[Any]:
     """The classic session, or the Connect session with PySpark in Connect mode for the test."""

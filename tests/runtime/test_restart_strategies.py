@@ -9,6 +9,7 @@ import datetime as dt
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -394,8 +395,7 @@ def test_a_user_stop_of_the_query_ends_the_run_without_restart(
 ) -> None:
     spark = clean
     source = input_files(tmp_path / "in", FILES[:1])
-    started = threading.Event()
-    sink = FlakySink(after=lambda call, batch: started.set())
+    sink = FlakySink()
     listener = RecordingListener()
     supervisor = keyedstate.Supervisor(
         lambda: writer(spark, source, tmp_path / "ck", sink)
@@ -403,8 +403,10 @@ def test_a_user_stop_of_the_query_ends_the_run_without_restart(
         keyedstate.fixed_delay_restart(5, 0), listener, poll_interval=POLL,
     )
 
-    def stop_the_query() -> None:  # as a user would, from another thread
-        started.wait(60)
+    def stop_the_query() -> None:  # as a user would, from another thread, after a batch
+        deadline = time.monotonic() + 60
+        while (sink.calls == 0 or supervisor.query is None) and time.monotonic() < deadline:
+            time.sleep(0.05)
         query = supervisor.query
         assert query is not None
         query.stop()
@@ -420,6 +422,7 @@ def test_a_user_stop_of_the_query_ends_the_run_without_restart(
     assert supervisor.restarts == 0
 
 
+@pytest.mark.classic_only("py4j's own error; no query")
 def test_an_interrupt_py4j_masks_is_still_an_interrupt(clean: SparkSession) -> None:
     """Ctrl-C during a JVM call can reach the caller as py4j's own error, with the interrupt as
     its context (py4j fails to shut the interrupted connection down): the supervisor stops as
@@ -443,6 +446,7 @@ def test_an_interrupt_py4j_masks_is_still_an_interrupt(clean: SparkSession) -> N
     assert listener.kinds() == ["terminated"]
 
 
+@pytest.mark.classic_only("the foreachBatch function interrupts the test's own main thread")
 def test_keyboard_interrupt_stops_the_query_and_propagates(
     clean: SparkSession, tmp_path: Path
 ) -> None:

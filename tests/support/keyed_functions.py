@@ -44,6 +44,16 @@ class CountSum(KeyedProcessFunction):
         return value.key, cnt, total
 
 
+def last_per_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A batch of ``CountSum``'s rows as an aggregation in update mode emits it: each key's last
+    row (its largest count), sorted by key."""
+    last: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row["key"] not in last or row["cnt"] > last[row["key"]]["cnt"]:
+            last[row["key"]] = row
+    return sorted(last.values(), key=lambda r: r["key"])
+
+
 class CountsProcessed(CheckpointedFunction):
     """Operator state: how many elements the partition processed, ``processed`` (a function
     adds 1 per element), kept in the operator list state ``processed`` and restored as the sum

@@ -72,7 +72,7 @@ TEST_SETTINGS = {
 }
 
 
-def test_jars() -> list[str]:
+def extra_jars() -> list[str]:
     """Spark's Kafka source and sink, when `make connectors` fetched them (tests/sinks/), and
     s3a, when `make storage` fetched it (tests/storage/): jars load only at start."""
     return [
@@ -98,9 +98,9 @@ def session_builder(app_name: str, provider: str = PROVIDER_UNDER_TEST) -> Spark
             builder = keyedstate.configure(builder)
         except FileNotFoundError:
             pass
-    if test_jars():
+    if extra_jars():
         jars = [j for j in str(builder._options.get("spark.jars", "")).split(",") if j]
-        builder = builder.config("spark.jars", ",".join(jars + test_jars()))
+        builder = builder.config("spark.jars", ",".join(jars + extra_jars()))
     for key, value in json.loads(os.environ.get(HADOOP_CONF_ENV, "{}")).items():
         builder = builder.config(f"spark.hadoop.{key}", value)
     return builder.config(PROVIDER_CLASS_KEY, provider)

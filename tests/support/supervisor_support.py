@@ -5,6 +5,7 @@ and a listener that records its callbacks in order."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,8 @@ class FlakySink:
     """Collects batches, but on the calls numbered in ``fail`` (1-based, over all attempts) it
     raises after collecting (the batch's state was already committed by its tasks), and on the
     calls in ``stall`` it first waits ``stall_s``, or until ``release`` is set (a listener sets
-    it when the stall is noticed, so tests with long timeouts do not wait for nothing)."""
+    it when the stall is noticed, so tests with long timeouts do not wait for nothing; in the
+    test's process only: classic sessions)."""
 
     def __init__(
         self,
@@ -97,13 +99,25 @@ class FlakySink:
         ))
         self.after = after
         self.release = threading.Event()
-        self.calls = 0
-        self.lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled into the Connect server's Python process, whose copy gets an Event of its own.
+        return {k: v for k, v in self.__dict__.items() if k != "release"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, release=threading.Event())
+
+    @property
+    def calls(self) -> int:
+        """How many times it was called, over every attempt (counted in the collector's folder:
+        on Spark Connect each attempt calls its own copy in the server's Python process)."""
+        log = self.collector.directory / "sink-calls"
+        return len(log.read_text()) if log.exists() else 0
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        with self.lock:
-            self.calls += 1
-            call = self.calls
+        with open(self.collector.directory / "sink-calls", "a") as log:
+            log.write("+")  # one query calls it from one thread at a time
+        call = self.calls
         if call in self.stall:
             self.release.clear()
             self.release.wait(self.stall_s)
@@ -151,3 +165,20 @@ def no_query_left(spark: SparkSession) -> None:
     """Stop anything a failed assertion left running, so the next test starts clean."""
     for query in spark.streams.active:
         query.stop()
+
+
+def stop_when(supervisor: keyedstate.Supervisor, condition: Callable[[], bool]) -> threading.Thread:
+    """Stops ``supervisor`` as a user would, from another thread, once ``condition()`` holds
+    (polled: a sink's own callback cannot reach the test's process on Spark Connect)."""
+
+    def stop() -> None:
+        deadline = time.monotonic() + 120
+        while not (condition() and supervisor.query is not None):
+            if time.monotonic() > deadline:
+                break  # stop anyway: the test's assertions say what did not happen
+            time.sleep(0.02)
+        supervisor.stop()
+
+    thread = threading.Thread(target=stop, daemon=True)
+    thread.start()
+    return thread

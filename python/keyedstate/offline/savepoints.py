@@ -133,7 +133,7 @@ def stop_with_savepoint(
     if is_connect(query):
         # The query runs in the server's session of the client's: the savepoint is taken there.
         spark = query._session
-        checkpoint = operation(spark, "query.checkpoint", str(query.id))
+        checkpoint = json.loads(operation(spark, "query.info", str(query.id)))["checkpoint"]
         query.stop()
         return savepoint(spark, checkpoint, target, format=format)
     checkpoint = query._jsq.streamingQuery().resolvedCheckpointRoot()

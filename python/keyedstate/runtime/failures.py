@@ -14,6 +14,7 @@ and JVM (``getCause``), because Spark wraps the error that matters in ``STREAM_F
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,12 @@ from pyspark.errors import AnalysisException, PySparkException
 from pyspark.errors import IllegalArgumentException as PySparkIllegalArgumentException
 
 from keyedstate._error_catalog import KEYED_FUNCTION_COMPLETE_MODE
-from keyedstate.errors import java_causes, java_interfaces, python_causes
+from keyedstate.errors import (
+    SuppressRestartsException,
+    java_causes,
+    java_interfaces,
+    python_causes,
+)
 
 __all__ = [
     "CHECKPOINT_FAILURE_CONDITIONS",
@@ -35,13 +41,6 @@ __all__ = [
     "classify",
     "summarize",
 ]
-
-
-class SuppressRestartsException(Exception):  # noqa: N818 - Flink's name
-    """Raise it (in the query builder or in a ``foreachBatch`` function) to fail the supervised
-    query without restarts, as Flink's ``SuppressRestartsException``. In ``foreachBatch``, raise
-    this class itself (``raise SuppressRestartsException("...") from error``): Spark passes the
-    Python error on as text, and the supervisor finds this class's name in it."""
 
 
 class CheckpointTimeoutError(RuntimeError):
@@ -157,6 +156,36 @@ def _jvm_links(throwable: Any) -> Iterator[_Link]:  # noqa: ANN401 - a py4j Java
         )
 
 
+# A JVM error as Spark Connect's client gets it, as text: its message (after the class in
+# parentheses, for a class PySpark has no exception for) and the server's stack trace, whose
+# "Caused by: <class>: [CONDITION] message" lines are the cause chain.
+_CONNECT_CAUSE = re.compile(
+    r"^(?:Caused by: |\()?([a-z][\w$]*(?:\.[\w$]+)+)(?:: |\) |$)(?:\[([A-Z][A-Z0-9_.]*)\] )?(.*)$",
+    re.MULTILINE,
+)
+# The JVM classes a failure of a bad setting or query is often of, by the class of
+# NON_RETRIABLE_JVM_CLASSES they extend (the text names the class, not its superclasses).
+_JVM_PARENTS = {
+    "io.keyedstate.errors.KeyedStateArgumentException": "java.lang.IllegalArgumentException",
+    "org.apache.spark.SparkIllegalArgumentException": "java.lang.IllegalArgumentException",
+    "java.lang.NumberFormatException": "java.lang.IllegalArgumentException",
+    "java.util.regex.PatternSyntaxException": "java.lang.IllegalArgumentException",
+    "org.apache.spark.sql.catalyst.ExtendedAnalysisException": (
+        "org.apache.spark.sql.AnalysisException"
+    ),
+}
+
+
+def _connect_links(link: BaseException) -> Iterator[_Link]:
+    """The JVM cause chain of a Spark Connect error, read from its text."""
+    texts = [str(link), str(getattr(link, "_stacktrace", None) or "")]
+    for text in texts:
+        for found in _CONNECT_CAUSE.finditer(text):
+            cls, condition, message = found.groups()
+            classes = (cls, _JVM_PARENTS[cls]) if cls in _JVM_PARENTS else (cls,)
+            yield _Link(classes, condition, message)
+
+
 def _links(error: BaseException, jvm_error: Any) -> Iterator[_Link]:  # noqa: ANN401
     for link in python_causes(error):
         condition = link.getCondition() if isinstance(link, PySparkException) else None
@@ -164,6 +193,8 @@ def _links(error: BaseException, jvm_error: Any) -> Iterator[_Link]:  # noqa: AN
         origin = getattr(link, "_origin", None)
         if origin is not None:
             yield from _jvm_links(origin)
+        if type(link).__module__.startswith("pyspark.errors.exceptions.connect"):
+            yield from _connect_links(link)
     if jvm_error is not None:
         yield from _jvm_links(jvm_error)
 

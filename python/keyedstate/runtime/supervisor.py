@@ -35,6 +35,7 @@ from keyedstate.runtime.failures import (
 )
 from keyedstate.runtime.listener import SupervisorListener
 from keyedstate.runtime.restart import DEFAULT_RESTART_STRATEGY, RestartStrategy
+from keyedstate.spark_connect import is_connect, is_connect_instance
 
 __all__ = ["QueryBuilder", "Supervisor", "run"]
 
@@ -97,18 +98,46 @@ def _committed_a_batch(query: StreamingQuery) -> bool:
     return False
 
 
-def _trigger(query: StreamingQuery) -> str | None:
-    try:
-        return str(query._jsq.streamingQuery().trigger().toString())
-    except Exception:  # noqa: BLE001 - internal API; callers treat None as unknown
-        return None
+def _is_query(built: object) -> bool:
+    return isinstance(built, StreamingQuery) or is_connect_instance(built, "StreamingQuery")
 
 
-def _checkpoint_root(query: StreamingQuery) -> str | None:
+def _is_writer(built: object) -> bool:
+    return isinstance(built, DataStreamWriter) or is_connect_instance(built, "DataStreamWriter")
+
+
+def _on_server(session: Any, name: str, *arguments: object) -> Any:  # noqa: ANN401 - JSON
+    """Operation ``name`` of the Spark Connect server behind ``session`` (a Connect client's
+    query runs there, out of py4j's reach): its JSON answer, decoded."""
+    from keyedstate.spark_connect import relations
+
+    return json.loads(relations.operation(session, name, list(arguments)))
+
+
+@dataclass(frozen=True)
+class _RunningQuery:
+    """What the supervisor reads of a running query: its checkpoint and its trigger."""
+
+    checkpoint: str | None = None
+    trigger: str | None = None  # e.g. ProcessingTimeTrigger(1000), AvailableNowTrigger
+
+
+def _running_query(query: StreamingQuery) -> _RunningQuery:
     try:
-        return str(query._jsq.streamingQuery().resolvedCheckpointRoot())
-    except Exception:  # noqa: BLE001 - internal API; callers treat None as unknown
-        return None
+        if is_connect(query):
+            info = _on_server(query._session, "query.info", str(query.id))
+            return _RunningQuery(str(info["checkpoint"]), str(info["trigger"]))
+        running = query._jsq.streamingQuery()
+        return _RunningQuery(
+            str(running.resolvedCheckpointRoot()), str(running.trigger().toString())
+        )
+    except Exception as error:  # noqa: BLE001 - internal API; callers treat None as unknown
+        log.warning(
+            "could not read the checkpoint and trigger of streaming query %s: %s",
+            _label(query),
+            summarize(error),
+        )
+        return _RunningQuery()
 
 
 def _hadoop_path(location: str) -> tuple[Any, Any]:  # the file system and the qualified path
@@ -118,6 +147,13 @@ def _hadoop_path(location: str) -> tuple[Any, Any]:  # the file system and the q
     path = sc._jvm.org.apache.hadoop.fs.Path(location)
     fs = path.getFileSystem(sc._jsc.hadoopConfiguration())
     return fs, fs.makeQualified(path)
+
+
+def _qualified(location: str, connect_session: Any) -> str:  # noqa: ANN401 - a Connect session
+    """``location`` as the query's file system names it (scheme and authority added)."""
+    if connect_session is not None:
+        return str(_on_server(connect_session, "checkpoint.qualify", location))
+    return str(_hadoop_path(location)[1].toString())
 
 
 class Supervisor:
@@ -164,7 +200,9 @@ class Supervisor:
                 "checkpoint_config must be a keyedstate.CheckpointConfig, got "
                 f"{checkpoint_config!r}"
             )
-        if spark is not None and not isinstance(spark, SparkSession):
+        if spark is not None and not (
+            isinstance(spark, SparkSession) or is_connect_instance(spark, "SparkSession")
+        ):
             raise TypeError(f"spark must be a SparkSession, got {spark!r}")
         if (
             isinstance(poll_interval, bool)
@@ -190,6 +228,8 @@ class Supervisor:
         self._ran = False
         self._query: StreamingQuery | None = None
         self._checkpoint: str | None = None
+        self._running = _RunningQuery()  # of the latest start
+        self._connect_session: Any = None  # a Spark Connect client's query: its session
         self.restarts = 0
         # The latest failures, newest last (bounded: exponential delay restarts forever).
         self.failures: deque[BaseException] = deque(maxlen=100)
@@ -280,7 +320,7 @@ class Supervisor:
                 raise KeyboardInterrupt from error
             return _Outcome(_End.FAILED, error=error, while_starting=True)
         self._query = query
-        self._checkpoint = _checkpoint_root(query) or self._checkpoint
+        self._checkpoint = self._running.checkpoint or self._checkpoint
         log.info("started streaming query %s (attempt %d)", _label(query), self.restarts)
         self._notify("on_start", query, self.restarts)
         return self._watch(query)
@@ -296,14 +336,17 @@ class Supervisor:
             )
         self._config.apply(session)
 
-    def _start(self, built: object) -> StreamingQuery:
-        if isinstance(built, DataStreamWriter):
-            return (self._config.apply(built) if self._config else built).start()
-        if not isinstance(built, StreamingQuery):
+    def _start(self, built: Any) -> StreamingQuery:  # noqa: ANN401 - a writer or a query
+        if _is_writer(built):
+            query = (self._config.apply(built) if self._config else built).start()
+            self._started(query)
+            return query
+        if not _is_query(built):
             raise TypeError(
                 "query_builder must return a started StreamingQuery or a DataStreamWriter, got "
                 f"{type(built).__name__}"
             )
+        self._started(built)
         try:
             self._check_config_applied(built)
         except Exception:
@@ -311,12 +354,20 @@ class Supervisor:
             raise
         return built
 
+    def _started(self, query: StreamingQuery) -> None:
+        """Reads what the supervisor needs of a query while it runs (on Connect, the server
+        answers only about running queries)."""
+        self._query = query  # stopped by an interrupt from here on
+        if is_connect(query):
+            self._connect_session = query._session
+        self._running = _running_query(query)
+
     def _check_config_applied(self, query: StreamingQuery) -> None:
         """A query started by the builder must carry the config's trigger and location."""
         if self._config is None:
             return
         interval = self._config.get_checkpoint_interval()
-        trigger = _trigger(query)
+        trigger = self._running.trigger
         if interval is not None and trigger is not None:
             if trigger != f"ProcessingTimeTrigger({interval})":
                 raise ValueError(
@@ -326,9 +377,9 @@ class Supervisor:
                     "query builder"
                 )
         storage = self._config.get_checkpoint_storage_dir()
-        root = _checkpoint_root(query)
+        root = self._running.checkpoint
         if storage is not None and root is not None:
-            expected = str(_hadoop_path(storage)[1].toString()).rstrip("/")
+            expected = _qualified(storage, self._connect_session).rstrip("/")
             if root.rstrip("/") != expected:
                 raise ValueError(
                     f"CheckpointConfig sets the checkpoint storage {expected} but query "
@@ -352,8 +403,14 @@ class Supervisor:
                 query.stop()
             try:
                 done = query.awaitTermination(self._poll)
-            except PySparkException:
+            except PySparkException as error:
                 done = True  # it failed; the error is read below
+                if is_connect(query):
+                    # Also a lost server or session: only the query's own end says it ended.
+                    try:
+                        done = not query.isActive
+                    except PySparkException:
+                        return _Outcome(_End.FAILED, query, error)  # the server is unreachable
             if done or not query.isActive:
                 return self._terminated(query, timed_out)
             if watch is not None and timed_out is None:
@@ -398,18 +455,22 @@ class Supervisor:
 
     def _terminated(self, query: StreamingQuery, timed_out: BaseException | None) -> _Outcome:
         committed = _committed_a_batch(query)
-        jvm_error = query._jsq.exception()
         if timed_out is not None:
             return _Outcome(_End.FAILED, query, timed_out, committed=committed)
-        if jvm_error.isDefined():
-            error = query.exception()
-            assert error is not None
-            return _Outcome(_End.FAILED, query, error, jvm_error.get(), committed=committed)
+        if is_connect(query):
+            # The JVM's exception stays on the server: its condition and text came with it.
+            error, jvm_error = query.exception(), None
+        else:
+            failure = query._jsq.exception()
+            error = query.exception() if failure.isDefined() else None
+            jvm_error = failure.get() if failure.isDefined() else None
+        if error is not None:
+            return _Outcome(_End.FAILED, query, error, jvm_error, committed=committed)
         if self._stop.is_set():
             return _Outcome(_End.CANCELLED, query)
         # Ended without error and without stop(): a one-shot trigger finished, or the user called
         # query.stop() on a repeating one.
-        trigger = _trigger(query) or "OneTimeTrigger"  # unknown: assume finished (keep)
+        trigger = self._running.trigger or "OneTimeTrigger"  # unknown: assume finished (keep)
         one_shot = "AvailableNow" in trigger or "OneTime" in trigger
         return _Outcome(_End.FINISHED if one_shot else _End.CANCELLED, query)
 
@@ -436,11 +497,17 @@ class Supervisor:
         # nothing, whatever the config names.
         location = self._checkpoint
         if location is None:
-            log.warning("DELETE_ON_CANCELLATION: no query was started; no checkpoint deleted")
+            what = "no query was started" if self._query is None else "its checkpoint is unknown"
+            log.warning("DELETE_ON_CANCELLATION: %s; no checkpoint deleted", what)
             return
-        fs, path = _hadoop_path(location)
-        if fs.exists(path) and not fs.delete(path, True):
-            raise RuntimeError(f"DELETE_ON_CANCELLATION: could not delete checkpoint {location}")
+        if self._connect_session is not None:
+            _on_server(self._connect_session, "checkpoint.delete", location)
+        else:
+            fs, path = _hadoop_path(location)
+            if fs.exists(path) and not fs.delete(path, True):
+                raise RuntimeError(
+                    f"DELETE_ON_CANCELLATION: could not delete checkpoint {location}"
+                )
         log.info("deleted checkpoint %s (DELETE_ON_CANCELLATION)", location)
 
     def _final(self, error: BaseException, reason: str, retriable: bool) -> QueryFailedError:

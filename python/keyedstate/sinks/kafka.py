@@ -56,6 +56,10 @@ RESERVED_CONFIG = {
     "key.serializer",
     "value.serializer",
 }
+# A Connect error's text saying the server has no Kafka client (its message or stack trace).
+_MISSING_KAFKA_CLASS = re.compile(
+    r"(?:NoClassDefFoundError|ClassNotFoundException)\)?:? *org[./]apache[./]kafka"
+)
 _CONNECTOR_HINT = (
     "the Kafka sink needs kafka-clients on Spark's classpath: build the session with "
     "keyedstate.configure(builder, kafka=True), which adds Spark's Kafka connector and its client"
@@ -201,11 +205,11 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
             if isinstance(mapped, (KafkaSinkError, BatchAlreadyCommitted)):
                 raise mapped from None
             text = str(error)
-            if "org/apache/kafka" in text or "org.apache.kafka" in text:
-                raise KafkaSinkError(f"{what}: {_CONNECTOR_HINT} on the Connect server") from None
-            raise KafkaSinkError(
-                f"{what} failed: {text.splitlines()[0] if text else ''}"
-            ) from error
+            first = text.splitlines()[0] if text else ""
+            if _MISSING_KAFKA_CLASS.search(text):
+                hint = f"{what}: {_CONNECTOR_HINT} on the Connect server ({first})"
+                raise KafkaSinkError(hint) from None
+            raise KafkaSinkError(f"{what} failed: {first}") from error
         self._topic_checked = True
 
     def check_topic(self) -> None:

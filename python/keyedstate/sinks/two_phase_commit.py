@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from keyedstate.errors import BatchAlreadyCommitted
+from keyedstate.errors import BatchAlreadyCommitted, SuppressRestartsException
 from keyedstate.spark_connect import is_connect
 
 if TYPE_CHECKING:  # pyspark is only needed once a batch is written
@@ -129,9 +129,10 @@ class TwoPhaseCommitSink(ABC, Generic[TXN]):
         if self.sink_id is not None:
             return self.sink_id
         if is_connect(df):
-            # foreachBatch runs in the Connect server's Python process, which Spark does not tell
-            # the query's id (the batch's session is the query's, its thread is not).
-            raise ValueError(
+            # foreachBatch runs in the Connect server's Python process, on a session Spark clones
+            # for the query, and nothing tells it the query's id. No restart fixes that: the
+            # supervisor must not retry.
+            raise SuppressRestartsException(
                 f"{type(self).__name__}: on Spark Connect give the sink a stable sink_id "
                 "(e.g. the query's name): the streaming query's id is not visible to "
                 "foreachBatch there"

@@ -8,10 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["is_connect"]
+__all__ = ["is_connect", "is_connect_instance"]
 
 
 def is_connect(frame: Any) -> bool:  # noqa: ANN401 - a DataFrame or a SparkSession of either kind
     """Whether ``frame`` (a DataFrame or a SparkSession) belongs to a Spark Connect session,
     told without importing PySpark's Connect client."""
     return type(frame).__module__.startswith("pyspark.sql.connect.")
+
+
+def is_connect_instance(obj: Any, name: str) -> bool:  # noqa: ANN401 - any object
+    """Whether ``obj`` is an instance of PySpark's Connect class ``name`` (``StreamingQuery``,
+    ``DataStreamWriter``, ``SparkSession``: not subclasses of the classic ones), told without
+    importing PySpark's Connect client."""
+    return is_connect(obj) and any(
+        cls.__name__ == name and cls.__module__.startswith("pyspark.sql.connect.")
+        for cls in type(obj).__mro__
+    )

@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from tests.support.keyed_functions import CountSum
+from tests.support.keyed_functions import CountSum, last_per_key
 from tests.support.streaming_harness import (
     PROVIDER_UNDER_TEST,
     await_finished,
@@ -51,14 +51,6 @@ def write_batch(output_dir: Path, batch_id: int, rows: list) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, final)
-
-
-def last_per_key(rows: list) -> list:
-    last: dict = {}
-    for row in rows:
-        if row["key"] not in last or row["cnt"] > last[row["key"]]["cnt"]:
-            last[row["key"]] = row
-    return sorted(last.values(), key=lambda r: r["key"])
 
 
 def main(argv: list[str]) -> int:

@@ -47,7 +47,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from tests.support.keyed_functions import CountSum
+from tests.support.keyed_functions import CountSum, last_per_key
 from tests.support.servers.spark_standalone import executor_pids, job_builder
 
 SCHEMA = StructType([StructField("key", StringType()), StructField("v", LongType())])
@@ -128,15 +128,6 @@ def build(engine: str, events: DataFrame, slow_s: float, attempts: str) -> DataF
     # shuffle's map side); it runs in the stateful task, after the state store's save.
     passes_udf = F.udf(passes, "boolean").asNondeterministic()
     return counts.filter(passes_udf("key"))
-
-
-def last_per_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The keyed function emits per element; a batch's result is each key's last row."""
-    last: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        if row["key"] not in last or row["cnt"] > last[row["key"]]["cnt"]:
-            last[row["key"]] = row
-    return sorted(last.values(), key=lambda r: r["key"])
 
 
 class Run:

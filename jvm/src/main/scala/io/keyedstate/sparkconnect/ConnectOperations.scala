@@ -2,6 +2,7 @@ package io.keyedstate.sparkconnect
 
 import scala.jdk.CollectionConverters._
 
+import org.apache.hadoop.fs.{FileSystem, Path}
 import org.apache.spark.sql.{DataFrame, Row, SparkSession}
 import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeReference}
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
@@ -39,7 +40,9 @@ object ConnectOperations {
     "savepoint.clearBootstrap" -> ((s, a) => SavepointCommands.clearBootstrap(s, a.text(0))),
     "savepoint.transform" -> ((s, a) => SavepointCommands.transform(s, a.text(0), a.text(1), a.text(2), a.text(3),
       a.text(4), a.frames)),
-    "query.checkpoint" -> ((s, a) => runningCheckpoint(s, a.text(0))),
+    "query.info" -> ((s, a) => runningQueryInfo(s, a.text(0))),
+    "checkpoint.qualify" -> ((s, a) => JsonMethods.compact(JString(qualified(s, a.text(0))._2.toString))),
+    "checkpoint.delete" -> ((s, a) => deleteCheckpoint(s, a.text(0))),
     // A Connect client's foreachBatch runs in the server's Python process: its batch comes back
     // here as a frame (the classic session hands KafkaSinkWriter the batch's DataFrame itself).
     "sink.kafka.write" -> ((_, a) => {
@@ -70,19 +73,48 @@ object ConnectOperations {
     case other => throw new IllegalArgumentException(s"an operation's arguments are a JSON array, not ${JsonMethods.compact(other)}")
   }
 
-  /** The checkpoint of the session's running query `id` (to stop it with a savepoint). */
-  private def runningCheckpoint(session: SparkSession, id: String): String = {
+  /**
+   * A running query of the session: its checkpoint (to stop it with a savepoint, to delete it on
+   * cancellation) and its trigger (whether its end without error was a finish or a stop), as
+   * JSON `{"checkpoint": ..., "trigger": ...}`.
+   */
+  private def runningQueryInfo(session: SparkSession, id: String): String = {
     val query = Option(session.streams.get(id)).getOrElse(throw KeyedStateErrors.badArgument(
-      ErrorId.QueryCheckpointInvalid, s"query $id does not run in this session: stop_with_savepoint takes a running " +
-        "query's; take keyedstate.savepoint(spark, <its checkpoint>, <target>) of a stopped one"))
+      ErrorId.QueryCheckpointInvalid, s"query $id does not run in this session: stop_with_savepoint and the " +
+        "supervisor read a running query's checkpoint; take keyedstate.savepoint(spark, <its checkpoint>, " +
+        "<target>) of a stopped one"))
     query match {
       case wrapper: org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper =>
-        wrapper.streamingQuery.resolvedCheckpointRoot
+        val running = wrapper.streamingQuery
+        JsonMethods.compact(JObject(
+          "checkpoint" -> JString(running.resolvedCheckpointRoot),
+          "trigger" -> JString(running.trigger.toString)))
       case other => throw new IllegalStateException(s"query $id is a ${other.getClass.getName}")
     }
   }
 
-  /** The Kafka sink's settings, a JSON object at argument `i` (`KafkaSink._settings_fields`). */
+  private def qualified(session: SparkSession, location: String): (FileSystem, Path) = {
+    val path = new Path(location)
+    val fs = path.getFileSystem(session.sessionState.newHadoopConf())
+    (fs, fs.makeQualified(path))
+  }
+
+  /**
+   * Deletes the streaming checkpoint at `location` (the supervisor's DELETE_ON_CANCELLATION of a
+   * Connect client's query): a folder without a query's offset log or metadata is refused, since
+   * the client names it; `{"deleted": false}` when there is nothing there.
+   */
+  private def deleteCheckpoint(session: SparkSession, location: String): String = {
+    val (fs, path) = qualified(session, location)
+    if (!fs.exists(path)) return """{"deleted":false}"""
+    if (!fs.exists(new Path(path, "offsets")) && !fs.exists(new Path(path, "metadata")))
+      throw KeyedStateErrors.badArgument(ErrorId.QueryCheckpointInvalid,
+        s"$path is not a streaming query's checkpoint (no offsets folder, no metadata file): not deleted")
+    if (!fs.delete(path, true)) throw new java.io.IOException(s"could not delete checkpoint $path")
+    """{"deleted":true}"""
+  }
+
+  /** The Kafka sink's settings, a JSON object at argument `i` (`KafkaSink._write_on_connect`). */
   private def kafkaSettings(a: Arguments, i: Int): KafkaSinkSettings = {
     val fields = a.fields(i)
     def field(name: String): JValue = fields.getOrElse(name,
