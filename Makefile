@@ -63,15 +63,16 @@ test-python: setup
 	$(PY) -m ruff check python tests bench
 	$(PY) -m pytest -v tests
 
-# The Scala suites (compiled first) run beside the Python ones, at a lower CPU priority: the
+# The Scala suites (compiled first) run beside the Python ones, at the lowest CPU priority: the
 # Python suites leave about a fifth of the two cores idle (waiting on processes and servers),
-# which the Scala suites use; their output follows the Python suites'. Fails if either fails; an
-# interrupt stops both (the Scala suites run in a process group of their own).
+# which the Scala suites use, and keep the rest (a Spark Connect foreachBatch worker has a fixed
+# 10 s to start). Their output follows the Python suites'. Fails if either fails; an interrupt
+# stops both (the Scala suites run in a process group of their own).
 SCALA_LOG := build/test-scala.log
 test: setup
 	$(SBT) Test/compile
 	@mkdir -p build; rm -f $(SCALA_LOG).rc
-	@set -m; ( nice -n 10 $(SBT) test > $(SCALA_LOG) 2>&1; echo $$? > $(SCALA_LOG).rc ) & scala=$$!; set +m; \
+	@set -m; ( nice -n 19 $(SBT) test > $(SCALA_LOG) 2>&1; echo $$? > $(SCALA_LOG).rc ) & scala=$$!; set +m; \
 	  trap 'kill -TERM -- -'$$scala' 2>/dev/null; exit 130' INT TERM; \
 	  $(PY) -m ruff check python tests bench && $(PY) -m pytest -v tests; python_rc=$$?; wait $$scala; \
 	  trap - INT TERM; \

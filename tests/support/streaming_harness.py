@@ -321,8 +321,13 @@ def run_phase(
 ) -> dict[str, StreamingQuery]:
     """One phase: ``phase[source]``'s files added to each run's inputs, every run's query started
     (availableNow, side by side) and awaited; any still active on a failure is stopped. The
-    queries by run name."""
+    queries by run name.
+
+    From a Spark Connect client each query runs alone, started once the previous one finished:
+    each start spawns the server's ``foreachBatch`` Python worker, which Spark gives a fixed 10 s
+    to connect back, and queries running beside it on two cores can make it miss that."""
     queries: dict[str, StreamingQuery] = {}
+    one_by_one = type(spark).__module__.startswith("pyspark.sql.connect.")
     try:
         for name, run in runs.items():
             for source, files in phase.items():
@@ -331,6 +336,8 @@ def run_phase(
             queries[name] = start_query(
                 spark, run.provider, run.build(frames), output_mode, run.checkpoint, run.collector
             )
+            if one_by_one:
+                await_finished(queries[name])
         for query in queries.values():
             await_finished(query)
     finally:
