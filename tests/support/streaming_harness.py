@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import keyedstate
+from keyedstate.spark_connect import is_connect
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
@@ -98,9 +99,10 @@ def session_builder(app_name: str, provider: str = PROVIDER_UNDER_TEST) -> Spark
             builder = keyedstate.configure(builder)
         except FileNotFoundError:
             pass
-    if extra_jars():
+    extra = extra_jars()
+    if extra:
         jars = [j for j in str(builder._options.get("spark.jars", "")).split(",") if j]
-        builder = builder.config("spark.jars", ",".join(jars + extra_jars()))
+        builder = builder.config("spark.jars", ",".join(jars + extra))
     for key, value in json.loads(os.environ.get(HADOOP_CONF_ENV, "{}")).items():
         builder = builder.config(f"spark.hadoop.{key}", value)
     return builder.config(PROVIDER_CLASS_KEY, provider)
@@ -327,7 +329,7 @@ def run_phase(
     each start spawns the server's ``foreachBatch`` Python worker, which Spark gives a fixed 10 s
     to connect back, and queries running beside it on two cores can make it miss that."""
     queries: dict[str, StreamingQuery] = {}
-    one_by_one = type(spark).__module__.startswith("pyspark.sql.connect.")
+    one_by_one = is_connect(spark)
     try:
         for name, run in runs.items():
             for source, files in phase.items():

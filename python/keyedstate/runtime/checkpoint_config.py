@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import DataStreamWriter
 
 from keyedstate.runtime.durations import DurationLike, to_millis
-from keyedstate.spark_connect import is_connect_instance
+from keyedstate.spark_connect import is_instance
 
 __all__ = ["MIN_BATCHES_TO_RETAIN_KEY", "CheckpointConfig", "ExternalizedCheckpointCleanup"]
 
@@ -228,16 +228,15 @@ class CheckpointConfig:
         * a ``DataStreamWriter``: the processing-time trigger and the ``checkpointLocation``.
         """
         self.validate()
-        # Spark Connect's classes are not subclasses of the classic ones.
-        if isinstance(target, SparkSession.Builder) or is_connect_instance(target, "Builder"):
+        if is_instance(target, SparkSession.Builder):
             if self._num_retained is not None:
                 target.config(MIN_BATCHES_TO_RETAIN_KEY, str(self._num_retained))
             return target
-        if isinstance(target, SparkSession) or is_connect_instance(target, "SparkSession"):
+        if is_instance(target, SparkSession):
             if self._num_retained is not None:
                 target.conf.set(MIN_BATCHES_TO_RETAIN_KEY, str(self._num_retained))
             return target
-        if isinstance(target, DataStreamWriter) or is_connect_instance(target, "DataStreamWriter"):
+        if is_instance(target, DataStreamWriter):
             if self._interval_ms is not None:
                 target = target.trigger(processingTime=f"{self._interval_ms} milliseconds")
             if self._storage is not None:

@@ -35,7 +35,7 @@ from keyedstate.runtime.failures import (
 )
 from keyedstate.runtime.listener import SupervisorListener
 from keyedstate.runtime.restart import DEFAULT_RESTART_STRATEGY, RestartStrategy
-from keyedstate.spark_connect import is_connect, is_connect_instance
+from keyedstate.spark_connect import is_connect, is_instance
 
 __all__ = ["QueryBuilder", "Supervisor", "run"]
 
@@ -96,14 +96,6 @@ def _committed_a_batch(query: StreamingQuery) -> bool:
         if "addBatch" in data.get("durationMs", {}):
             return True
     return False
-
-
-def _is_query(built: object) -> bool:
-    return isinstance(built, StreamingQuery) or is_connect_instance(built, "StreamingQuery")
-
-
-def _is_writer(built: object) -> bool:
-    return isinstance(built, DataStreamWriter) or is_connect_instance(built, "DataStreamWriter")
 
 
 def _on_server(session: Any, name: str, *arguments: object) -> Any:  # noqa: ANN401 - JSON
@@ -200,9 +192,7 @@ class Supervisor:
                 "checkpoint_config must be a keyedstate.CheckpointConfig, got "
                 f"{checkpoint_config!r}"
             )
-        if spark is not None and not (
-            isinstance(spark, SparkSession) or is_connect_instance(spark, "SparkSession")
-        ):
+        if spark is not None and not is_instance(spark, SparkSession):
             raise TypeError(f"spark must be a SparkSession, got {spark!r}")
         if (
             isinstance(poll_interval, bool)
@@ -337,11 +327,11 @@ class Supervisor:
         self._config.apply(session)
 
     def _start(self, built: Any) -> StreamingQuery:  # noqa: ANN401 - a writer or a query
-        if _is_writer(built):
+        if is_instance(built, DataStreamWriter):
             query = (self._config.apply(built) if self._config else built).start()
             self._started(query)
             return query
-        if not _is_query(built):
+        if not is_instance(built, StreamingQuery):
             raise TypeError(
                 "query_builder must return a started StreamingQuery or a DataStreamWriter, got "
                 f"{type(built).__name__}"

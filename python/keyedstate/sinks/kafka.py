@@ -187,17 +187,8 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         from keyedstate.spark_connect import relations
 
         what = f"writing batch {batch_id} to Kafka topic {self.topic!r}"
-        settings = {
-            "topic": self.topic,
-            "bootstrapServers": self.bootstrap_servers,
-            "sinkId": self.sink_id_for(df),
-            "queryId": None,  # not visible to foreachBatch on Connect (the marks' metadata)
-            "config": self.config,
-            "timeoutMs": round(self.timeout_s * 1000),
-            "transactionTimeoutMs": round(self.transaction_timeout_s * 1000),
-            "scope": self.scope.value,
-        }
-        arguments = [batch_id, settings, not self._topic_checked]
+        # The query's id (the marks' metadata) is not visible to foreachBatch on Connect.
+        arguments = [batch_id, self._settings_fields(self.sink_id_for(df)), not self._topic_checked]
         try:
             relations.operation(df.sparkSession, "sink.kafka.write", arguments, {"batch": df})
         except PySparkException as error:
@@ -260,18 +251,23 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
 
     # -- helpers -------------------------------------------------------------------------------
 
+    def _settings_fields(self, sink_id: str) -> dict[str, Any]:
+        """This sink's settings, by the names of the JVM's ``KafkaSinkSettings.create``
+        arguments, in their order (a Connect server's ``sink.kafka.write`` reads them so)."""
+        return {
+            "topic": self.topic,
+            "bootstrapServers": self.bootstrap_servers,
+            "sinkId": sink_id,
+            "queryId": self._query_id,
+            "config": self.config,
+            "timeoutMs": round(self.timeout_s * 1000),
+            "transactionTimeoutMs": round(self.transaction_timeout_s * 1000),
+            "scope": self.scope.value,
+        }
+
     def _settings(self, sink_id: str) -> Any:  # noqa: ANN401 - a py4j JavaObject
         """This sink as the JVM's ``KafkaSinkSettings``."""
-        return _jvm_sinks().KafkaSinkSettings.create(
-            self.topic,
-            self.bootstrap_servers,
-            sink_id,
-            self._query_id,
-            self.config,
-            round(self.timeout_s * 1000),
-            round(self.transaction_timeout_s * 1000),
-            self.scope.value,
-        )
+        return _jvm_sinks().KafkaSinkSettings.create(*self._settings_fields(sink_id).values())
 
 
 # -- the JVM side ------------------------------------------------------------------------------

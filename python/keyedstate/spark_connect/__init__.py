@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["is_connect", "is_connect_instance"]
+__all__ = ["is_connect", "is_instance"]
 
 
 def is_connect(frame: Any) -> bool:  # noqa: ANN401 - a DataFrame or a SparkSession of either kind
@@ -17,11 +17,15 @@ def is_connect(frame: Any) -> bool:  # noqa: ANN401 - a DataFrame or a SparkSess
     return type(frame).__module__.startswith("pyspark.sql.connect.")
 
 
-def is_connect_instance(obj: Any, name: str) -> bool:  # noqa: ANN401 - any object
-    """Whether ``obj`` is an instance of PySpark's Connect class ``name`` (``StreamingQuery``,
-    ``DataStreamWriter``, ``SparkSession``: not subclasses of the classic ones), told without
-    importing PySpark's Connect client."""
-    return is_connect(obj) and any(
-        cls.__name__ == name and cls.__module__.startswith("pyspark.sql.connect.")
-        for cls in type(obj).__mro__
+def is_instance(obj: Any, cls: type) -> bool:  # noqa: ANN401 - any object
+    """``isinstance(obj, cls)`` for a classic PySpark class (``StreamingQuery``,
+    ``DataStreamWriter``, ``SparkSession``, ``SparkSession.Builder``), also true for Spark
+    Connect's class of that name, which is not a subclass of it; told without importing PySpark's
+    Connect client."""
+    return isinstance(obj, cls) or (
+        is_connect(obj)
+        and any(
+            c.__name__ == cls.__name__ and c.__module__.startswith("pyspark.sql.connect.")
+            for c in type(obj).__mro__
+        )
     )

@@ -114,7 +114,7 @@ object ConnectOperations {
     """{"deleted":true}"""
   }
 
-  /** The Kafka sink's settings, a JSON object at argument `i` (`KafkaSink._write_on_connect`). */
+  /** The Kafka sink's settings, a JSON object at argument `i` (`KafkaSink._settings_fields`). */
   private def kafkaSettings(a: Arguments, i: Int): KafkaSinkSettings = {
     val fields = a.fields(i)
     def field(name: String): JValue = fields.getOrElse(name,
