@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 if importlib.util.find_spec("keyedstate") is None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
 
+from tests.support import jvm_class_archive  # noqa: E402
 from tests.support.streaming_harness import (  # noqa: E402
     PROVIDER_UNDER_TEST,
     REFERENCE_PROVIDER,
@@ -36,10 +37,19 @@ os.environ["KEYEDSTATE_SERVICE_REGISTRY"] = tempfile.mkdtemp(prefix="keyedstate-
 atexit.register(shutil.rmtree, os.environ["KEYEDSTATE_SERVICE_REGISTRY"], True)
 
 
+_class_archive = "not set up"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _class_archive
+    _class_archive = jvm_class_archive.use_for_spark_jvms()
+
+
 def pytest_report_header() -> list[str]:
     return [
         f"keyedstate tests: provider under test = {PROVIDER_UNDER_TEST}",
         f"keyedstate tests: reference provider  = {REFERENCE_PROVIDER}",
+        f"keyedstate tests: JVM class archive   = {_class_archive}",
     ]
 
 
