@@ -5,11 +5,10 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SBT := ./dev/sbt
-JAR_SRC := target/scala-2.13/keyedstate_2.13-0.1.0.jar
-JAR := python/keyedstate/jars/keyedstate.jar
+JARS := python/keyedstate/jars
 export PYTHON := $(abspath $(PY))
 
-.PHONY: setup jar connectors check-connectors storage demo test test-scala test-python soak lint clean wheel
+.PHONY: setup jar jars spark-jars spark-venvs connectors check-connectors storage demo test test-scala test-python soak lint clean wheel
 
 $(PY): pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,7 +16,7 @@ $(PY): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(PY)
 
-setup: $(PY) jar connectors storage
+setup: $(PY) jars spark-venvs connectors storage
 
 # Jars the Kafka tests need, from Maven Central (dev/connectors/*/pom.xml): the Kafka broker
 # (tests/support/servers/kafka_broker.py) and Spark's Kafka connector (docs/exactly-once.md).
@@ -48,10 +47,33 @@ $(STORAGE)/%/.done: dev/storage/%/pom.xml
 	mv $(STORAGE)/$*.tmp $(STORAGE)/$*
 	touch $@
 
+# The provider jar for the installed pyspark's Spark, into the Python package.
 jar: $(PY)
-	$(SBT) package
-	mkdir -p $(dir $(JAR))
-	cp $(JAR_SRC) $(JAR).tmp && mv $(JAR).tmp $(JAR)
+	$(SBT) bundle
+
+# The provider jars for every supported Spark (4.2 and 4.3), for a wheel that runs on each.
+jars: $(PY) spark-jars
+	$(SBT) bundle spark42/bundle
+
+# The older Spark versions' jars (build.sbt's spark42 compiles against them), from their pyspark
+# releases on PyPI (dev/spark_jars.py): the newest patch release of each minor version.
+SPARK_JARS := build/spark-jars
+OLDER_SPARK := 4.2.1
+spark-jars: $(foreach v,$(OLDER_SPARK),$(SPARK_JARS)/$(basename $(v))/.done)
+
+$(SPARK_JARS)/%/.done: dev/spark_jars.py | $(PY)
+	$(PY) dev/spark_jars.py $(filter $*.%,$(OLDER_SPARK)) $(SPARK_JARS)/$*
+	touch $@
+
+# A virtualenv per older Spark version with its pyspark from PyPI, for tests/versions/ (which put
+# this checkout's package on its path: nothing of keyedstate is installed there).
+spark-venvs: $(foreach v,$(OLDER_SPARK),build/venv-spark-$(basename $(v))/.done)
+
+build/venv-spark-%/.done: pyproject.toml
+	rm -rf build/venv-spark-$*
+	python3 -m venv build/venv-spark-$*
+	build/venv-spark-$*/bin/pip install -q "pyspark==$(filter $*.%,$(OLDER_SPARK))" "pyarrow>=15" "pandas>=2.2,<3"
+	touch $@
 
 demo: setup
 	$(PY) -m keyedstate.tools.demo
@@ -95,4 +117,4 @@ wheel: setup
 	$(PY) -m pip wheel --no-deps -w dist .
 
 clean:
-	rm -rf target project/target $(VENV) dist build $(JAR)
+	rm -rf target project/target $(VENV) dist build $(JARS)/*.jar

@@ -1,19 +1,85 @@
-// keyedstate: one sbt build for the Scala state store provider.
+// keyedstate: one sbt build for the Scala state store provider, one jar per Spark minor version.
 //
-// Spark is compiled against the very jars of the installed `pyspark` wheel (see
-// `sparkJarsDir`), so the provider is built for exactly the Spark the Python
-// package runs. Override with KEYEDSTATE_SPARK_JARS=/path/to/spark/jars.
+// Each Spark minor version is compiled against that version's own jars: the root project against
+// the jars of the installed `pyspark` wheel (see `sparkJarsDir`; override with
+// KEYEDSTATE_SPARK_JARS=/path/to/spark/jars), the older ones (`spark42`; 4.0 and 4.1 to come) against the
+// jars `make spark-jars` takes from their pyspark releases on PyPI (build/spark-jars/<version>/).
+// What differs between versions lives in small shims, jvm/src/main/scala-spark-<minor>/, beside
+// the common sources (docs/architecture.md, "Spark versions").
 import scala.sys.process._
 
-lazy val sparkJarsDir = settingKey[File]("Directory holding the Spark 4.3 jars to compile and test against")
+lazy val sparkJarsDir = settingKey[File]("Directory holding the Spark jars to compile (and test) against")
+lazy val sparkMinor = settingKey[String]("The Spark minor version of sparkJarsDir's jars (4.0 to 4.3)")
 
 ThisBuild / organization := "io.keyedstate"
 ThisBuild / version := "0.1.0"
 ThisBuild / scalaVersion := "2.13.18"
 
+// The Spark minor versions keyedstate supports; the root project builds the installed pyspark's.
+// 4.0 and 4.1 need shims of their own still (issue 39): 4.1 misses the 4.2 store API
+// (iteratorWithMultiValues, getStore's forceSnapshotOnCommit and loadEmpty), 4.0 also the 4.1 one and the
+// streaming packages' split.
+lazy val supportedSparkMinors = Seq("4.2", "4.3")
+
+// "4.2" from the spark-core jar of a Spark distribution's jars folder.
+def sparkMinorOf(jars: File): String = {
+  val Core = """spark-core_2\.13-(\d+)\.(\d+)\.\d+.*\.jar""".r
+  if (!jars.isDirectory) sys.error(s"$jars does not exist: `make spark-jars` fetches the older Spark versions' jars")
+  val minors = Option(jars.listFiles).toSeq.flatten.map(_.getName).collect { case Core(major, minor) => s"$major.$minor" }
+  minors.headOption.filter(supportedSparkMinors.contains).getOrElse(sys.error(
+    s"$jars holds no spark-core jar of a supported Spark (${supportedSparkMinors.mkString(", ")}): found ${minors.mkString(", ")}"))
+}
+
+// What every version's project shares: the common sources, its version's shims, Spark's jars.
+def providerSettings: Seq[Setting[_]] = Seq(
+  Compile / scalaSource := (ThisBuild / baseDirectory).value / "jvm" / "src" / "main" / "scala",
+  Compile / unmanagedSourceDirectories +=
+    (ThisBuild / baseDirectory).value / "jvm" / "src" / "main" / s"scala-spark-${sparkMinor.value}",
+  Compile / resourceDirectory := (ThisBuild / baseDirectory).value / "jvm" / "src" / "main" / "resources",
+  // Spark, Hadoop and rocksdbjni are "provided": they come from the Spark installation.
+  Compile / unmanagedJars := {
+    val jars = sparkJarsDir.value
+    val found = sparkMinorOf(jars)
+    if (found != sparkMinor.value) sys.error(s"$jars holds Spark $found's jars, not ${sparkMinor.value}'s")
+    (jars ** "*.jar").classpath
+  },
+  // The Kafka sink's client (io.keyedstate.sinks): at runtime it comes with Spark's Kafka
+  // connector (keyedstate.configure(kafka=True)), so compile against that very version.
+  // Intransitive: its compression and logging jars are Spark's already.
+  libraryDependencies += ("org.apache.kafka" % "kafka-clients" % "3.9.2" % Provided).intransitive(),
+  scalacOptions ++= Seq("-deprecation", "-feature", "-unchecked", "-Xlint:-unused,_", "-release", "17"),
+  javacOptions ++= Seq("--release", "17"),
+  // The jar holds only our classes; Spark's jars are on the cluster already.
+  Compile / packageBin / artifactPath := target.value / s"keyedstate-spark-${sparkMinor.value}.jar",
+  assembly := (Compile / packageBin).value,
+  // The jar into the Python package, where keyedstate.jar_path() picks the installed pyspark's.
+  bundle := {
+    val jar = assembly.value
+    val bundled = (ThisBuild / baseDirectory).value / "python" / "keyedstate" / "jars" / jar.getName
+    IO.copyFile(jar, bundled)
+    streams.value.log.info(s"Bundled $bundled")
+    bundled
+  }
+)
+
+// An older Spark minor version's provider: `./dev/sbt spark42/package`.
+def olderSpark(minor: String): Project =
+  Project(s"spark${minor.replace(".", "")}", file(s"jvm/spark-$minor"))
+    .settings(providerSettings)
+    .settings(
+      sparkMinor := minor,
+      sparkJarsDir := (ThisBuild / baseDirectory).value / "build" / "spark-jars" / minor,
+      target := (ThisBuild / baseDirectory).value / "target" / s"spark-$minor"
+    )
+
+lazy val spark42 = olderSpark("4.2")
+
+// The installed pyspark's Spark (4.3 in development), with the Scala suites.
 lazy val root = (project in file("."))
+  .settings(providerSettings)
   .settings(
     name := "keyedstate",
+    sparkMinor := sparkMinorOf(sparkJarsDir.value),
     sparkJarsDir := {
       sys.env.get("KEYEDSTATE_SPARK_JARS").map(file).getOrElse {
         val py = sys.env.getOrElse("PYTHON", "python3")
@@ -21,23 +87,13 @@ lazy val root = (project in file("."))
         file(dir)
       }
     },
-    Compile / scalaSource := baseDirectory.value / "jvm" / "src" / "main" / "scala",
-    Compile / resourceDirectory := baseDirectory.value / "jvm" / "src" / "main" / "resources",
     Test / scalaSource := baseDirectory.value / "jvm" / "src" / "test" / "scala",
     Test / resourceDirectory := baseDirectory.value / "jvm" / "src" / "test" / "resources",
     // JVM microbenchmarks (bench/jvm) build with the tests: `Test/runMain io.keyedstate.bench.<Name>`.
     Test / unmanagedSourceDirectories += baseDirectory.value / "bench" / "jvm",
-    // Spark, Hadoop and rocksdbjni are "provided": they come from the Spark installation.
-    Compile / unmanagedJars := (sparkJarsDir.value ** "*.jar").classpath,
     libraryDependencies += "org.scalatest" %% "scalatest" % "3.2.19" % Test,
     // Linearizability checks of the store's concurrent operations (rocks.LinearizabilitySuite).
     libraryDependencies += "org.jetbrains.kotlinx" % "lincheck-jvm" % "2.39" % Test,
-    // The Kafka sink's client (io.keyedstate.sinks): at runtime it comes with Spark's Kafka
-    // connector (keyedstate.configure(kafka=True)), so compile against that very version.
-    // Intransitive: its compression and logging jars are Spark's already.
-    libraryDependencies += ("org.apache.kafka" % "kafka-clients" % "3.9.2" % Provided).intransitive(),
-    scalacOptions ++= Seq("-deprecation", "-feature", "-unchecked", "-Xlint:-unused,_", "-release", "17"),
-    javacOptions ++= Seq("--release", "17"),
     // Spark needs these opens on Java 17 (the same list spark-submit passes).
     Test / fork := true,
     Test / javaOptions ++= Seq(
@@ -66,9 +122,8 @@ lazy val root = (project in file("."))
       val fork = Tests.SubProcess(ForkOptions().withRunJVMOptions((Test / javaOptions).value.toVector))
       Seq(Tests.Group("suites", rest, fork), Tests.Group("lincheck", lincheck, fork)).filter(_.tests.nonEmpty)
     },
-    Test / testOptions += Tests.Argument(TestFrameworks.ScalaTest, "-oD"),
-    // The jar holds only our classes; Spark's jars are on the cluster already.
-    assembly := (Compile / packageBin).value
+    Test / testOptions += Tests.Argument(TestFrameworks.ScalaTest, "-oD")
   )
 
 lazy val assembly = taskKey[File]("The provider jar to ship (our classes only)")
+lazy val bundle = taskKey[File]("The provider jar, copied into the Python package (python/keyedstate/jars/)")

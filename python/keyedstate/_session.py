@@ -13,7 +13,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from keyedstate._error_catalog import INVALID_OPTION
+from keyedstate._error_catalog import INVALID_OPTION, UNSUPPORTED_SPARK_VERSION
 from keyedstate.errors import InvalidOptionError
 
 PROVIDER_CLASS = "io.keyedstate.KeyedStateStoreProvider"
@@ -47,7 +47,26 @@ def _load_options() -> dict[str, dict[str, Any]]:
 
 OPTIONS: dict[str, dict[str, Any]] = _load_options()
 
-_JAR_NAME = "keyedstate.jar"
+# The Spark minor versions keyedstate has a provider jar for (build.sbt: one jar per version).
+SUPPORTED_SPARK = ("4.2", "4.3")
+
+
+def spark_minor(version: str | None = None) -> str:
+    """``"4.2"`` for pyspark 4.2.1 (the installed pyspark's by default); an unsupported version
+    is refused naming the supported ones."""
+    if version is None:
+        import pyspark
+
+        version = pyspark.__version__
+    minor = ".".join(version.split(".")[:2])
+    if minor not in SUPPORTED_SPARK:
+        raise InvalidOptionError(
+            f"keyedstate runs on Spark {' and '.join(SUPPORTED_SPARK)}, not on Spark {version}: "
+            "use a pyspark of those versions (pip install 'pyspark>=4.2,<4.4')",
+            UNSUPPORTED_SPARK_VERSION,
+        )
+    return minor
+
 
 # Spark's Kafka source and sink for pyspark 4.3: Maven Central has no 4.3.0 connector and the
 # 4.2.0 one links and runs against Spark 4.3.0 (docs/exactly-once.md, "Kafka connector for
@@ -56,21 +75,27 @@ KAFKA_CONNECTOR_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
 PACKAGES_KEY = "spark.jars.packages"
 
 
-def jar_path() -> str:
-    """The provider jar: the one bundled in the wheel, else a local sbt build.
+def jar_path(spark_version: str | None = None) -> str:
+    """The provider jar for a Spark version (the installed pyspark's by default), as the package
+    bundles it: one jar per Spark minor version.
 
-    ``KEYEDSTATE_JAR`` overrides both. Use the result with ``--jars`` or put it on a
-    cluster's classpath.
+    ``KEYEDSTATE_JAR`` overrides it. Use the result with ``--jars`` or put it on a cluster's
+    classpath (``keyedstate jar --spark-version 4.2`` prints it for a cluster's Spark).
     """
     override = os.environ.get("KEYEDSTATE_JAR")
-    candidates = [Path(override)] if override else []
-    candidates.append(Path(__file__).parent / "jars" / _JAR_NAME)
-    for candidate in candidates:
-        if candidate.is_file():
-            return str(candidate.resolve())
+    if override:
+        if Path(override).is_file():
+            return str(Path(override).resolve())
+        raise FileNotFoundError(f"KEYEDSTATE_JAR={override} is not a file")
+    minor = spark_minor(spark_version)
+    bundled = Path(__file__).parent / "jars" / f"keyedstate-spark-{minor}.jar"
+    if bundled.is_file():
+        return str(bundled.resolve())
+    built = sorted(p.name for p in bundled.parent.glob("keyedstate-spark-*.jar"))
     raise FileNotFoundError(
-        f"keyedstate provider jar not found (looked at {', '.join(map(str, candidates))}); "
-        "build it with `make jar` or set KEYEDSTATE_JAR"
+        f"keyedstate has no provider jar for Spark {minor} at {bundled} (this install has: "
+        f"{', '.join(built) or 'none'}); in a checkout, build it with `make jar` (the installed "
+        "pyspark's) or `make jars` (every supported Spark), or set KEYEDSTATE_JAR"
     )
 
 

@@ -138,6 +138,8 @@ def test_savepoint_commands_report_in_one_line(tmp_path: Path) -> None:
         (["savepoint"], "keyedstate savepoint: the following arguments are required: action"),
         (["inspect", "--checkpoint", "/c", "--prority", "normal"],
          "keyedstate: unrecognized arguments: --prority normal"),
+        (["jar", "--spark-version", "3.5.1"],
+         "keyedstate: keyedstate runs on Spark 4.2 and 4.3, not on Spark 3.5.1: use a pyspark "),
     ],
 )
 def test_a_refused_argument_is_one_line_without_usage(argv: list[str], said: str) -> None:

@@ -242,6 +242,8 @@ def test_every_name_of_the_facade_resolves_to_the_object_it_names() -> None:
 JVM_ROOT = PACKAGE.parent.parent / "jvm" / "src" / "main" / "scala" / "io" / "keyedstate"
 JVM_LAYERS = [
     {"errors"},
+    # What differs between Spark versions (one folder per version, jvm/src/main/scala-spark-*/).
+    {"shims"},
     {"conf"},
     {"rocks"},
     {"checkpoint"},
@@ -270,10 +272,19 @@ JVM_STANDALONE = {"sinks": {"sparkconnect"}}
 JVM_SHARED = {"errors"}
 
 
+# Each Spark version's shims: jvm/src/main/scala-spark-<minor>/io/keyedstate/.
+JVM_VERSION_ROOTS = sorted(JVM_ROOT.parent.parent.parent.glob("scala-spark-*/io/keyedstate"))
+
+
+def jvm_root_of(path: Path) -> Path:
+    return next(root for root in [JVM_ROOT, *JVM_VERSION_ROOTS] if path.is_relative_to(root))
+
+
 def jvm_package(path: Path) -> str:
     """``checkpoint.commit`` for .../io/keyedstate/checkpoint/commit/X.scala; "" at the root."""
-    relative = path.parent.relative_to(JVM_ROOT)
-    return "" if path.parent == JVM_ROOT else str(relative).replace("/", ".")
+    root = jvm_root_of(path)
+    relative = path.parent.relative_to(root)
+    return "" if path.parent == root else str(relative).replace("/", ".")
 
 
 def test_jvm_packages_import_only_their_own_or_lower_layers() -> None:
@@ -281,10 +292,12 @@ def test_jvm_packages_import_only_their_own_or_lower_layers() -> None:
     problems = []
     sources = sorted(JVM_ROOT.rglob("*.scala"))
     assert len(sources) > 30, f"the provider's sources are not under {JVM_ROOT}"
+    assert JVM_VERSION_ROOTS, "no Spark version's shims under jvm/src/main/scala-spark-*"
+    sources += [path for root in JVM_VERSION_ROOTS for path in sorted(root.rglob("*.scala"))]
     for path in sources:
         package = jvm_package(path)
         assert package in rank or package in JVM_STANDALONE, (
-            f"{path.relative_to(JVM_ROOT)}: package {package!r} has no layer"
+            f"{path}: package {package!r} has no layer"
         )
         for line in path.read_text().splitlines():
             found = re.match(r"import io\.keyedstate\.([\w.]*?)\.?(?:[A-Z{_]|$)", line)
@@ -296,7 +309,7 @@ def test_jvm_packages_import_only_their_own_or_lower_layers() -> None:
             if imported in JVM_SHARED and rank[imported] < rank.get(package, len(rank)):
                 continue
             assert imported in rank or imported in JVM_STANDALONE, (
-                f"{path.relative_to(JVM_ROOT)} imports io.keyedstate.{imported}, which has no layer"
+                f"{path} imports io.keyedstate.{imported}, which has no layer"
             )
             if imported in JVM_STANDALONE and package in JVM_STANDALONE[imported]:
                 continue
@@ -305,7 +318,7 @@ def test_jvm_packages_import_only_their_own_or_lower_layers() -> None:
                 or imported in JVM_STANDALONE
                 or rank[imported] >= rank[package]
             ):
-                problems.append(f"{path.relative_to(JVM_ROOT)} ({package or 'provider'}): {line}")
+                problems.append(f"{path} ({package or 'provider'}): {line}")
     assert not problems, "\n".join(problems)
 
 

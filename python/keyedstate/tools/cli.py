@@ -370,7 +370,13 @@ def main(argv: list[str] | None = None) -> int:
         description="keyedstate: Flink-style state for Spark Structured Streaming",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("jar", help="print the provider jar's path (for --jars or a classpath)")
+    jar = commands.add_parser(
+        "jar", help="print the provider jar's path (for --jars or a classpath)"
+    )
+    jar.add_argument(
+        "--spark-version",
+        help="the cluster's Spark version, as 4.2 or 4.2.1 (default: the installed pyspark's)",
+    )
     commands.add_parser("demo", help="run the demo streaming job")
 
     rescale = commands.add_parser(
@@ -461,7 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     if rest and args.command != "demo":  # only the demo passes its arguments on
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "jar":
-        print(_session.jar_path())
+        try:
+            print(_session.jar_path(args.spark_version))
+        except (FileNotFoundError, ValueError) as error:
+            parser.error(str(error))  # one line, exit 2
         return 0
     if args.command == "connect-server":
         return _connect_server(args)

@@ -23,6 +23,7 @@ import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateError, KeyedStateErrors}
 import io.keyedstate.metrics.KeyedStateMetrics
 import io.keyedstate.rocks.{DbSnapshot, LocalRocksDB}
+import io.keyedstate.shims.{ProviderShim, SparkVersionCheck}
 import io.keyedstate.ttl.{TtlClock, TtlStats}
 
 /**
@@ -34,7 +35,7 @@ import io.keyedstate.ttl.{TtlClock, TtlStats}
  * [[StoreLoader]] and [[RestoreOperation]] (load), [[RetentionCleaner]] (old versions and orphans),
  * [[CheckpointStore]] (the files on the Hadoop FileSystem).
  */
-class KeyedStateStoreProvider extends StateStoreProvider with Logging {
+class KeyedStateStoreProvider extends ProviderShim with Logging {
 
   private var id: StateStoreId = _
   private var conf: KeyedStateConf = _
@@ -81,6 +82,7 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
       hadoopConf: Configuration,
       useMultipleValuesPerKey: Boolean,
       stateSchemaProvider: Option[StateSchemaProvider]): Unit = {
+    SparkVersionCheck.check()
     this.id = stateStoreId
     this.conf = KeyedStateConf(storeConfs)
     KeyedStateStoreProvider.refuseTtlOnJoinState(stateStoreId, conf)
@@ -414,15 +416,12 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
 
   // ---- maintenance ----
 
-  /** Snapshots are taken by commits and uploaded right away in the background: nothing waits here. */
-  override def doSnapshotMaintenance(): Unit = ()
-
   /**
    * Deletes versions older than `minBatchesToRetain` and files no retained version needs; skipped
    * while a commit of this store runs (the next maintenance run cleans up). A failure is thrown
    * to Spark, which unloads this store alone.
    */
-  override def doCleanupMaintenance(): Unit = {
+  override def cleanupMaintenance(): Unit = {
     if (leaseRefreshedMs > 0) {
       leaseRefreshedMs = StoreLease.refresh(checkpointStore.root, hadoopConf, leaseRefreshedMs, keepAliveOnly = true)
     }
@@ -456,11 +455,6 @@ class KeyedStateStoreProvider extends StateStoreProvider with Logging {
           0
       }
     }
-  }
-
-  override def doMaintenance(): Unit = {
-    doSnapshotMaintenance()
-    doCleanupMaintenance()
   }
 
   override def close(): Unit = synchronized {

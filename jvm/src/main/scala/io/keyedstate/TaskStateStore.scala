@@ -10,6 +10,7 @@ import org.json4s.JValue
 
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.rocks.{ClosableIterator, ColumnFamilyCodec}
+import io.keyedstate.shims.StoreShim
 
 private[keyedstate] object TaskStateStore {
   /** A prefix scan with more entries than this does not teach the key count's memo. */
@@ -30,7 +31,7 @@ final class TaskStateStore private[keyedstate] (
     state: StoreInstance,
     override val version: Long,
     private var writable: Boolean,
-    private var snapshotOnCommit: Boolean) extends StateStore {
+    private var snapshotOnCommit: Boolean) extends StoreShim {
 
   private sealed trait Phase
   private case object Open extends Phase
@@ -238,7 +239,7 @@ final class TaskStateStore private[keyedstate] (
 
   override def allColumnFamilyNames: Set[String] = state.columnFamilyNames
 
-  override def registerColFamily(
+  override def registerFamily(
       colFamilyName: String,
       keySchema: StructType,
       valueSchema: StructType,

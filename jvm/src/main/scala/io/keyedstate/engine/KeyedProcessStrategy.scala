@@ -12,6 +12,7 @@ import org.apache.spark.sql.streaming.OutputMode
 import io.keyedstate.{KeyedStateStoreProvider, QueryLeaseListener}
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
+import io.keyedstate.shims.SparkVersionCheck
 
 /**
  * `spark.sql.extensions=io.keyedstate.engine.KeyedStateExtensions` (set by
@@ -22,6 +23,7 @@ import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
  */
 final class KeyedStateExtensions extends (SparkSessionExtensions => Unit) {
   override def apply(extensions: SparkSessionExtensions): Unit = {
+    SparkVersionCheck.check()
     extensions.injectPlannerStrategy(session => new KeyedProcessStrategy(session))
     extensions.injectCheckRule(session => (plan: LogicalPlan) =>
       if (plan.isStreaming) {

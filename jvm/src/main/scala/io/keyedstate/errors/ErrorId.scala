@@ -85,6 +85,9 @@ object ErrorId {
   case object ConnectVersionMismatch extends ErrorId("KEYEDSTATE_CONNECT_VERSION_MISMATCH", Configuration,
     "a Spark Connect client's keyedstate is not the server's version (both named): the client plans with its " +
       "keyedstate and the server runs its own, so they must be one version")
+  case object UnsupportedSparkVersion extends ErrorId("KEYEDSTATE_UNSUPPORTED_SPARK_VERSION", Configuration,
+    "keyedstate has no provider for the installed pyspark's Spark version (the version and the supported " +
+      "ones named), or the provider jar on the classpath is for another Spark version than the one running")
   case object RescaleRefused extends ErrorId("KEYEDSTATE_RESCALE_REFUSED", Rescale,
     "`rescale` refused before writing anything: a bad partition count, the count it already has, an " +
       "uncommitted batch, a running query, another provider's files, checkpoint format v2")
@@ -165,8 +168,8 @@ object ErrorId {
 
   /** Every identifier, in the order docs/errors.md lists them (`ErrorCatalogSuite` checks none is left out). */
   val all: Seq[ErrorId] = Seq(CheckpointFileMissing, CheckpointFileCorrupt, CheckpointWriteFailed,
-    StateLoadFailed, CommitFailed, LocalDiskWriteFailed, InvalidOption, ConnectVersionMismatch, RescaleRefused,
-    RescaleInProgress,
+    StateLoadFailed, CommitFailed, LocalDiskWriteFailed, InvalidOption, ConnectVersionMismatch, UnsupportedSparkVersion,
+    RescaleRefused, RescaleInProgress,
     QueryCheckpointInvalid, StoreBusy, StoreClosed, UnsupportedOperation, InvalidStoreArgument, StoredValueCorrupt,
     KeyedFunctionKeyChanged, KeyedFunctionStateChanged, KeyedFunctionCompleteMode, KeyedFunctionUidChanged,
     KeyedFunctionDuplicateUid, KeyedFunctionStateNotRestored, KeyedFunctionDeclarationMissing,

@@ -3,6 +3,7 @@ package io.keyedstate.metrics
 import org.apache.spark.sql.execution.streaming.state.{StateStoreCustomMetric, StateStoreCustomSizeMetric, StateStoreCustomSumMetric, StateStoreCustomTimingMetric, StateStoreId, StateStoreInstanceMetric, StateStoreSnapshotLastUploadInstanceMetric}
 
 import io.keyedstate.checkpoint.commit.CommitStats
+import io.keyedstate.shims.SparkShims
 import io.keyedstate.checkpoint.restore.LoadStats
 import io.keyedstate.ttl.TtlStats
 
@@ -31,7 +32,7 @@ object KeyedStateMetrics {
   val LoadBytesDownloaded = StateStoreCustomSizeMetric("keyedstateLoadBytesDownloaded", "keyedstate load: bytes downloaded")
   val LoadChangelogRecordsReplayed = StateStoreCustomSumMetric("keyedstateLoadChangelogRecordsReplayed", "keyedstate load: changelog records replayed")
   val LoadFilesReusedLocally = StateStoreCustomSumMetric("keyedstateLoadFilesReusedLocally", "keyedstate load: files reused from local disk")
-  val SstFilesBytes = StateStoreCustomSizeMetric("keyedstateSstFilesBytes", "keyedstate: live SST bytes", isSnapshot = true)
+  val SstFilesBytes = SparkShims.stateSizeMetric("keyedstateSstFilesBytes", "keyedstate: live SST bytes")
   val SnapshotsTaken = StateStoreCustomSumMetric("keyedstateSnapshotsTaken", "keyedstate commit: number of stores whose commit took a snapshot")
   val BackgroundFlushes = StateStoreCustomSumMetric("keyedstateBackgroundFlushes",
     "keyedstate commit: number of stores whose commit started a memtable flush for the next commit's snapshot")

@@ -22,6 +22,7 @@ import org.apache.spark.util.SerializableConfiguration
 import io.keyedstate.TaskStateStore
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.engine.StateKind
+import io.keyedstate.shims.SparkShims
 
 /**
  * `keyedstate.state.read` (docs/state-processor.md): one table of a checkpoint's state (a native
@@ -188,7 +189,7 @@ object StateReader {
         if (!table.columnFamilies) true
         else {
           // Registering tells the store how to decode the family (it may not exist yet).
-          store.registerColFamily(f.name, f.keySchema, f.valueSchema, f.spec, f.multipleValues, f.name.startsWith("$"))
+          SparkShims.registerColFamily(store, f.name, f.keySchema, f.valueSchema, f.spec, f.multipleValues, f.name.startsWith("$"))
           store.allColumnFamilyNames.contains(f.name)
         }
       if (!present) {

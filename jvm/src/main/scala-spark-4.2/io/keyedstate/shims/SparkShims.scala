@@ -1,0 +1,40 @@
+package io.keyedstate.shims
+
+import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, ReadStateStore, StateStore, StateStoreCustomSizeMetric, StateStoreProvider}
+import org.apache.spark.sql.types.StructType
+
+/** What keyedstate calls differently on each Spark minor version, for Spark 4.2 (see the 4.3 one). */
+object SparkShims {
+  val SparkMinor: String = "4.2"
+
+  /** 4.2's size metrics have no `isSnapshot`: a progress sums this one over the partitions. */
+  def stateSizeMetric(name: String, desc: String): StateStoreCustomSizeMetric =
+    StateStoreCustomSizeMetric(name, desc)
+
+  /** 4.2's read stores cannot be told a column family's encoding: only keyedstate's can. */
+  def registerColFamily(store: ReadStateStore, name: String, keySchema: StructType, valueSchema: StructType,
+                        spec: KeyStateEncoderSpec, multipleValues: Boolean, internal: Boolean): Unit =
+    store match {
+      case ours: StoreShim => ours.registerFamily(name, keySchema, valueSchema, spec, multipleValues, internal)
+      case other => throw new UnsupportedOperationException(
+        s"Spark 4.2's ${other.getClass.getName} cannot read column family $name; Spark 4.3 can")
+    }
+}
+
+/** keyedstate's store as each Spark version sees it: Spark 4.2's stores have no `registerColFamily`: keyedstate's own reads call it. */
+trait StoreShim extends StateStore {
+  /** Tells the store how to decode a column family that may not exist yet. */
+  def registerFamily(name: String, keySchema: StructType, valueSchema: StructType, spec: KeyStateEncoderSpec,
+                     multipleValues: Boolean, internal: Boolean): Unit
+
+  final def registerColFamily(name: String, keySchema: StructType, valueSchema: StructType,
+                                     spec: KeyStateEncoderSpec, multipleValues: Boolean, internal: Boolean): Unit =
+    registerFamily(name, keySchema, valueSchema, spec, multipleValues, internal)
+}
+
+/** keyedstate's provider as Spark 4.2 runs its maintenance: one call (see the 4.3 one). */
+trait ProviderShim extends StateStoreProvider {
+  def cleanupMaintenance(): Unit
+
+  override final def doMaintenance(): Unit = cleanupMaintenance()
+}
