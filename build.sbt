@@ -15,7 +15,8 @@ ThisBuild / organization := "io.keyedstate"
 ThisBuild / version := "0.1.0"
 ThisBuild / scalaVersion := "2.13.18"
 
-// The Spark minor versions keyedstate supports; the root project builds the installed pyspark's.
+// The Spark minor versions keyedstate supports (also SparkVersionCheck.Supported and Python's
+// SUPPORTED_SPARK; test_layout checks they agree); the root project builds the installed pyspark's.
 // 4.0 and 4.1 need shims of their own still (issue 39): 4.1 misses the 4.2 store API
 // (iteratorWithMultiValues, getStore's forceSnapshotOnCommit and loadEmpty), 4.0 also the 4.1 one and the
 // streaming packages' split.
@@ -24,10 +25,11 @@ lazy val supportedSparkMinors = Seq("4.2", "4.3")
 // "4.2" from the spark-core jar of a Spark distribution's jars folder.
 def sparkMinorOf(jars: File): String = {
   val Core = """spark-core_2\.13-(\d+)\.(\d+)\.\d+.*\.jar""".r
-  if (!jars.isDirectory) sys.error(s"$jars does not exist: `make spark-jars` fetches the older Spark versions' jars")
+  if (!jars.isDirectory) sys.error(s"$jars does not exist (`make spark-jars` fetches the older Spark versions' jars)")
   val minors = Option(jars.listFiles).toSeq.flatten.map(_.getName).collect { case Core(major, minor) => s"$major.$minor" }
   minors.headOption.filter(supportedSparkMinors.contains).getOrElse(sys.error(
-    s"$jars holds no spark-core jar of a supported Spark (${supportedSparkMinors.mkString(", ")}): found ${minors.mkString(", ")}"))
+    s"$jars holds no spark-core jar of a supported Spark (${supportedSparkMinors.mkString(", ")}): found " +
+      (if (minors.isEmpty) "none" else minors.mkString(", "))))
 }
 
 // What every version's project shares: the common sources, its version's shims, Spark's jars.
@@ -56,7 +58,10 @@ def providerSettings: Seq[Setting[_]] = Seq(
   bundle := {
     val jar = assembly.value
     val bundled = (ThisBuild / baseDirectory).value / "python" / "keyedstate" / "jars" / jar.getName
-    IO.copyFile(jar, bundled)
+    // Whole or not at all: a JVM starting meanwhile never reads half a jar.
+    val staging = file(bundled.getPath + ".tmp")
+    IO.copyFile(jar, staging)
+    java.nio.file.Files.move(staging.toPath, bundled.toPath, java.nio.file.StandardCopyOption.ATOMIC_MOVE)
     streams.value.log.info(s"Bundled $bundled")
     bundled
   }
@@ -64,9 +69,10 @@ def providerSettings: Seq[Setting[_]] = Seq(
 
 // An older Spark minor version's provider: `./dev/sbt spark42/package`.
 def olderSpark(minor: String): Project =
-  Project(s"spark${minor.replace(".", "")}", file(s"jvm/spark-$minor"))
+  Project(s"spark${minor.replace(".", "")}", file(s"target/projects/spark-$minor"))
     .settings(providerSettings)
     .settings(
+      name := "keyedstate",
       sparkMinor := minor,
       sparkJarsDir := (ThisBuild / baseDirectory).value / "build" / "spark-jars" / minor,
       target := (ThisBuild / baseDirectory).value / "target" / s"spark-$minor"

@@ -30,7 +30,7 @@ def fetch(version: str, folder: Path) -> int:
                 "-q",
                 "--no-deps",
                 "--no-binary",
-                ":all:",
+                "pyspark",
                 "-d",
                 download,
                 f"pyspark=={version}",
@@ -42,9 +42,12 @@ def fetch(version: str, folder: Path) -> int:
         with tarfile.open(sdist) as archive:
             for member in archive.getmembers():
                 name = member.name
-                if member.isfile() and name.startswith(prefix) and "/" not in name[len(prefix) :]:
-                    member.name = name[len(prefix) :]
-                    archive.extract(member, staging, filter="data")
+                jar = name[len(prefix) :]
+                if member.isfile() and name.startswith(prefix) and "/" not in jar:
+                    extract = archive.extractfile(member)
+                    assert extract is not None
+                    with extract, (staging / jar).open("wb") as out:  # a plain name: no traversal
+                        shutil.copyfileobj(extract, out)
     jars = sorted(staging.glob("*.jar"))
     if not any(jar.name.startswith(f"spark-core_2.13-{version}") for jar in jars):
         sys.exit(

@@ -52,17 +52,24 @@ SUPPORTED_SPARK = ("4.2", "4.3")
 
 
 def spark_minor(version: str | None = None) -> str:
-    """``"4.2"`` for pyspark 4.2.1 (the installed pyspark's by default); an unsupported version
-    is refused naming the supported ones."""
+    """``"4.2"`` for Spark 4.2.1: of ``version`` (a cluster's Spark), else of the installed
+    pyspark. A version keyedstate has no jar for is refused naming the supported ones."""
+    installed = version is None
     if version is None:
         import pyspark
 
         version = pyspark.__version__
     minor = ".".join(version.split(".")[:2])
     if minor not in SUPPORTED_SPARK:
+        supported = " and ".join(SUPPORTED_SPARK)
+        advice = (
+            "install one of those (pip install 'pyspark>=4.2,<4.4')"
+            if installed
+            else "run the cluster on one of those"
+        )
         raise InvalidOptionError(
-            f"keyedstate runs on Spark {' and '.join(SUPPORTED_SPARK)}, not on Spark {version}: "
-            "use a pyspark of those versions (pip install 'pyspark>=4.2,<4.4')",
+            f"keyedstate has provider jars for Spark {supported}, not for Spark {version}"
+            f"{' (the installed pyspark)' if installed else ''}: {advice}",
             UNSUPPORTED_SPARK_VERSION,
         )
     return minor
@@ -79,15 +86,15 @@ def jar_path(spark_version: str | None = None) -> str:
     """The provider jar for a Spark version (the installed pyspark's by default), as the package
     bundles it: one jar per Spark minor version.
 
-    ``KEYEDSTATE_JAR`` overrides it. Use the result with ``--jars`` or put it on a cluster's
-    classpath (``keyedstate jar --spark-version 4.2`` prints it for a cluster's Spark).
+    ``KEYEDSTATE_JAR`` overrides the installed pyspark's. Use the result with ``--jars`` or put
+    it on a cluster's classpath (``keyedstate jar --spark-version 4.2`` prints a cluster's).
     """
+    minor = spark_minor(spark_version)
     override = os.environ.get("KEYEDSTATE_JAR")
-    if override:
+    if override and spark_version is None:  # the running application's jar, not a cluster's
         if Path(override).is_file():
             return str(Path(override).resolve())
         raise FileNotFoundError(f"KEYEDSTATE_JAR={override} is not a file")
-    minor = spark_minor(spark_version)
     bundled = Path(__file__).parent / "jars" / f"keyedstate-spark-{minor}.jar"
     if bundled.is_file():
         return str(bundled.resolve())

@@ -364,3 +364,30 @@ def test_the_package_its_jar_and_the_build_have_one_version() -> None:
 
     found = [keyedstate.__version__] + [m.group(1) if m else None for m in (pyproject, sbt, built)]
     assert found == [__version__] * 4, (__version__, found)
+
+
+def test_the_build_the_jvm_and_the_package_support_the_same_spark_versions() -> None:
+    """build.sbt's projects, the JVM's version check, the Python package's jar choice and the
+    Makefile's older versions name the same Spark minor versions (docs/architecture.md, "Spark
+    versions")."""
+    import pyspark
+    from keyedstate._session import SUPPORTED_SPARK
+
+    sbt = (REPO / "build.sbt").read_text()
+    check = (JVM_ROOT / "shims" / "SparkVersionCheck.scala").read_text()
+    makefile = (REPO / "Makefile").read_text()
+    in_sbt = re.search(r"lazy val supportedSparkMinors = Seq\(([^)]*)\)", sbt)
+    in_jvm = re.search(r"val Supported: Seq\[String\] = Seq\(([^)]*)\)", check)
+    older = re.search(r"^OLDER_SPARK := (.*)$", makefile, re.M)
+    assert in_sbt and in_jvm and older
+    installed = ".".join(pyspark.__version__.split(".")[:2])
+    from_make = sorted({".".join(v.split(".")[:2]) for v in older.group(1).split()} | {installed})
+    found = {
+        "build.sbt": sorted(re.findall(r'"([\d.]+)"', in_sbt.group(1))),
+        "SparkVersionCheck": sorted(re.findall(r'"([\d.]+)"', in_jvm.group(1))),
+        "SUPPORTED_SPARK": sorted(SUPPORTED_SPARK),
+        "Makefile OLDER_SPARK and the installed pyspark": from_make,
+        "jvm/src/main/scala-spark-*": sorted(p.name.removeprefix("scala-spark-") for p in (
+            JVM_ROOT.parent.parent.parent.glob("scala-spark-*"))),
+    }
+    assert len({tuple(v) for v in found.values()}) == 1, found

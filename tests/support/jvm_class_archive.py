@@ -1,24 +1,26 @@
 """A class-data-sharing archive of the Spark driver's classes, for the JVMs the tests start.
 
-Every driver process, CLI command and server the tests start is a new JVM that loads and
-verifies some thousands of Spark's classes from jars: about 9 s to a SparkSession on this
-machine's two cores, of which the archive saves about 4 (the kill-and-restart tests: 217 s
-without it, 158 s with it). JDK 17's dynamic archive (``-XX:ArchiveClassesAtExit``) is written
-once per machine, for the installed pyspark and JDK, by a small session that runs a batch job
-and a streaming aggregation (build/jvm-class-archive/); ``spark-submit`` hands
-``SPARK_SUBMIT_OPTS`` to every driver JVM, and ``spark-class`` hands ``SPARK_DAEMON_JAVA_OPTS``
-to a standalone cluster's master and workers. A JVM whose class path differs from the archive's
-(a driver with ``spark.driver.extraClassPath``) runs without it; the logging options keep the
-JVM from saying so on stderr, which some tests read.
+Every Spark JVM the tests start (a driver process, a CLI command, the Spark Connect server, a
+standalone cluster's master and workers) loads and verifies some thousands of Spark's classes
+from jars: about 9 s to a SparkSession on this machine's two cores, of which the archive saves
+about 4 (the kill-and-restart tests: 217 s without it, 158 s with it). JDK 17's dynamic archive
+(``-XX:ArchiveClassesAtExit``) is written once per machine, for the installed pyspark and JDK, by
+a small session that runs a batch job and a streaming aggregation (build/jvm-class-archive/);
+``spark-submit`` hands ``SPARK_SUBMIT_OPTS`` to every driver JVM, and ``spark-class`` hands
+``SPARK_DAEMON_JAVA_OPTS`` to a standalone cluster's master and workers. A JVM whose class path
+differs from the archive's (a driver with ``spark.driver.extraClassPath``) runs without it; the
+logging options keep the JVM from saying so on its output, which some tests read.
 
 Nothing the tests check depends on it: with ``KEYEDSTATE_TEST_CLASS_ARCHIVE=0``, or where the
-archive cannot be written, the JVMs load their classes from the jars as usual.
+archive cannot be written (tried once per machine: a ``.failed`` file beside it says why), the
+JVMs load their classes from the jars as usual.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,27 +76,32 @@ def _java_version() -> str:
 
 
 def archive_path() -> Path:
-    """The archive for this JDK and this pyspark's jars (names and sizes): a new one when
-    either changes, as the JVM would refuse the old one."""
-    jars = Path(pyspark.__file__).parent / "jars"
-    listing = sorted(f"{jar.name}:{jar.stat().st_size}" for jar in jars.glob("*.jar"))
-    key = hashlib.sha256("\n".join([_java_version(), *listing]).encode()).hexdigest()[:16]
+    """The archive for this JDK and this pyspark's jars (their folder, names, sizes and times):
+    a new one when any changes, as the JVM would pass over the old one."""
+    jars = (Path(pyspark.__file__).parent / "jars").resolve()
+    listing = sorted(
+        f"{jar.name}:{jar.stat().st_size}:{jar.stat().st_mtime_ns}" for jar in jars.glob("*.jar")
+    )
+    text = "\n".join([_java_version(), str(jars), *listing])
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
     return ARCHIVES / f"spark-{pyspark.__version__}-{key}.jsa"
 
 
 def _write(archive: Path) -> None:
     archive.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=archive.parent)) / archive.name
+    staging = Path(tempfile.mkdtemp(dir=archive.parent))
     env = dict(
         os.environ,
-        SPARK_SUBMIT_OPTS=f"-XX:ArchiveClassesAtExit={staging} {QUIET}",
+        SPARK_SUBMIT_OPTS=f"-XX:ArchiveClassesAtExit={staging / archive.name} {QUIET}",
         PYTHONPATH=os.pathsep.join([str(PYTHON_SOURCES), os.environ.get("PYTHONPATH", "")]),
     )
-    subprocess.run(
-        [sys.executable, "-c", _WORKLOAD], env=env, capture_output=True, timeout=600, check=True
-    )
-    os.replace(staging, archive)  # whole or not at all: a killed run leaves only its staging
-    staging.parent.rmdir()
+    try:
+        subprocess.run(
+            [sys.executable, "-c", _WORKLOAD], env=env, capture_output=True, timeout=600, check=True
+        )
+        os.replace(staging / archive.name, archive)  # whole or not at all
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def use_for_spark_jvms() -> str:
@@ -104,10 +111,17 @@ def use_for_spark_jvms() -> str:
         return f"off ({SWITCH_ENV}=0)"
     try:
         archive = archive_path()
+        failed = archive.with_suffix(".failed")  # tried once on this machine: not at every run
+        if failed.exists():
+            return f"none: writing it failed before ({failed}; delete it to try again)"
         started = time.monotonic()
         built = ""
         if not archive.exists():
-            _write(archive)
+            try:
+                _write(archive)
+            except (OSError, subprocess.SubprocessError) as error:
+                failed.write_text(f"{type(error).__name__}: {error}\n")
+                raise
             built = f", written in {time.monotonic() - started:.0f} s"
     except (OSError, subprocess.SubprocessError) as error:
         return f"none: {type(error).__name__}: {str(error)[:200]}"

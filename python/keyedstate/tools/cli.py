@@ -466,14 +466,15 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if rest and args.command != "demo":  # only the demo passes its arguments on
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    if args.command == "jar":
-        try:
+    try:  # the installed pyspark or the jar wrong: one line, exit 2
+        if args.command == "jar":
             print(_session.jar_path(args.spark_version))
-        except (FileNotFoundError, ValueError) as error:
-            parser.error(str(error))  # one line, exit 2
-        return 0
-    if args.command == "connect-server":
-        return _connect_server(args)
+            return 0
+        if args.command == "connect-server":
+            return _connect_server(args)
+        _session.jar_path()
+    except (FileNotFoundError, ValueError) as error:
+        commands.choices[args.command].error(str(error))
     from keyedstate.errors import CheckpointOperationError, QueryServiceError
 
     run = {"rescale": _rescale, "inspect": _inspect, "savepoint": _savepoint}.get(args.command)

@@ -3,6 +3,8 @@ package io.keyedstate.shims
 import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, ReadStateStore, StateStore, StateStoreCustomSizeMetric, StateStoreProvider}
 import org.apache.spark.sql.types.StructType
 
+import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
+
 /** What keyedstate calls differently on each Spark minor version, for Spark 4.2 (see the 4.3 one). */
 object SparkShims {
   val SparkMinor: String = "4.2"
@@ -16,8 +18,9 @@ object SparkShims {
                         spec: KeyStateEncoderSpec, multipleValues: Boolean, internal: Boolean): Unit =
     store match {
       case ours: StoreShim => ours.registerFamily(name, keySchema, valueSchema, spec, multipleValues, internal)
-      case other => throw new UnsupportedOperationException(
-        s"Spark 4.2's ${other.getClass.getName} cannot read column family $name; Spark 4.3 can")
+      case other => throw KeyedStateErrors.unsupported(ErrorId.UnsupportedSparkVersion,
+        s"Spark 4.2's ${other.getClass.getName} cannot read the column family $name of its checkpoint (Spark 4.3 " +
+          "can): read it on Spark 4.3")
     }
 }
 

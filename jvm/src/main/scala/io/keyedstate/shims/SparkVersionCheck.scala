@@ -10,11 +10,17 @@ import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
  * at the provider's and the session extensions' start instead.
  */
 object SparkVersionCheck {
+  /** The Spark minor versions keyedstate builds a jar for (build.sbt's `supportedSparkMinors`). */
+  val Supported: Seq[String] = Seq("4.2", "4.3")
+
   def running: String = SPARK_VERSION.split('.').take(2).mkString(".")
 
   def check(): Unit = if (running != SparkShims.SparkMinor) {
+    val instead =
+      if (Supported.contains(running))
+        s"use keyedstate-spark-$running.jar (`keyedstate jar --spark-version $running` prints its path)"
+      else s"keyedstate has jars for Spark ${Supported.mkString(" and ")} only"
     throw KeyedStateErrors.unsupported(ErrorId.UnsupportedSparkVersion,
-      s"This keyedstate jar is for Spark ${SparkShims.SparkMinor}, and Spark $SPARK_VERSION runs: use " +
-        s"keyedstate-spark-$running.jar (`keyedstate jar --spark-version $running` prints its path)")
+      s"This keyedstate jar is for Spark ${SparkShims.SparkMinor}, and Spark $SPARK_VERSION runs: $instead")
   }
 }
