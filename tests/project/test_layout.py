@@ -370,8 +370,7 @@ def test_the_build_the_jvm_and_the_package_support_the_same_spark_versions() -> 
     """build.sbt's projects, the JVM's version check, the Python package's jar choice and the
     Makefile's older versions name the same Spark minor versions (docs/architecture.md, "Spark
     versions")."""
-    import pyspark
-    from keyedstate._session import SUPPORTED_SPARK
+    from keyedstate._session import SUPPORTED_SPARK, spark_minor
 
     sbt = (REPO / "build.sbt").read_text()
     check = (JVM_ROOT / "shims" / "SparkVersionCheck.scala").read_text()
@@ -380,8 +379,7 @@ def test_the_build_the_jvm_and_the_package_support_the_same_spark_versions() -> 
     in_jvm = re.search(r"val Supported: Seq\[String\] = Seq\(([^)]*)\)", check)
     older = re.search(r"^OLDER_SPARK := (.*)$", makefile, re.M)
     assert in_sbt and in_jvm and older
-    installed = ".".join(pyspark.__version__.split(".")[:2])
-    from_make = sorted({".".join(v.split(".")[:2]) for v in older.group(1).split()} | {installed})
+    from_make = sorted({spark_minor(v) for v in older.group(1).split()} | {spark_minor()})
     found = {
         "build.sbt": sorted(re.findall(r'"([\d.]+)"', in_sbt.group(1))),
         "SparkVersionCheck": sorted(re.findall(r'"([\d.]+)"', in_jvm.group(1))),

@@ -16,14 +16,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pyspark
 import pytest
-from keyedstate._session import SUPPORTED_SPARK
+from keyedstate._session import SUPPORTED_SPARK, spark_minor
 
 from tests.support.paths import DRIVERS, PYTHON_SOURCES, REPO
 
 JOB = DRIVERS / "spark_version_job.py"
-INSTALLED = ".".join(pyspark.__version__.split(".")[:2])
+INSTALLED = spark_minor()
 OLDER = [minor for minor in SUPPORTED_SPARK if minor != INSTALLED]
 
 # The job's two phases (spark_version_job.PHASES): a running total per key.

@@ -6,7 +6,7 @@ import org.apache.spark.sql.types.StructType
 /**
  * What keyedstate calls differently on each Spark minor version, for Spark 4.3 (one object per
  * version, in jvm/src/main/scala-spark-<minor>/, with the same members; docs/architecture.md,
- * "Spark versions"). Imports no keyedstate package: every layer may use it.
+ * "Spark versions"). Imports only keyedstate's errors: every other layer may use it.
  */
 object SparkShims {
   val SparkMinor: String = "4.3"

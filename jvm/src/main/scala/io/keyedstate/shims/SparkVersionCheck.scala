@@ -13,7 +13,7 @@ object SparkVersionCheck {
   /** The Spark minor versions keyedstate builds a jar for (build.sbt's `supportedSparkMinors`). */
   val Supported: Seq[String] = Seq("4.2", "4.3")
 
-  def running: String = SPARK_VERSION.split('.').take(2).mkString(".")
+  val running: String = SPARK_VERSION.split('.').take(2).mkString(".")
 
   def check(): Unit = if (running != SparkShims.SparkMinor) {
     val instead =
