@@ -8,7 +8,7 @@ SBT := ./dev/sbt
 JARS := python/keyedstate/jars
 export PYTHON := $(abspath $(PY))
 
-.PHONY: setup jar jars spark-jars spark-venvs connectors check-connectors storage demo test test-scala test-python soak lint clean wheel
+.PHONY: setup jar jars spark-jars spark-venvs connectors check-connectors storage demo test test-full test-scala test-python soak lint clean wheel
 
 $(PY): pyproject.toml
 	python3 -m venv $(VENV)
@@ -51,18 +51,20 @@ $(STORAGE)/%/.done: dev/storage/%/pom.xml
 jar: $(PY)
 	$(SBT) bundle
 
-# The provider jars for every supported Spark (4.2 and 4.3), for a wheel that runs on each.
+# The provider jars for every supported Spark (4.1, 4.2 and 4.3), for a wheel that runs on each.
 jars: $(PY) spark-jars
-	$(SBT) bundle spark42/bundle
+	$(SBT) "all bundle spark41/bundle spark42/bundle"
 
-# The older Spark versions' jars (build.sbt's spark42 compiles against them), from their pyspark
-# releases on PyPI (dev/spark_jars.py): the newest patch release of each minor version.
+# The older Spark versions' jars (build.sbt's spark41 and spark42 compile against them): the jars
+# inside the pyspark each version's virtualenv installs from PyPI (below), which are what a Python
+# user of that version runs; the newest patch release of each minor version.
 SPARK_JARS := build/spark-jars
-OLDER_SPARK := 4.2.1
+OLDER_SPARK := 4.1.4 4.2.1
 spark-jars: $(foreach v,$(OLDER_SPARK),$(SPARK_JARS)/$(basename $(v))/.done)
 
-$(SPARK_JARS)/%/.done: dev/spark_jars.py | $(PY)
-	$(PY) dev/spark_jars.py $(filter $*.%,$(OLDER_SPARK)) $(SPARK_JARS)/$*
+$(SPARK_JARS)/%/.done: build/venv-spark-%/.done
+	rm -rf $(SPARK_JARS)/$* && mkdir -p $(SPARK_JARS)
+	cp -r "$$(build/venv-spark-$*/bin/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')" $(SPARK_JARS)/$*
 	touch $@
 
 # A virtualenv per older Spark version with its pyspark from PyPI, for tests/versions/ (which put
@@ -103,9 +105,15 @@ test: setup
 	  echo "Scala suites: exit $$scala_rc; Python suites: exit $$python_rc"; \
 	  test $$scala_rc -eq 0 -a $$python_rc -eq 0
 
+# Not in CI: `make test` with the full tier of the Python suites (tests/support/tiers.py: the
+# Connect runs of tests CI runs in the classic session, the other rescale and storage scenarios,
+# the storage kill tests, every kill point of the pipeline; about 20 minutes more).
+test-full:
+	KEYEDSTATE_TEST_FULL=1 $(MAKE) test
+
 # Not in CI: 100 driver SIGKILLs per engine over a replayable source (about 25 minutes each,
 # bounded at 50); the end-to-end pipeline (Kafka in, PostgreSQL and Kafka out) killed 20 times
-# (about 12 minutes; CI kills it 6 times, once at each kill point); the JVM suites' full search
+# (about 12 minutes; CI kills it 4 times, `make test-full` 6, once at each kill point); the JVM suites' full search
 # (KEYEDSTATE_SOAK=1: a rescale failed at every file-system call, not only at the first and last
 # call of each call site; every Lincheck iteration; about 8 minutes).
 soak: setup

@@ -2,7 +2,7 @@
 //
 // Each Spark minor version is compiled against that version's own jars: the root project against
 // the jars of the installed `pyspark` wheel (see `sparkJarsDir`; override with
-// KEYEDSTATE_SPARK_JARS=/path/to/spark/jars), the older ones (`spark42`; 4.0 and 4.1 to come) against the
+// KEYEDSTATE_SPARK_JARS=/path/to/spark/jars), the older ones (`spark41`, `spark42`; 4.0 to come) against the
 // jars `make spark-jars` takes from their pyspark releases on PyPI (build/spark-jars/<version>/).
 // What differs between versions lives in small shims, jvm/src/main/scala-spark-<minor>/, beside
 // the common sources (docs/architecture.md, "Spark versions").
@@ -17,10 +17,9 @@ ThisBuild / scalaVersion := "2.13.18"
 
 // The Spark minor versions keyedstate supports (also SparkVersionCheck.Supported and Python's
 // SUPPORTED_SPARK; test_layout checks they agree); the root project builds the installed pyspark's.
-// 4.0 and 4.1 need shims of their own still (issue 39): 4.1 misses the 4.2 store API
-// (iteratorWithMultiValues, getStore's forceSnapshotOnCommit and loadEmpty), 4.0 also the 4.1 one and the
-// streaming packages' split.
-lazy val supportedSparkMinors = Seq("4.2", "4.3")
+// 4.0 needs shims of its own still (issue 39, dev/plans/spark-4.0-4.1-shims.md): it misses 4.1's store
+// API and the streaming packages' split.
+lazy val supportedSparkMinors = Seq("4.1", "4.2", "4.3")
 
 // "4.2" from the spark-core jar of a Spark distribution's jars folder.
 def sparkMinorOf(jars: File): String = {
@@ -68,16 +67,19 @@ def providerSettings: Seq[Setting[_]] = Seq(
 )
 
 // An older Spark minor version's provider: `./dev/sbt spark42/package`.
-def olderSpark(minor: String): Project =
+def olderSpark(minor: String, scala: String = "2.13.18"): Project =
   Project(s"spark${minor.replace(".", "")}", file(s"target/projects/spark-$minor"))
     .settings(providerSettings)
     .settings(
       name := "keyedstate",
       sparkMinor := minor,
+      // The Scala its Spark ships: sbt's scala-library would sit beside Spark's in the classpath.
+      scalaVersion := scala,
       sparkJarsDir := (ThisBuild / baseDirectory).value / "build" / "spark-jars" / minor,
       target := (ThisBuild / baseDirectory).value / "target" / s"spark-$minor"
     )
 
+lazy val spark41 = olderSpark("4.1", scala = "2.13.17")
 lazy val spark42 = olderSpark("4.2")
 
 // The installed pyspark's Spark (4.3 in development), with the Scala suites.

@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 if importlib.util.find_spec("keyedstate") is None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
 
-from tests.support import jvm_class_archive  # noqa: E402
+from tests.support import jvm_class_archive, tiers  # noqa: E402
 from tests.support.streaming_harness import (  # noqa: E402
     PROVIDER_UNDER_TEST,
     REFERENCE_PROVIDER,
@@ -117,12 +117,16 @@ def spark_mode(request: pytest.FixtureRequest) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselects the Connect runs of the tests marked ``classic_only``."""
+    """Deselects the Connect runs of the tests marked ``classic_only``; skips, in CI, the tests
+    of the full tier (tests/support/tiers.py), naming it."""
     kept, dropped = [], []
     for item in items:
         callspec = getattr(item, "callspec", None)
         on_connect = callspec is not None and callspec.params.get("spark_mode") == "connect"
         (dropped if on_connect and item.get_closest_marker("classic_only") else kept).append(item)
+        reason = None if tiers.FULL else tiers.full_tier_reason(item.nodeid)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=f"full tier (make test-full): {reason}"))
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

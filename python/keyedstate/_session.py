@@ -48,7 +48,8 @@ def _load_options() -> dict[str, dict[str, Any]]:
 OPTIONS: dict[str, dict[str, Any]] = _load_options()
 
 # The Spark minor versions keyedstate has a provider jar for (build.sbt: one jar per version).
-SUPPORTED_SPARK = ("4.2", "4.3")
+SUPPORTED_SPARK = ("4.1", "4.2", "4.3")
+_NEXT_MINOR = "4.4"
 
 
 def spark_minor(version: str | None = None) -> str:
@@ -61,9 +62,9 @@ def spark_minor(version: str | None = None) -> str:
         version = pyspark.__version__
     minor = ".".join(version.split(".")[:2])
     if minor not in SUPPORTED_SPARK:
-        supported = " and ".join(SUPPORTED_SPARK)
+        supported = ", ".join(SUPPORTED_SPARK[:-1]) + f" and {SUPPORTED_SPARK[-1]}"
         advice = (
-            "install one of those (pip install 'pyspark>=4.2,<4.4')"
+            f"install one of those (pip install 'pyspark>={SUPPORTED_SPARK[0]},<{_NEXT_MINOR}')"
             if installed
             else "run the cluster on one of those"
         )
@@ -75,11 +76,19 @@ def spark_minor(version: str | None = None) -> str:
     return minor
 
 
-# Spark's Kafka source and sink for pyspark 4.3: Maven Central has no 4.3.0 connector and the
-# 4.2.0 one links and runs against Spark 4.3.0 (docs/exactly-once.md, "Kafka connector for
-# Spark 4.3").
-KAFKA_CONNECTOR_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
+# Spark's Kafka source and sink per Spark minor version: the newest release of the connector on
+# Maven Central for it (a minor version's patch releases link against each other). Maven Central
+# has no 4.3 connector, and 4.2.0's links and runs against Spark 4.3.0 (docs/exactly-once.md,
+# "Kafka connector").
+KAFKA_CONNECTOR_VERSIONS = {"4.1": "4.1.3", "4.2": "4.2.0", "4.3": "4.2.0"}
 PACKAGES_KEY = "spark.jars.packages"
+
+
+def kafka_connector_package(spark_version: str | None = None) -> str:
+    """Spark's Kafka connector package (for ``spark.jars.packages``) for a Spark version, the
+    installed pyspark's by default."""
+    version = KAFKA_CONNECTOR_VERSIONS[spark_minor(spark_version)]
+    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
 
 
 def jar_path(spark_version: str | None = None) -> str:
@@ -197,7 +206,7 @@ def configure(
     Keyword options are the provider's options in snake_case (docs/configuration.md), for
     example ``configure(builder, local_dir="/mnt/ssd/keyedstate", compression="zstd")``; each
     value is checked here, as the provider checks it. ``kafka=True`` also adds Spark's Kafka
-    source and sink (``KAFKA_CONNECTOR_PACKAGE`` to ``spark.jars.packages``, which Spark fetches
+    source and sink (``kafka_connector_package()`` to ``spark.jars.packages``, which Spark fetches
     from Maven Central when the session starts).
 
     On Spark Connect, a builder for a server started in this process (``.remote("local[2]")``,
@@ -220,7 +229,7 @@ def configure(
         if kafka:
             raise ValueError(
                 "kafka=True adds Spark's Kafka connector to the application: on a Spark Connect "
-                f"server ({remote}) start the server with --packages {KAFKA_CONNECTOR_PACKAGE}"
+                f"server ({remote}) start the server with --packages {kafka_connector_package()}"
             )
         builder = builder.config(PROVIDER_CLASS_KEY, PROVIDER_CLASS)
         for key, value in settings.items():
@@ -244,6 +253,7 @@ def configure(
         builder = builder.config(key, value)
     if kafka:
         packages = [p.strip() for p in str(builder._options.get(PACKAGES_KEY, "")).split(",")]
-        packages = [p for p in packages if p and p != KAFKA_CONNECTOR_PACKAGE]
-        builder = builder.config(PACKAGES_KEY, ",".join([*packages, KAFKA_CONNECTOR_PACKAGE]))
+        connector = kafka_connector_package()
+        packages = [p for p in packages if p and p != connector]
+        builder = builder.config(PACKAGES_KEY, ",".join([*packages, connector]))
     return builder

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import keyedstate
 import pytest
 from keyedstate import (
     KeyedProcessFunction,
@@ -25,15 +26,19 @@ from keyedstate import (
     key_by,
 )
 from keyedstate.engine.planner import output_struct
+from keyedstate.errors import InvalidOptionError, state_error
 from keyedstate.keyed_stream import _state_type
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from tests.support.drivers.spark_version_job import SparkCounter
 from tests.support.state_api_support import PROVIDERS, ship_by_value
 from tests.support.streaming_harness import (
     PROVIDER_UNDER_TEST,
+    QUERY_TIMEOUT_S,
+    REFERENCE_PROVIDER,
     BatchCollector,
     FileInput,
     await_finished,
@@ -42,6 +47,7 @@ from tests.support.streaming_harness import (
 )
 
 ship_by_value(__name__)
+ship_by_value(SparkCounter.__module__)  # a driver script's, not importable by the workers
 
 SCHEMA = T.StructType([T.StructField("k", T.StringType()), T.StructField("v", T.LongType())])
 
@@ -414,6 +420,51 @@ def test_other_providers_are_refused(spark: SparkSession, tmp_path: Path, provid
     message = str(failure.value)
     assert "KEYED_FUNCTION_UNSUPPORTED_PROVIDER" in message and provider in message, message
     assert "io.keyedstate.KeyedStateStoreProvider" in message and collector.batches == {}
+
+
+def test_sparks_transform_with_state_is_refused_on_keyedstates_provider(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark 4.3 refuses other providers for it when the query plans; keyedstate refuses it
+    first, with one error on every Spark version (tests/versions/), and with the provider the
+    query's checkpoint pins: a checkpoint of Spark's RocksDB provider restarts in a session
+    set to keyedstate's."""
+    key = "spark.sql.streaming.stateStore.providerClass"
+    before = spark.conf.get(key)
+    source = FileInput(tmp_path / "input", SCHEMA)
+    source.add([{"k": "a", "v": 1}])
+
+    def run(checkpoint: Path) -> None:
+        frame = source.read_stream(spark).groupBy("k").transformWithStateInPandas(
+            SparkCounter(), "k string, c long", "append", "None"
+        )
+        query = (
+            frame.writeStream.format("noop")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(QUERY_TIMEOUT_S)
+        if query.exception() is not None:
+            raise query.exception()
+
+    try:
+        spark.conf.set(key, keyedstate.PROVIDER_CLASS)
+        with pytest.raises(Exception) as failure:  # noqa: PT011 - mapped and checked below
+            run(tmp_path / "checkpoint")
+        spark.conf.set(key, REFERENCE_PROVIDER)
+        run(tmp_path / "rocksdb")
+        source.add([{"k": "a", "v": 2}])
+        spark.conf.set(key, keyedstate.PROVIDER_CLASS)
+        run(tmp_path / "rocksdb")  # the checkpoint's provider: Spark's RocksDB one
+    finally:
+        spark.conf.set(key, before)
+    mapped = state_error(failure.value)
+    assert isinstance(mapped, InvalidOptionError), failure.value
+    assert mapped.error_id == "KEYEDSTATE_TRANSFORM_WITH_STATE_PROVIDER"
+    assert "keyedstate.key_by(...).process(...)" in str(mapped)
+    assert not (tmp_path / "checkpoint" / "commits" / "0").exists()
+    assert (tmp_path / "rocksdb" / "commits" / "1").exists()
 
 
 @pytest.mark.parametrize("name", ["default", "_hidden", "$op", " padded", "trailing "])

@@ -1,5 +1,5 @@
 """Spark's own Kafka source and sink on pyspark 4.3.0, with the 4.2.0 connector jars fetched by
-`make connectors` (docs/exactly-once.md, "Kafka connector for Spark 4.3"), against a real broker."""
+`make connectors` (docs/exactly-once.md, "Kafka connector"), against a real broker."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import uuid
 from pathlib import Path
 
 import keyedstate
+import pyspark
 import pytest
+from keyedstate._session import SUPPORTED_SPARK
+from keyedstate.errors import InvalidOptionError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -89,6 +92,17 @@ def test_configure_kafka_adds_the_connector_package_once_keeping_others() -> Non
     assert "spark.jars.packages" not in keyedstate.configure(SparkSession.builder)._options
     with pytest.raises(ValueError, match="kafka= must be True or False, got 'yes'"):
         keyedstate.configure(SparkSession.builder, kafka="yes")  # type: ignore[arg-type]
+
+
+def test_the_connector_follows_the_sparks_minor_version() -> None:
+    package = keyedstate._session.kafka_connector_package
+    assert package("4.1.4") == "org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.3"
+    assert package("4.2.1") == "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
+    assert package("4.3.0") == "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
+    assert package() == package(pyspark.__version__)
+    assert set(keyedstate._session.KAFKA_CONNECTOR_VERSIONS) == set(SUPPORTED_SPARK)
+    with pytest.raises(InvalidOptionError, match="not for Spark 3.5.1"):
+        package("3.5.1")
 
 
 def test_missing_broker_jars_name_the_make_target(

@@ -11,14 +11,13 @@ Inputs stay local; only the checkpoints live on the remote storage. Per storage:
 - a rescale from and to the storage, then the query continued on the result;
 - the kill-and-restart test (tests/provider/test_kill_restart.py) with a few kills.
 
-KEYEDSTATE_STORAGE_FULL=1 runs every operator-equivalence scenario and the kill test (both
-engines; about 6 minutes per storage); CI runs two scenarios per storage (each module's
-``pytest_generate_tests``) and no kill test.
+The full tier (``make test-full``, tests/support/tiers.py) runs every operator-equivalence
+scenario and the kill test (both engines; about 6 minutes per storage); CI runs two scenarios
+per storage (each module's ``pytest_generate_tests``) and no kill test.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,15 +58,14 @@ from tests.support.streaming_harness import (
     run_phase,
     start_query,
 )
+from tests.support.tiers import FULL
 from tests.support.ttl_queries import Query, count_by_key, expired_key_starts_fresh
-
-FULL = os.environ.get("KEYEDSTATE_STORAGE_FULL") == "1"
 
 
 def parametrize_equivalence(metafunc: pytest.Metafunc, subset: set[str]) -> None:
     """A storage module's ``pytest_generate_tests``: the operator-equivalence scenarios it runs,
-    ``subset`` in CI and every one with KEYEDSTATE_STORAGE_FULL=1. The two storages take two of
-    the four store layouts each (one value per key, per window, a join's two stores, column
+    ``subset`` in CI and every one in the full tier (``make test-full``). The two storages take
+    two of the four store layouts each (one value per key, per window, a join's two stores, column
     families of timeouts): together CI covers the four once."""
     if "scenario" in metafunc.fixturenames:
         chosen = [s for s in SCENARIOS if FULL or s.name in subset]
@@ -305,7 +303,7 @@ def test_savepoint_moves_to_the_storage_and_back(
 
 
 @pytest.mark.skipif(
-    not FULL, reason="the kill test on remote storage runs with KEYEDSTATE_STORAGE_FULL=1"
+    not FULL, reason="full tier (make test-full): the kill test on remote storage"
 )
 @pytest.mark.parametrize("engine", KILL_ENGINES)
 def test_kill_and_restart_is_exactly_once(

@@ -1,13 +1,15 @@
 """A class-data-sharing archive of the Spark driver's classes, for the JVMs the tests start.
 
 Every Spark JVM the tests start (a driver process, a CLI command, the Spark Connect server, a
-standalone cluster's master and workers) loads and verifies some thousands of Spark's classes
-from jars: about 9 s to a SparkSession on this machine's two cores, of which the archive saves
-about 4 (the kill-and-restart tests: 217 s without it, 158 s with it). JDK 17's dynamic archive
-(``-XX:ArchiveClassesAtExit``) is written once per machine, for the installed pyspark and JDK, by
-a small session that runs a batch job and a streaming aggregation (build/jvm-class-archive/);
+standalone cluster's master, workers and executors) loads and verifies some thousands of Spark's
+classes from jars: about 9 s to a SparkSession on this machine's two cores, of which the archive
+saves about 4 (the kill-and-restart tests: 217 s without it, 158 s with it). JDK 17's dynamic
+archive (``-XX:ArchiveClassesAtExit``) is written once per machine, for the installed pyspark and
+JDK, by a small session that runs a batch job and a streaming aggregation
+(build/jvm-class-archive/);
 ``spark-submit`` hands ``SPARK_SUBMIT_OPTS`` to every driver JVM, and ``spark-class`` hands
-``SPARK_DAEMON_JAVA_OPTS`` to a standalone cluster's master and workers. A JVM whose class path
+``SPARK_DAEMON_JAVA_OPTS`` to a standalone cluster's master and workers, and its executors take
+``spark.executor.extraJavaOptions`` from their application's session. A JVM whose class path
 differs from the archive's (a driver with ``spark.driver.extraClassPath``) runs without it; the
 logging options keep the JVM from saying so on its output, which some tests read.
 
@@ -35,6 +37,9 @@ from tests.support.paths import PYTHON_SOURCES, REPO
 ARCHIVES = REPO / "build" / "jvm-class-archive"
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 SWITCH_ENV = "KEYEDSTATE_TEST_CLASS_ARCHIVE"
+# The options for a standalone cluster's executors, which a worker starts with the application's
+# spark.executor.extraJavaOptions (servers/spark_standalone.py's job_builder sets them).
+EXECUTOR_OPTIONS_ENV = "KEYEDSTATE_TEST_EXECUTOR_JAVA_OPTIONS"
 
 # The workload whose classes are archived: a session as the tests make one, a batch job and a
 # streaming aggregation on keyedstate's provider.
@@ -126,6 +131,6 @@ def use_for_spark_jvms() -> str:
     except (OSError, subprocess.SubprocessError) as error:
         return f"none: {type(error).__name__}: {str(error)[:200]}"
     options = f"-XX:SharedArchiveFile={archive} {QUIET}"
-    for variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
+    for variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS", EXECUTOR_OPTIONS_ENV):
         os.environ[variable] = f"{os.environ.get(variable, '')} {options}".strip()
     return f"{archive.relative_to(REPO)}{built}"

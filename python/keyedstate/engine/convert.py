@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import inspect
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +30,16 @@ OUTPUT, KEY_CHANGES, OPERATOR_STATES = range(3)
 
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _FLOATING = (T.FloatType, T.DoubleType)
+
+# pyspark 4.2+ labels timestamp fields with the session time zone; 4.0 and 4.1 label them UTC.
+# The label only: the values are the same instants (microseconds since the epoch) either way.
+_LABELS_TIME_ZONE = "timezone" in inspect.signature(to_arrow_schema).parameters
+
+
+def _arrow_schema(schema: T.StructType, time_zone: str) -> pa.Schema:
+    if _LABELS_TIME_ZONE:
+        return to_arrow_schema(schema, timezone=time_zone)
+    return to_arrow_schema(schema)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,7 +130,7 @@ class OutputRows:
         self._labels = [_side_label(f.name, sides) for f in output_schema.fields]
         self._allowed = [_allowed(f.dataType) for f in output_schema.fields]
         self._encoders = [column_encoder(f.dataType, time_zone) for f in output_schema.fields]
-        self._schema = to_arrow_schema(exchange, timezone=time_zone)
+        self._schema = _arrow_schema(exchange, time_zone)
         names = exchange.names
         self._key_columns = [i for i, n in enumerate(names) if re.fullmatch(r"__ks_k\d+", n)]
         self._key_encoders = [

@@ -348,8 +348,9 @@ def _connect_server(args: argparse.Namespace) -> int:
     }
     if args.kafka:  # as keyedstate.configure(builder, kafka=True) adds it
         packages = [p for p in settings.get(_session.PACKAGES_KEY, "").split(",") if p.strip()]
-        if _session.KAFKA_CONNECTOR_PACKAGE not in packages:
-            packages.append(_session.KAFKA_CONNECTOR_PACKAGE)
+        connector = _session.kafka_connector_package()
+        if connector not in packages:
+            packages.append(connector)
         settings[_session.PACKAGES_KEY] = ",".join(packages)
     settings.setdefault("spark.connect.grpc.binding.address", args.host)
     settings.setdefault("spark.connect.grpc.binding.port", str(args.port))

@@ -24,6 +24,7 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
+from tests.support.jvm_class_archive import EXECUTOR_OPTIONS_ENV
 from tests.support.servers.ports import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
@@ -59,9 +60,14 @@ def executor_pids() -> list[int]:
 
 def job_builder(master: str, app_name: str) -> SparkSession.Builder:
     """A driver's session on a cluster at ``master``: executors of one core and 768m, 4 shuffle
-    partitions, no UI, the driver on 127.0.0.1, the executors' Python workers on this Python."""
+    partitions, no UI, the driver on 127.0.0.1, the executors' Python workers on this Python, and
+    the tests' class-data archive (tests/support/jvm_class_archive.py) in the executors' JVMs."""
+    builder = SparkSession.builder.master(master).appName(app_name)
+    archive = os.environ.get(EXECUTOR_OPTIONS_ENV)
+    if archive:
+        builder = builder.config("spark.executor.extraJavaOptions", archive)
     return (
-        SparkSession.builder.master(master).appName(app_name)
+        builder
         .config("spark.executor.memory", "768m")
         .config("spark.executor.cores", "1")
         .config("spark.sql.shuffle.partitions", "4")

@@ -1,6 +1,9 @@
 package io.keyedstate.shims
 
-import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, ReadStateStore, StateStore, StateStoreCustomSizeMetric, StateStoreProvider}
+import java.io.InputStream
+
+import net.jpountz.lz4.LZ4BlockInputStream
+import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, ReadStateStore, RocksDBKeyStateEncoder, StateStore, StateStoreCustomSizeMetric, StateStoreIterator, StateStoreProvider, UnsafeRowPair}
 import org.apache.spark.sql.types.StructType
 
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
@@ -22,6 +25,25 @@ object SparkShims {
         s"Spark 4.2's ${other.getClass.getName} cannot read the column family $name of its checkpoint (Spark 4.3 " +
           "can): read it on Spark 4.3")
     }
+
+  /** Opens a writable store; `loadEmpty` starts it empty at `version` (a restore writes it whole). */
+  def getStore(provider: StateStoreProvider, version: Long, checkpointId: Option[String],
+               forceSnapshotOnCommit: Boolean, loadEmpty: Boolean): StateStore =
+    provider.getStore(version, checkpointId, forceSnapshotOnCommit, loadEmpty)
+
+  /** Every provider opens a store empty at any version since Spark 4.2. */
+  def checkOpensEmpty(provider: Class[_], version: Long): Unit = ()
+
+  def allColumnFamilyNames(store: ReadStateStore): Set[String] = store.allColumnFamilyNames
+
+  def iteratorWithMultiValues(store: ReadStateStore, family: String): StateStoreIterator[UnsafeRowPair] =
+    store.iteratorWithMultiValues(family)
+
+  def supportsRangeScan(spec: KeyStateEncoderSpec, encoder: RocksDBKeyStateEncoder): Boolean =
+    encoder.supportsRangeScan
+
+  /** An LZ4 block stream reader (lz4-java 1.10+ builds it; older ones have constructors only). */
+  def lz4Input(in: InputStream): InputStream = LZ4BlockInputStream.newBuilder().build(in)
 }
 
 /** keyedstate's store as each Spark version sees it: Spark 4.2's stores have no `registerColFamily`: keyedstate's own reads call it. */

@@ -1,5 +1,6 @@
 package io.keyedstate.engine
 
+import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.{SparkSession, SparkSessionExtensions}
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
 import org.apache.spark.sql.catalyst.streaming.WriteToStream
@@ -10,6 +11,7 @@ import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.streaming.OutputMode
 
 import io.keyedstate.{KeyedStateStoreProvider, QueryLeaseListener}
+import io.keyedstate.checkpoint.OffsetLog
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.shims.SparkVersionCheck
@@ -30,7 +32,9 @@ final class KeyedStateExtensions extends (SparkSessionExtensions => Unit) {
         KeyedStateConf.validateSession(session.sessionState.conf.getAllConfs)
         QueryLeaseListener.installOn(session)
         plan match {
-          case start: WriteToStream => RestoreMapping.checkAtStart(session, start.resolvedCheckpointLocation)
+          case start: WriteToStream =>
+            RestoreMapping.checkAtStart(session, start.resolvedCheckpointLocation)
+            KeyedProcessOperators.refuseTransformWithState(session, start)
           case _ => ()
         }
       })
@@ -106,6 +110,28 @@ object KeyedProcessOperators {
       .map(_.watermarkPropagator.getInputWatermarkForEviction(context.stateInfo.storeVersion,
         context.stateInfo.operatorId))
       .getOrElse(context.watermarkMs)
+
+  /**
+   * Spark's `transformWithState` keeps its state in Spark's RocksDB provider: Spark 4.2 and 4.3
+   * refuse other providers when the query plans, 4.0 and 4.1 would run it on keyedstate's untried.
+   * One refusal on every version, as the query starts, with the provider it will run with: the
+   * one its checkpoint pinned (a restart), else the session's.
+   */
+  def refuseTransformWithState(session: SparkSession, start: WriteToStream): Unit =
+    // By name: the node is TransformWithState, TransformWithStateInPandas or -InPySpark by version.
+    start.inputQuery.find(_.nodeName.startsWith("TransformWithState")).foreach { node =>
+      val root = new Path(start.resolvedCheckpointLocation)
+      val pinned = OffsetLog.lastPinnedConf(root.getFileSystem(session.sessionState.newHadoopConf()), root)
+      val key = SQLConf.STATE_STORE_PROVIDER_CLASS.key
+      val provider = pinned.flatMap(_.get(key)).getOrElse(session.sessionState.conf.stateStoreProviderClass)
+      if (provider == classOf[KeyedStateStoreProvider].getName) {
+        throw KeyedStateErrors.badArgument(ErrorId.TransformWithStateProvider,
+          s"Spark's ${node.nodeName} keeps its state in Spark's RocksDB provider, and this query's provider is " +
+            s"keyedstate's ($key=$provider${if (pinned.isDefined) ", pinned by its checkpoint" else ""}). Use " +
+            "keyedstate's keyed functions (keyedstate.key_by(...).process(...)), or run this query in a " +
+            s"session with $key=org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+      }
+    }
 
   /**
    * Keyed functions keep their declaration (key columns, each state's kind and type) in every

@@ -17,6 +17,8 @@ import org.apache.spark.sql.keyedstate.SqlConfScopedRDD
 import org.apache.spark.sql.types._
 import org.apache.spark.util.AccumulatorV2
 
+import io.keyedstate.TaskStateStore
+
 /**
  * Consumes what the Python function returned for one partition: output rows go on, state
  * mutations go into the store the lookup node opened in this task. When the partition is done
@@ -166,7 +168,7 @@ final case class KeyedStateApplyExec(
 private final class MutationWriter(
     spec: ProcessSpec,
     layout: StateLayout,
-    store: StateStore,
+    store: TaskStateStore,
     partition: Int,
     outSchema: StructType,
     numOutput: Int) {

@@ -16,6 +16,8 @@ import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.types._
 import org.apache.spark.util.SerializableConfiguration
 
+import io.keyedstate.TaskStateStore
+
 /**
  * Opens a partition's state store and streams to Python, key by key (the input arrives
  * clustered by Spark's state partitioning and sorted by key): a header row with the batch's
@@ -124,7 +126,7 @@ final case class KeyedStateLookupExec(
 private final class LookupIterator(
     spec: ProcessSpec,
     layout: StateLayout,
-    store: StateStore,
+    store: TaskStateStore,
     partition: Int,
     numPartitions: Int,
     nowMs: Long,

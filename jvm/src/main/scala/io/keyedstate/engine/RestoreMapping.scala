@@ -18,6 +18,7 @@ import org.json4s.jackson.{JsonMethods, Serialization}
 import io.keyedstate.TaskStateStore
 import io.keyedstate.checkpoint.{BootstrappedState, CheckpointStore}
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
+import io.keyedstate.shims.SparkShims
 
 /** A keyed function of the savepoint a checkpoint was restored from: its operator id there. */
 final case class SavedFunction(operatorId: Int, uid: Option[String], function: String, states: Seq[String]) {
@@ -222,7 +223,7 @@ object RestoreMapping {
         NoPrefixKeyStateEncoderSpec(layout.keySchema), useColumnFamilies = true, storeConf, hadoopConf,
         useMultipleValuesPerKey = true, None)
       try {
-        val store = provider.getStore(batch, None, forceSnapshotOnCommit = true, loadEmpty = true)
+        val store = SparkShims.getStore(provider, batch, None, forceSnapshotOnCommit = true, loadEmpty = true)
         try {
           store.asInstanceOf[TaskStateStore].declare(declaration.toJson)
           store.commit()

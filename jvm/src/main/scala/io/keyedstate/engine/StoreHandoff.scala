@@ -2,7 +2,7 @@ package io.keyedstate.engine
 
 import java.util.concurrent.ConcurrentHashMap
 
-import org.apache.spark.sql.execution.streaming.state.StateStore
+import io.keyedstate.TaskStateStore
 
 /**
  * The lookup node opens a partition's store and the apply node, in the same task, writes and
@@ -10,11 +10,11 @@ import org.apache.spark.sql.execution.streaming.state.StateStore
  * hands its store from restore to save the same way.
  */
 private[engine] object StoreHandoff {
-  private val stores = new ConcurrentHashMap[(Long, Long), StateStore]()
+  private val stores = new ConcurrentHashMap[(Long, Long), TaskStateStore]()
 
-  def put(taskAttemptId: Long, operatorId: Long, store: StateStore): Unit = stores.put((taskAttemptId, operatorId), store)
+  def put(taskAttemptId: Long, operatorId: Long, store: TaskStateStore): Unit = stores.put((taskAttemptId, operatorId), store)
 
-  def take(taskAttemptId: Long, operatorId: Long): StateStore = {
+  def take(taskAttemptId: Long, operatorId: Long): TaskStateStore = {
     val store = stores.remove((taskAttemptId, operatorId))
     if (store == null) {
       throw new IllegalStateException(

@@ -87,7 +87,12 @@ object ErrorId {
       "keyedstate and the server runs its own, so they must be one version")
   case object UnsupportedSparkVersion extends ErrorId("KEYEDSTATE_UNSUPPORTED_SPARK_VERSION", Configuration,
     "keyedstate has no provider for the installed pyspark's Spark version (the version and the supported " +
-      "ones named), or the provider jar on the classpath is for another Spark version than the one running")
+      "ones named), or the provider jar on the classpath is for another Spark version than the one running, " +
+      "or the running Spark lacks what a call needs (named, with the version that has it)")
+  case object TransformWithStateProvider extends ErrorId("KEYEDSTATE_TRANSFORM_WITH_STATE_PROVIDER", Configuration,
+    "Spark's `transformWithState` (or `transformWithStateInPandas`) in a query on keyedstate's provider: it " +
+      "runs on Spark's RocksDB provider (Spark 4.2+ refuses other providers, keyedstate refuses it on every " +
+      "version); keyed functions are keyedstate's per-key operator")
   case object RescaleRefused extends ErrorId("KEYEDSTATE_RESCALE_REFUSED", Rescale,
     "`rescale` refused before writing anything: a bad partition count, the count it already has, an " +
       "uncommitted batch, a running query, another provider's files, checkpoint format v2")
@@ -169,6 +174,7 @@ object ErrorId {
   /** Every identifier, in the order docs/errors.md lists them (`ErrorCatalogSuite` checks none is left out). */
   val all: Seq[ErrorId] = Seq(CheckpointFileMissing, CheckpointFileCorrupt, CheckpointWriteFailed,
     StateLoadFailed, CommitFailed, LocalDiskWriteFailed, InvalidOption, ConnectVersionMismatch, UnsupportedSparkVersion,
+    TransformWithStateProvider,
     RescaleRefused, RescaleInProgress,
     QueryCheckpointInvalid, StoreBusy, StoreClosed, UnsupportedOperation, InvalidStoreArgument, StoredValueCorrupt,
     KeyedFunctionKeyChanged, KeyedFunctionStateChanged, KeyedFunctionCompleteMode, KeyedFunctionUidChanged,

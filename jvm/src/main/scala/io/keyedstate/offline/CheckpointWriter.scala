@@ -25,6 +25,7 @@ import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.engine.{OperatorLists, StateKind}
 import io.keyedstate.rocks.{KeyGroupHasher, KeyGroups}
+import io.keyedstate.shims.SparkShims
 
 /**
  * The writer of a new query checkpoint at one committed batch B, the counterpart of
@@ -64,6 +65,11 @@ final class CheckpointWriter(spark: SparkSession, val target: QueryCheckpoint, v
       SQLConf.STATE_STORE_CHECKPOINT_FORMAT_VERSION.key -> "1")
     val conf = KeyedProcessSqlBridge.sqlConfWith(spark, pinned ++ settings ++ snapshots)
     val storeConf = new StateStoreConf(conf, tables.flatMap(_._1.ttlOptions).toMap)
+    // As writePartition opens its stores: refused here, before any partition is written.
+    if (storeConf.providerClass != QueryCheckpoint.SparkDefaultProvider) {
+      val provider = Class.forName(storeConf.providerClass, false, Thread.currentThread.getContextClassLoader)
+      SparkShims.checkOpensEmpty(provider, math.max(batch, 0))
+    }
     val hadoopConf = new SerializableConfiguration(target.hadoopConf)
     // Bootstrapped state waits beside `state`, which a new query must find empty.
     val stateRoot = (if (batch < 0) BootstrappedState.stateRoot(target.root) else target.stateRoot).toString
@@ -171,8 +177,9 @@ object CheckpointWriter {
     val fromEmpty = provider.getClass.getName == QueryCheckpoint.SparkDefaultProvider
     try {
       val store =
-        if (fromEmpty) provider.getStore(0, None, forceSnapshotOnCommit = true, loadEmpty = false)
-        else provider.getStore(math.max(batch, 0), None, forceSnapshotOnCommit = true, loadEmpty = true)
+        if (fromEmpty) SparkShims.getStore(provider, 0, None, forceSnapshotOnCommit = true, loadEmpty = false)
+        else SparkShims.getStore(provider, math.max(batch, 0), None, forceSnapshotOnCommit = true,
+          loadEmpty = true)
       try {
         if (first.columnFamilies) tables.foreach { t =>
           val f = t.family
@@ -205,19 +212,31 @@ object CheckpointWriter {
     counts
   }
 
-  /** The HDFS-backed provider's version 1 (its snapshot file; the delta goes) as version `version`. */
+  /**
+   * The HDFS-backed provider's version 1 as version `version`: its snapshot file (the delta goes).
+   * Spark 4.1 writes no snapshot at commit (it has no `forceSnapshotOnCommit`): there the delta is
+   * published as the snapshot instead. A delta of puts alone on an empty store has a snapshot's
+   * layout (`[key size][key][value size][value]`... ended by -1, the same codec).
+   */
   private def asVersion(storeDir: Path, version: Long, hadoopConf: org.apache.hadoop.conf.Configuration): Unit = {
     val fs = storeDir.getFileSystem(hadoopConf)
     val snapshot = new Path(storeDir, "1.snapshot")
-    if (!fs.exists(snapshot)) {
+    val delta = new Path(storeDir, "1.delta")
+    val written = if (fs.exists(snapshot)) snapshot else if (fs.exists(delta)) delta else {
       throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid, s"the state store at $storeDir wrote no " +
-        s"snapshot $snapshot of the restored state")
+        s"snapshot $snapshot or delta $delta of the restored state")
     }
     val published = new Path(storeDir, s"$version.snapshot")
-    if (!fs.rename(snapshot, published)) {
-      throw KeyedStateErrors.checkpointWrite(s"Cannot publish $published: the rename of $snapshot failed")
+    if (!fs.rename(written, published)) {
+      throw KeyedStateErrors.checkpointWrite(s"Cannot publish $published: the rename of $written failed")
     }
-    fs.delete(new Path(storeDir, "1.delta"), false)
+    // Spark 4.1+ writes a checksum of each file's bytes beside it (`<file>.crc`): it goes with them.
+    val checksum = new Path(s"$written.crc")
+    if (fs.exists(checksum) && !fs.rename(checksum, new Path(s"$published.crc"))) {
+      throw KeyedStateErrors.checkpointWrite(s"Cannot publish $published.crc: the rename of $checksum failed")
+    }
+    fs.delete(delta, false)
+    fs.delete(new Path(s"$delta.crc"), false)
   }
 
   /**

@@ -12,7 +12,7 @@ import org.json4s._
 import org.json4s.jackson.JsonMethods.{compact, parse, render}
 
 import io.keyedstate.KeyedStateStoreProvider
-import io.keyedstate.checkpoint.{CheckpointStore, RescaleJournal}
+import io.keyedstate.checkpoint.{CheckpointStore, OffsetLog, RescaleJournal}
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 
 /** One state store partition directory of a checkpoint. */
@@ -75,16 +75,7 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
   def commitPath(batch: Long): Path = new Path(root, s"commits/$batch")
 
   /** The session configuration Spark pinned in the offset log entry of `batch`. */
-  def pinnedConf(batch: Long): Map[String, String] = offsetMetadata(batch) \ "conf" match {
-    case JObject(fields) => fields.collect { case (k, JString(v)) => k -> v }.toMap
-    case _ => Map.empty
-  }
-
-  private def offsetMetadata(batch: Long): JValue = {
-    val lines = readLines(offsetPath(batch))
-    if (lines.size < 2) throw KeyedStateErrors.badState(ErrorId.QueryCheckpointInvalid, s"Offset log entry ${offsetPath(batch)} is truncated")
-    parse(lines(1))
-  }
+  def pinnedConf(batch: Long): Map[String, String] = OffsetLog.pinnedConf(fs, root, batch)
 
   /** The offset log entry of `batch` with one pinned setting changed, everything else kept. */
   def withPinnedConf(batch: Long, key: String, value: String): String = {

@@ -190,7 +190,7 @@ object StateReader {
         else {
           // Registering tells the store how to decode the family (it may not exist yet).
           SparkShims.registerColFamily(store, f.name, f.keySchema, f.valueSchema, f.spec, f.multipleValues, f.name.startsWith("$"))
-          store.allColumnFamilyNames.contains(f.name)
+          SparkShims.allColumnFamilyNames(store).contains(f.name)
         }
       if (!present) {
         close()
@@ -205,7 +205,7 @@ object StateReader {
           entries = stamped
           stamped.flatMap { case (k, vs) => vs.iterator.map { case (v, stamp) => PartitionRows.Value(k, v, stamp) } }
         } else {
-          val pairs = if (f.multipleValues) store.iteratorWithMultiValues(f.name) else store.iterator(f.name)
+          val pairs = if (f.multipleValues) SparkShims.iteratorWithMultiValues(store, f.name) else store.iterator(f.name)
           entries = pairs
           pairs.map(p => PartitionRows.Value(p.key, p.value, 0L))
         }

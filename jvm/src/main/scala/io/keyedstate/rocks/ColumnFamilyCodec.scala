@@ -4,6 +4,7 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, RocksDBKeyStateEncoder, UnsafeRowDataEncoder}
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.unsafe.Platform
+import io.keyedstate.shims.SparkShims
 
 /**
  * How one column family's rows become RocksDB bytes.
@@ -37,7 +38,7 @@ final class ColumnFamilyCodec(
   val keysTagged: Boolean = KeyGroupRule.of(keySchema, keySpec, partitionOrdinals).isEmpty
 
   def supportsPrefixScan: Boolean = keyEncoder.supportPrefixKeyScan
-  def supportsRangeScan: Boolean = keyEncoder.supportsRangeScan
+  def supportsRangeScan: Boolean = SparkShims.supportsRangeScan(keySpec, keyEncoder)
 
   /** The stored key: Spark's encoding, followed by the key-group tag if [[keysTagged]]. */
   def encodeKey(key: UnsafeRow): Array[Byte] =

@@ -11,7 +11,7 @@ import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
  */
 object SparkVersionCheck {
   /** The Spark minor versions keyedstate builds a jar for (build.sbt's `supportedSparkMinors`). */
-  val Supported: Seq[String] = Seq("4.2", "4.3")
+  val Supported: Seq[String] = Seq("4.1", "4.2", "4.3")
 
   val running: String = SPARK_VERSION.split('.').take(2).mkString(".")
 
@@ -19,7 +19,7 @@ object SparkVersionCheck {
     val instead =
       if (Supported.contains(running))
         s"use keyedstate-spark-$running.jar (`keyedstate jar --spark-version $running` prints its path)"
-      else s"keyedstate has jars for Spark ${Supported.mkString(" and ")} only"
+      else s"keyedstate has jars for Spark ${Supported.init.mkString(", ")} and ${Supported.last} only"
     throw KeyedStateErrors.unsupported(ErrorId.UnsupportedSparkVersion,
       s"This keyedstate jar is for Spark ${SparkShims.SparkMinor}, and Spark $SPARK_VERSION runs: $instead")
   }

@@ -6,11 +6,12 @@ import scala.collection.mutable
 import scala.util.control.NonFatal
 
 import com.github.luben.zstd.{RecyclingBufferPool, ZstdInputStreamNoFinalizer, ZstdOutputStreamNoFinalizer}
-import net.jpountz.lz4.{LZ4BlockInputStream, LZ4BlockOutputStream}
+import net.jpountz.lz4.LZ4BlockOutputStream
 
 import io.keyedstate.checkpoint.LocalFileOutput
 import io.keyedstate.errors.{CheckpointFileException, KeyedStateErrors}
 import io.keyedstate.rocks.LocalRocksDB
+import io.keyedstate.shims.SparkShims
 
 /**
  * The changes of one version, as a replayable log: what a commit uploads between snapshots.
@@ -49,7 +50,7 @@ object Changelog {
     }
     case object Lz4 extends Compression(1, "lz4") {
       def compress(out: OutputStream): OutputStream = new LZ4BlockOutputStream(out, BlockSize)
-      def decompress(in: InputStream): InputStream = LZ4BlockInputStream.newBuilder().build(in)
+      def decompress(in: InputStream): InputStream = SparkShims.lz4Input(in)
     }
     /** Level 3, zstd's default: the changelog is written once per version and read only on a load. */
     case object Zstd extends Compression(2, "zstd") {
