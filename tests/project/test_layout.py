@@ -389,3 +389,24 @@ def test_the_build_the_jvm_and_the_package_support_the_same_spark_versions() -> 
             JVM_ROOT.parent.parent.parent.glob("scala-spark-*"))),
     }
     assert len({tuple(v) for v in found.values()}) == 1, found
+
+
+def test_every_entry_of_the_full_tier_names_tests_that_exist() -> None:
+    """tests/support/tiers.py lists test ids by prefix: a renamed test or parameter would leave
+    an entry that skips nothing, and CI would run what the list says it leaves out."""
+    from tests.support.tiers import FULL_TIER
+
+    modules = sorted({prefix.split("::")[0] for prefix in FULL_TIER})
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+        + modules,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        check=False,
+    )
+    ids = [line for line in collected.stdout.splitlines() if "::" in line]
+    assert ids, collected.stdout[-2000:] + collected.stderr[-2000:]
+    unmatched = [prefix for prefix in FULL_TIER if not any(i.startswith(prefix) for i in ids)]
+    assert not unmatched, f"entries of tests/support/tiers.py that match no test: {unmatched}"

@@ -55,6 +55,18 @@ FULL_TIER: dict[str, str] = {
     "test_rescaled_restart_is_exact[window_append_watermark-": (
         "CI rescales the update aggregation (the same store layout)"
     ),
+    # The same scenarios' check that the rescale left its source untouched (it runs their matrix).
+    **{
+        f"tests/offline/test_rescale_exactness.py::test_source_untouched[{scenario}]": (
+            "its rescaled restart is in the full tier; CI checks the source of the others"
+        )
+        for scenario in (
+            "dedup_then_agg",
+            "drop_duplicates",
+            "join_inner",
+            "window_append_watermark",
+        )
+    },
     "tests/offline/test_savepoints.py::"
     "test_a_restored_savepoint_continues_as_the_uninterrupted_query[canonical-join-to-3]": (
         "CI restores a join's canonical savepoint at another count in test_savepoint_operators.py"
