@@ -91,6 +91,13 @@ def kafka_connector_package(spark_version: str | None = None) -> str:
     return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
 
 
+def with_kafka_connector(packages: str) -> str:
+    """A ``spark.jars.packages`` value with the Kafka connector last, once; the others kept."""
+    connector = kafka_connector_package()
+    kept = [p.strip() for p in packages.split(",") if p.strip() and p.strip() != connector]
+    return ",".join([*kept, connector])
+
+
 def jar_path(spark_version: str | None = None) -> str:
     """The provider jar for a Spark version (the installed pyspark's by default), as the package
     bundles it: one jar per Spark minor version.
@@ -252,8 +259,6 @@ def configure(
     for key, value in settings.items():
         builder = builder.config(key, value)
     if kafka:
-        packages = [p.strip() for p in str(builder._options.get(PACKAGES_KEY, "")).split(",")]
-        connector = kafka_connector_package()
-        packages = [p for p in packages if p and p != connector]
-        builder = builder.config(PACKAGES_KEY, ",".join([*packages, connector]))
+        packages = with_kafka_connector(str(builder._options.get(PACKAGES_KEY, "")))
+        builder = builder.config(PACKAGES_KEY, packages)
     return builder

@@ -347,11 +347,8 @@ def _connect_server(args: argparse.Namespace) -> int:
         **{k: v for k, v in settings.items() if k == _session.PROVIDER_CLASS_KEY},
     }
     if args.kafka:  # as keyedstate.configure(builder, kafka=True) adds it
-        packages = [p for p in settings.get(_session.PACKAGES_KEY, "").split(",") if p.strip()]
-        connector = _session.kafka_connector_package()
-        if connector not in packages:
-            packages.append(connector)
-        settings[_session.PACKAGES_KEY] = ",".join(packages)
+        packages = settings.get(_session.PACKAGES_KEY, "")
+        settings[_session.PACKAGES_KEY] = _session.with_kafka_connector(packages)
     settings.setdefault("spark.connect.grpc.binding.address", args.host)
     settings.setdefault("spark.connect.grpc.binding.port", str(args.port))
     command = [script, "--wait", "--master", args.master]

@@ -14,12 +14,14 @@ import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
  * for the batch, which a restarted query runs with (its state store provider among them).
  */
 object OffsetLog {
-  def batches(fs: FileSystem, root: Path): Seq[Long] = {
-    val dir = new Path(root, "offsets")
+  /** The names in a checkpoint folder, without hidden and metadata files (`.x.crc`, `_metadata`). */
+  def listNames(fs: FileSystem, dir: Path): Seq[String] =
     if (!fs.exists(dir)) Nil
     else fs.listStatus(dir).toSeq.map(_.getPath.getName).filterNot(n => n.startsWith(".") || n.startsWith("_"))
-      .flatMap(_.toLongOption).sorted
-  }
+
+  /** The batch ids with an entry in one of Spark's logs of the checkpoint (`offsets`, `commits`). */
+  def batches(fs: FileSystem, root: Path, log: String = "offsets"): Seq[Long] =
+    listNames(fs, new Path(root, log)).flatMap(_.toLongOption).sorted
 
   /** The settings Spark pinned in the offset log entry of `batch`. */
   def pinnedConf(fs: FileSystem, root: Path, batch: Long): Map[String, String] = {

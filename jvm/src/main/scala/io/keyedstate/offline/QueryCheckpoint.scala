@@ -52,13 +52,11 @@ final class QueryCheckpoint(val root: Path, val hadoopConf: Configuration) {
   }
 
   /** The batch ids with an entry in `offsets` or `commits`. */
-  def batches(log: String): Seq[Long] = listNames(new Path(root, log)).flatMap(_.toLongOption).sorted
+  def batches(log: String): Seq[Long] = OffsetLog.batches(fs, root, log)
 
   def lastBatch(log: String): Option[Long] = batches(log).lastOption
 
-  private def listNames(dir: Path): Seq[String] =
-    if (!fs.exists(dir)) Nil
-    else fs.listStatus(dir).toSeq.map(_.getPath.getName).filterNot(n => n.startsWith(".") || n.startsWith("_"))
+  private def listNames(dir: Path): Seq[String] = OffsetLog.listNames(fs, dir)
 
   def readLines(path: Path): Seq[String] = {
     val in = fs.open(path)

@@ -38,7 +38,7 @@ final class ColumnFamilyCodec(
   val keysTagged: Boolean = KeyGroupRule.of(keySchema, keySpec, partitionOrdinals).isEmpty
 
   def supportsPrefixScan: Boolean = keyEncoder.supportPrefixKeyScan
-  def supportsRangeScan: Boolean = SparkShims.supportsRangeScan(keySpec, keyEncoder)
+  val supportsRangeScan: Boolean = SparkShims.supportsRangeScan(keySpec, keyEncoder)
 
   /** The stored key: Spark's encoding, followed by the key-group tag if [[keysTagged]]. */
   def encodeKey(key: UnsafeRow): Array[Byte] =
