@@ -51,15 +51,18 @@ $(STORAGE)/%/.done: dev/storage/%/pom.xml
 jar: $(PY)
 	$(SBT) bundle
 
-# The provider jars for every supported Spark (4.1, 4.2 and 4.3), for a wheel that runs on each.
+# The provider jars for every supported Spark (4.0 to 4.3), for a wheel that runs on each.
 jars: $(PY) spark-jars
-	$(SBT) "all bundle spark41/bundle spark42/bundle"
+	$(SBT) "all bundle spark40/bundle spark41/bundle spark42/bundle"
 
-# The older Spark versions' jars (build.sbt's spark41 and spark42 compile against them): the jars
-# inside the pyspark each version's virtualenv installs from PyPI (below), which are what a Python
-# user of that version runs; the newest patch release of each minor version.
+# The older Spark versions' jars (build.sbt's spark40, spark41 and spark42 compile against them): the
+# jars inside the pyspark each version's virtualenv installs from PyPI (below), which are what a
+# Python user of that version runs; the newest patch release of each minor version. The root
+# project compiles against the development virtualenv's pyspark (NEWEST_SPARK, pinned in
+# pyproject.toml's test extra).
 SPARK_JARS := build/spark-jars
-OLDER_SPARK := 4.1.4 4.2.1
+OLDER_SPARK := 4.0.5 4.1.4 4.2.1
+NEWEST_SPARK := 4.3.0
 spark-jars: $(foreach v,$(OLDER_SPARK),$(SPARK_JARS)/$(basename $(v))/.done)
 
 $(SPARK_JARS)/%/.done: build/venv-spark-%/.done
@@ -67,14 +70,16 @@ $(SPARK_JARS)/%/.done: build/venv-spark-%/.done
 	cp -r "$$(build/venv-spark-$*/bin/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')" $(SPARK_JARS)/$*
 	touch $@
 
-# A virtualenv per older Spark version with its pyspark from PyPI, for tests/versions/ (which put
-# this checkout's package on its path: nothing of keyedstate is installed there).
-spark-venvs: $(foreach v,$(OLDER_SPARK),build/venv-spark-$(basename $(v))/.done)
+# A virtualenv per supported Spark version holding only its pyspark from PyPI, as a Spark user's
+# Python has: tests/versions/ pip-installs this checkout's wheel into each (pip resolving its
+# other dependencies) and runs it there.
+SPARK_RELEASES := $(OLDER_SPARK) $(NEWEST_SPARK)
+spark-venvs: $(foreach v,$(SPARK_RELEASES),build/venv-spark-$(basename $(v))/.done)
 
-build/venv-spark-%/.done: pyproject.toml
+build/venv-spark-%/.done:
 	rm -rf build/venv-spark-$*
 	python3 -m venv build/venv-spark-$*
-	build/venv-spark-$*/bin/pip install -q "pyspark==$(filter $*.%,$(OLDER_SPARK))" "pyarrow>=15" "pandas>=2.2,<3"
+	build/venv-spark-$*/bin/pip install -q "pyspark==$(filter $*.%,$(SPARK_RELEASES))"
 	touch $@
 
 demo: setup

@@ -2,7 +2,7 @@
 //
 // Each Spark minor version is compiled against that version's own jars: the root project against
 // the jars of the installed `pyspark` wheel (see `sparkJarsDir`; override with
-// KEYEDSTATE_SPARK_JARS=/path/to/spark/jars), the older ones (`spark41`, `spark42`; 4.0 to come) against the
+// KEYEDSTATE_SPARK_JARS=/path/to/spark/jars), the older ones (`spark40`, `spark41`, `spark42`) against the
 // jars `make spark-jars` takes from their pyspark releases on PyPI (build/spark-jars/<version>/).
 // What differs between versions lives in small shims, jvm/src/main/scala-spark-<minor>/, beside
 // the common sources (docs/architecture.md, "Spark versions").
@@ -17,9 +17,7 @@ ThisBuild / scalaVersion := "2.13.18"
 
 // The Spark minor versions keyedstate supports (also SparkVersionCheck.Supported and Python's
 // SUPPORTED_SPARK; test_layout checks they agree); the root project builds the installed pyspark's.
-// 4.0 needs shims of its own still (issue 39, dev/plans/spark-4.0-4.1-shims.md): it misses 4.1's store
-// API and the streaming packages' split.
-lazy val supportedSparkMinors = Seq("4.1", "4.2", "4.3")
+lazy val supportedSparkMinors = Seq("4.0", "4.1", "4.2", "4.3")
 
 // "4.2" from the spark-core jar of a Spark distribution's jars folder.
 def sparkMinorOf(jars: File): String = {
@@ -31,11 +29,22 @@ def sparkMinorOf(jars: File): String = {
       (if (minors.isEmpty) "none" else minors.mkString(", "))))
 }
 
+// A version's shim folders: scala-spark-<minor> (its own) and every scala-spark-<from>+ with
+// <from> at or below it (what several versions share, e.g. 4.1+ for the packages Spark 4.1 split).
+def shimFolders(main: File, minor: String): Seq[File] = {
+  def number(v: String): (Int, Int) = v.split('.') match { case Array(a, b) => (a.toInt, b.toInt) }
+  val Shared = """scala-spark-(\d+\.\d+)\+""".r
+  main / s"scala-spark-$minor" +: Option(main.listFiles).toSeq.flatten.sortBy(_.getName).filter(_.getName match {
+    case Shared(from) => Ordering[(Int, Int)].lteq(number(from), number(minor))
+    case _ => false
+  })
+}
+
 // What every version's project shares: the common sources, its version's shims, Spark's jars.
 def providerSettings: Seq[Setting[_]] = Seq(
   Compile / scalaSource := (ThisBuild / baseDirectory).value / "jvm" / "src" / "main" / "scala",
-  Compile / unmanagedSourceDirectories +=
-    (ThisBuild / baseDirectory).value / "jvm" / "src" / "main" / s"scala-spark-${sparkMinor.value}",
+  Compile / unmanagedSourceDirectories ++= shimFolders((ThisBuild / baseDirectory).value / "jvm" / "src" / "main",
+    sparkMinor.value),
   Compile / resourceDirectory := (ThisBuild / baseDirectory).value / "jvm" / "src" / "main" / "resources",
   // Spark, Hadoop and rocksdbjni are "provided": they come from the Spark installation.
   Compile / unmanagedJars := {
@@ -79,6 +88,7 @@ def olderSpark(minor: String, scala: String = "2.13.18"): Project =
       target := (ThisBuild / baseDirectory).value / "target" / s"spark-$minor"
     )
 
+lazy val spark40 = olderSpark("4.0", scala = "2.13.16")
 lazy val spark41 = olderSpark("4.1", scala = "2.13.17")
 lazy val spark42 = olderSpark("4.2")
 

@@ -48,7 +48,7 @@ def _load_options() -> dict[str, dict[str, Any]]:
 OPTIONS: dict[str, dict[str, Any]] = _load_options()
 
 # The Spark minor versions keyedstate has a provider jar for (build.sbt: one jar per version).
-SUPPORTED_SPARK = ("4.1", "4.2", "4.3")
+SUPPORTED_SPARK = ("4.0", "4.1", "4.2", "4.3")
 _NEXT_MINOR = "4.4"
 
 
@@ -80,7 +80,7 @@ def spark_minor(version: str | None = None) -> str:
 # Maven Central for it (a minor version's patch releases link against each other). Maven Central
 # has no 4.3 connector, and 4.2.0's links and runs against Spark 4.3.0 (docs/exactly-once.md,
 # "Kafka connector").
-KAFKA_CONNECTOR_VERSIONS = {"4.1": "4.1.3", "4.2": "4.2.0", "4.3": "4.2.0"}
+KAFKA_CONNECTOR_VERSIONS = {"4.0": "4.0.4", "4.1": "4.1.3", "4.2": "4.2.0", "4.3": "4.2.0"}
 PACKAGES_KEY = "spark.jars.packages"
 
 

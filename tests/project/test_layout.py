@@ -272,7 +272,7 @@ JVM_STANDALONE = {"sinks": {"sparkconnect"}}
 JVM_SHARED = {"errors"}
 
 
-# Each Spark version's shims: jvm/src/main/scala-spark-<minor>/io/keyedstate/.
+# Each Spark version's shims: jvm/src/main/scala-spark-<minor>/io/keyedstate/ (and <from>+/).
 JVM_VERSION_ROOTS = sorted(JVM_ROOT.parent.parent.parent.glob("scala-spark-*/io/keyedstate"))
 
 
@@ -378,15 +378,24 @@ def test_the_build_the_jvm_and_the_package_support_the_same_spark_versions() -> 
     in_sbt = re.search(r"lazy val supportedSparkMinors = Seq\(([^)]*)\)", sbt)
     in_jvm = re.search(r"val Supported: Seq\[String\] = Seq\(([^)]*)\)", check)
     older = re.search(r"^OLDER_SPARK := (.*)$", makefile, re.M)
-    assert in_sbt and in_jvm and older
+    newest = re.search(r"^NEWEST_SPARK := (.*)$", makefile, re.M)
+    assert in_sbt and in_jvm and older and newest
+    import pyspark
+
+    # The development virtualenv's pyspark is the newest one's release tests/versions runs.
+    assert newest.group(1).strip() == pyspark.__version__, (newest.group(1), pyspark.__version__)
     from_make = sorted({spark_minor(v) for v in older.group(1).split()} | {spark_minor()})
     found = {
         "build.sbt": sorted(re.findall(r'"([\d.]+)"', in_sbt.group(1))),
         "SparkVersionCheck": sorted(re.findall(r'"([\d.]+)"', in_jvm.group(1))),
         "SUPPORTED_SPARK": sorted(SUPPORTED_SPARK),
-        "Makefile OLDER_SPARK and the installed pyspark": from_make,
-        "jvm/src/main/scala-spark-*": sorted(p.name.removeprefix("scala-spark-") for p in (
-            JVM_ROOT.parent.parent.parent.glob("scala-spark-*"))),
+        "Makefile OLDER_SPARK and NEWEST_SPARK": from_make,
+        # scala-spark-<minor>/ per version, beside scala-spark-<from>+/ (what versions share).
+        "jvm/src/main/scala-spark-*": sorted(
+            p.name.removeprefix("scala-spark-")
+            for p in JVM_ROOT.parent.parent.parent.glob("scala-spark-*")
+            if not p.name.endswith("+")
+        ),
     }
     assert len({tuple(v) for v in found.values()}) == 1, found
 

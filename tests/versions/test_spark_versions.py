@@ -1,23 +1,27 @@
-"""keyedstate on each older Spark version it builds for, from one checkout (docs/architecture.md,
-"Spark versions"): the version's pyspark in a virtualenv of its own (``make spark-venvs``:
-build/venv-spark-<minor>/, with pyspark from PyPI and nothing of keyedstate installed), and this
-checkout's wheel, which carries the jar ``make jars`` built for each version, installed on its path
-(without its dependencies: the wheel's pyspark range is checked against the supported versions).
+"""keyedstate on each Spark version it builds for, as a user installs it (docs/architecture.md,
+"Spark versions"): this checkout's wheel, which carries the jar ``make jars`` built for each
+version, pip-installed into a virtualenv per version that held only that pyspark from PyPI
+(``make spark-venvs``: build/venv-spark-<minor>/), pip resolving its other dependencies.
 
-On each version (tests/support/drivers/spark_version_job.py): a keyed function with value state
-and Spark's streaming aggregation on the provider, each across a restart, give the values computed
-here; the keyed function's state reads back; the provider's metrics are in the progress; a
-canonical savepoint restores into Spark's HDFS-backed provider and continues there, and into
-Spark's RocksDB provider where that Spark can open an empty store at a batch (4.2+); Spark's
-``transformWithStateInPandas`` is refused on keyedstate's provider. Both checkpoints then continue
-on the installed Spark: a checkpoint written by one version is read by another. The jar for
-another Spark version is refused at the session's start naming both versions.
+On each version (tests/support/drivers/spark_version_job.py), on keyedstate's provider, each
+across restarts, with the rows computed here: a keyed function with value state, a TTL and
+event-time timers, killed (SIGKILL, driver and JVM) after a batch committed its state but not the
+batch, then restarted; one query per stateful operator a custom provider serves (aggregation,
+``dropDuplicates``, a stream-stream join, ``applyInPandasWithState``, a session window). Then the
+keyed function's state reads back and its checkpoint is rescaled from 2 to 3 partitions; the
+provider's metrics are in the progress; a canonical savepoint restores into Spark's HDFS-backed
+provider and continues there, and into Spark's RocksDB provider where that Spark can open an
+empty store at a batch (4.2+); Spark's ``transformWithStateInPandas`` is refused on keyedstate's
+provider. Every checkpoint then continues on the installed Spark: a checkpoint written by one
+version is read by another. The jar for another Spark version is refused at the session's start
+naming both versions.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import zipfile
@@ -27,48 +31,109 @@ from typing import Any
 import pytest
 from keyedstate._session import SUPPORTED_SPARK, spark_minor
 
+from tests.support.drivers.spark_version_job import PHASES
 from tests.support.paths import DRIVERS, PYTHON_SOURCES, REPO
+from tests.support.streaming_harness import kill_process_group
 
 JOB = DRIVERS / "spark_version_job.py"
 INSTALLED = spark_minor()
 OLDER = [minor for minor in SUPPORTED_SPARK if minor != INSTALLED]
 
-# The job's three phases (spark_version_job.PHASES): a running total per key.
-EXPECTED_KEYED = [[["a", 1], ["a", 4], ["b", 2]], [["a", 14], ["c", 1]]]
-EXPECTED_AGGREGATION = [[["a", 4], ["b", 2]], [["a", 14], ["c", 1]]]
-EXPECTED_PHASE_2 = [["a", 114], ["b", 7]]
+
+def join_rows(phase: int) -> list[list[Any]]:
+    """The stream-stream join's rows of ``phase``: every pair of elements of one key (of the
+    input joined with itself) whose later element came in that phase."""
+    seen = [(k, n, p) for p in range(phase + 1) for k, n, _ in PHASES[p]]
+    return sorted(
+        [k, n, m] for k, n, p in seen for j, m, q in seen if k == j and max(p, q) == phase
+    )
+
+
+# Each query's micro-batches with rows, per phase (spark_version_job.PHASES: a restart between).
+EXPECTED: dict[str, list[list[list[list[Any]]]]] = {
+    # (key, kind, time in ms, total, TTL'd state there): timers fire in a no-data batch once
+    # the watermark passed them (one registered before a restart after it, 31000), and the
+    # 1 ms TTL lets only a later element of the same batch see the state.
+    "keyed": [
+        [
+            [
+                ["a", "element", 10000, 1, False],
+                ["a", "element", 30000, 4, True],
+                ["b", "element", 20000, 2, False],
+            ],
+            [["a", "timer", 11000, 4, False], ["b", "timer", 21000, 2, False]],
+        ],
+        [
+            [["a", "element", 100000, 14, False], ["c", "element", 110000, 1, False]],
+            [["a", "timer", 31000, 14, False], ["a", "timer", 101000, 14, False]],
+        ],
+        [
+            [["a", "element", 200000, 114, False], ["b", "element", 210000, 7, False]],
+            [["a", "timer", 201000, 114, False], ["c", "timer", 111000, 1, False]],
+        ],
+    ],
+    "aggregation": [[[["a", 4], ["b", 2]]], [[["a", 14], ["c", 1]]], [[["a", 114], ["b", 7]]]],
+    "dedup": [[[["a"], ["b"]]], [[["c"]]], []],
+    "join": [[join_rows(0)], [join_rows(1)], [join_rows(2)]],
+    "pandas_state": [[[["a", 2], ["b", 1]]], [[["a", 3], ["c", 1]]], [[["a", 4], ["b", 2]]]],
+    # (key, session start in s, sum), emitted once the watermark passed the session's end.
+    "session": [
+        [[["a", 10, 1], ["b", 20, 2]]],
+        [[["a", 30, 3], ["a", 100, 10]]],
+        [[["a", 200, 100], ["c", 110, 1]]],
+    ],
+}
 EXPECTED_STATE = [["a", 14], ["b", 2], ["c", 1]]
 
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
-def wheel_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """keyedstate as a user installs it: this checkout's wheel (every Spark version's jar in it,
-    or the build refuses), installed without its dependencies into a folder that the older
-    versions' virtualenvs put on their path."""
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This checkout's wheel: every Spark version's jar in it (or the build refuses), and the
+    pyspark range of the supported versions."""
     out = tmp_path_factory.mktemp("wheel")
-    pip = [sys.executable, "-m", "pip"]
     subprocess.run(
-        [*pip, "wheel", "-q", "--no-deps", "-w", str(out / "dist"), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
         check=True,
         timeout=300,
     )
-    (wheel,) = (out / "dist").glob("keyedstate-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
+    (built,) = out.glob("keyedstate-*.whl")
+    with zipfile.ZipFile(built) as archive:
         jars = sorted(n for n in archive.namelist() if n.startswith("keyedstate/jars/"))
         metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         requires = archive.read(metadata).decode()
     assert jars == [f"keyedstate/jars/keyedstate-spark-{m}.jar" for m in SUPPORTED_SPARK], jars
     next_minor = f"4.{int(SUPPORTED_SPARK[-1].split('.')[1]) + 1}"
     assert f"Requires-Dist: pyspark<{next_minor},>={SUPPORTED_SPARK[0]}" in requires, requires
-    site = out / "site"
-    subprocess.run(
-        [*pip, "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
-        check=True,
-        timeout=300,
+    return built
+
+
+def venv_python(minor: str) -> Path:
+    python = REPO / "build" / f"venv-spark-{minor}" / "bin" / "python"
+    assert python.exists(), f"{python} is missing: `make spark-venvs` makes it"
+    return python
+
+
+_installed: set[str] = set()
+
+
+def install(minor: str, wheel: Path) -> None:
+    """The wheel pip-installed into Spark ``minor``'s virtualenv as a user installs it: pip
+    checks its pyspark range against the version there and resolves its other dependencies."""
+    if minor in _installed:
+        return
+    pip = [str(venv_python(minor)), "-m", "pip"]
+    subprocess.run([*pip, "uninstall", "-q", "-y", "keyedstate"], check=True, timeout=120)
+    done = subprocess.run(
+        [*pip, "install", "-q", "--disable-pip-version-check", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
-    return site
+    assert done.returncode == 0, done.stderr[-4000:]
+    _installed.add(minor)
 
 
 def run_job(
@@ -76,57 +141,72 @@ def run_job(
     workdir: Path,
     step: str = "write",
     env: dict[str, str] | None = None,
-    site: Path = PYTHON_SOURCES,
+    site: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    if minor == INSTALLED:
-        python = Path(sys.executable)
-    else:
-        python = REPO / "build" / f"venv-spark-{minor}" / "bin" / "python"
-        assert python.exists(), f"{python} is missing: `make spark-venvs` makes it"
-    return subprocess.run(
+    """The job's ``step`` in Spark ``minor``'s virtualenv (with the keyedstate installed there,
+    or the one at ``site``), in a process group of its own (the crash step kills its group);
+    returns once nothing of the group is left."""
+    python = venv_python(minor)
+    paths = {"PYTHONPATH": str(site)} if site else {}
+    job = subprocess.Popen(
         [str(python), str(JOB), str(workdir), step],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=540,
-        check=False,
+        start_new_session=True,
         env=dict(
             os.environ,
-            PYTHONPATH=str(site),
+            **paths,
             PYSPARK_PYTHON=str(python),
             PYSPARK_DRIVER_PYTHON=str(python),
             **(env or {}),
         ),
     )
+    try:
+        stdout, stderr = job.communicate(timeout=540)
+    finally:
+        kill_process_group(job)  # the JVM of a killed driver too, before the next step starts
+    return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
 
 
 def test_an_older_spark_is_built_for() -> None:
     assert OLDER, f"keyedstate supports {SUPPORTED_SPARK} only: nothing older than {INSTALLED}"
 
 
-def result_of(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+def result_of(done: subprocess.CompletedProcess[str], killed: bool = False) -> dict[str, Any]:
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    expected_code = -signal.SIGKILL if killed else 0
+    assert done.returncode == expected_code and lines, (done.returncode, done.stderr[-4000:])
     return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def phase_of(result: dict[str, Any], phase: int) -> None:
+    for name, phases in EXPECTED.items():
+        assert result[name] == phases[phase], (name, phase, result[name])
 
 
 @pytest.mark.parametrize("minor", OLDER)
 def test_state_on_an_older_spark_and_continued_on_the_installed_one(
-    minor: str, tmp_path: Path, wheel_site: Path
+    minor: str, tmp_path: Path, wheel: Path
 ) -> None:
-    result = result_of(run_job(minor, tmp_path, site=wheel_site))
-    assert result["pyspark"].startswith(minor + "."), result["pyspark"]
-    assert (
-        Path(result["jar"]) == wheel_site / "keyedstate" / "jars" / f"keyedstate-spark-{minor}.jar"
-    )
-    assert result["keyed"] == EXPECTED_KEYED
-    assert result["aggregation"] == EXPECTED_AGGREGATION
+    install(minor, wheel)
+    crashed = result_of(run_job(minor, tmp_path, "crash"), killed=True)
+    assert crashed["pyspark"].startswith(minor + "."), crashed["pyspark"]
+    jar = Path(crashed["jar"])  # the installed package's, for this Spark
+    assert jar.name == f"keyedstate-spark-{minor}.jar" and "site-packages" in jar.parts, jar
+    assert jar.is_relative_to(venv_python(minor).parent.parent), jar
+    phase_of(crashed, 0)
+
+    result = result_of(run_job(minor, tmp_path))
+    phase_of(result, 1)  # the keyed function's killed batch ran again, from its state before it
     assert result["read"] == EXPECTED_STATE
+    assert result["rescaled"] == [2, 3]
     assert {"keyedstateCommitFlushMs", "keyedstateSstFilesBytes"} <= set(result["metrics"]), result[
         "metrics"
     ]
-    # Spark's HDFS-backed provider, restored into at batch 1 and continued (on 4.1 from the
-    # delta it wrote: 4.1 has no forceSnapshotOnCommit).
-    assert result["hdfs_restored"] == EXPECTED_PHASE_2
+    # Spark's HDFS-backed provider, restored into at batch 1 and continued (on 4.0 and 4.1 from
+    # the delta it wrote: no forceSnapshotOnCommit before 4.2).
+    assert result["hdfs_restored"] == EXPECTED["aggregation"][2]
     if minor in ("4.0", "4.1"):  # getStore has no loadEmpty before 4.2
         assert result["rocksdb_restore"].startswith(
             "InvalidOptionError: [KEYEDSTATE_UNSUPPORTED_SPARK_VERSION]"
@@ -139,16 +219,16 @@ def test_state_on_an_older_spark_and_continued_on_the_installed_one(
         "InvalidOptionError: [KEYEDSTATE_TRANSFORM_WITH_STATE_PROVIDER] Spark's TransformWithState"
     ), result
 
+    install(INSTALLED, wheel)
     continued = result_of(run_job(INSTALLED, tmp_path, "continue"))
     assert continued["pyspark"].startswith(INSTALLED + ".")
-    assert continued["keyed"] == EXPECTED_PHASE_2
-    assert continued["aggregation"] == EXPECTED_PHASE_2
+    phase_of(continued, 2)  # the keyed function on the 3 partitions it was rescaled to
 
 
 @pytest.mark.parametrize("minor", OLDER)
 def test_a_jar_of_another_spark_is_refused_naming_both(minor: str, tmp_path: Path) -> None:
     other = Path(PYTHON_SOURCES, "keyedstate", "jars", f"keyedstate-spark-{INSTALLED}.jar")
-    done = run_job(minor, tmp_path, env={"KEYEDSTATE_JAR": str(other)})
+    done = run_job(minor, tmp_path, env={"KEYEDSTATE_JAR": str(other)}, site=PYTHON_SOURCES)
     assert done.returncode != 0
     assert (
         f"[KEYEDSTATE_UNSUPPORTED_SPARK_VERSION] This keyedstate jar is for Spark {INSTALLED}, "

@@ -60,12 +60,19 @@ _ORDERABLE = (
 OutputSchema = T.StructType | str | Sequence[tuple[str, Any]] | Mapping[str, Any]
 
 
+# Types Spark cannot order (the spatial ones are new in Spark 4.1).
+_UNORDERABLE = tuple(
+    getattr(T, name)
+    for name in ("VariantType", "CalendarIntervalType", "GeometryType", "GeographyType")
+    if hasattr(T, name)
+)
+
+
 def _unkeyable(data_type: T.DataType) -> str | None:
     """What in ``data_type`` (nested too) Spark cannot sort or group by, if anything."""
     if isinstance(data_type, T.MapType):
         return "a map"
-    unorderable = (T.VariantType, T.CalendarIntervalType, T.GeometryType, T.GeographyType)
-    if isinstance(data_type, unorderable):
+    if isinstance(data_type, _UNORDERABLE):
         return f"a {data_type.simpleString()}"
     if isinstance(data_type, T.ArrayType):
         return _unkeyable(data_type.elementType)

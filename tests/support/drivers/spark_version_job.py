@@ -1,81 +1,188 @@
 """Run by tests/versions/test_spark_versions.py with one Spark version's pyspark. Prints ``RESULT``
 with the pyspark version, the jar keyedstate picked and what each step gave (JSON).
 
-``python spark_version_job.py <workdir> write``: a keyed function with value state and Spark's
-streaming aggregation on keyedstate's provider, each across a restart on its checkpoint (phases
-0 and 1); the keyed function's state read back (``keyedstate.state.read``); the provider's
-metrics of the last progress; a canonical savepoint of the aggregation restored into Spark's
-HDFS-backed provider and continued there (phase 2), and restored into Spark's RocksDB provider;
-Spark's ``transformWithStateInPandas`` on keyedstate's provider (refused on every version).
+Six queries on keyedstate's provider, each with a checkpoint of its own, run one phase of input
+at a time (``PHASES``; the query restarts between phases): a keyed function with value state, a
+TTL and event-time timers (``TimedTotal``), and one query per stateful operator of Spark's that a
+custom provider serves: a streaming aggregation, ``dropDuplicates``, a stream-stream join,
+``applyInPandasWithState`` and a session window.
 
-``python spark_version_job.py <workdir> continue``: both checkpoints the ``write`` run left,
-continued (phase 2) by this Spark: a checkpoint written by one version is read by another.
+``python spark_version_job.py <workdir> crash``: phase 0 of every query (its ``RESULT`` printed),
+then phase 1 of the keyed function, which SIGKILLs its process group (driver and JVM) once its
+first phase-1 batch has committed its state, before Spark commits the batch.
+
+``python spark_version_job.py <workdir> write``: phase 1 of every query (the keyed function's
+killed batch runs again); the keyed function's state read back (``keyedstate.state.read``); its
+checkpoint rescaled in place from 2 to 3 partitions; the provider's metrics in the progress; a
+canonical savepoint of the aggregation restored into Spark's HDFS-backed provider and continued
+there (phase 2), and restored into Spark's RocksDB provider; Spark's
+``transformWithStateInPandas`` on keyedstate's provider (refused on every version).
+
+``python spark_version_job.py <workdir> continue``: phase 2 of every query, on the checkpoints
+the ``write`` run left, by this Spark: a checkpoint written by one version is read by another.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import keyedstate
 import pandas as pd
 import pyspark
-from keyedstate import KeyedProcessFunction, RuntimeContext, ValueStateDescriptor
+from keyedstate import (
+    KeyedProcessFunction,
+    RuntimeContext,
+    StateTtlConfig,
+    Time,
+    Types,
+    ValueStateDescriptor,
+)
 from keyedstate.errors import state_error
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor
+from pyspark.sql.streaming.state import GroupStateTimeout
 
-# The input, one file per phase; the query restarts on its checkpoint between them.
-PHASES = [[("a", 1), ("b", 2), ("a", 3)], [("a", 10), ("c", 1)], [("a", 100), ("b", 5)]]
+# The input, one file per phase: (key, n, event time in seconds).
+PHASES = [
+    [("a", 1, 10), ("b", 2, 20), ("a", 3, 30)],
+    [("a", 10, 100), ("c", 1, 110)],
+    [("a", 100, 200), ("b", 5, 210)],
+]
+SCHEMA = "k string, n long, t long"
+# The keyed function's batch the crash step dies in: phase 1's first (phase 0 runs two, its data
+# and the no-data batch that fires its timers).
+KILLED_BATCH = 2
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
-class RunningTotal(KeyedProcessFunction):
-    def open(self, runtime_context: RuntimeContext) -> None:
-        self.total = runtime_context.get_state(ValueStateDescriptor("total", int))
+class TimedTotal(KeyedProcessFunction):
+    """A running total per key (value state); the key's last ``n``, kept 1 ms of processing time
+    (a TTL: only a later element of the same micro-batch sees it); an event-time timer 1 s after
+    each element, which emits the total once the watermark passes it. Rows: (key, "element" or
+    "timer", time in ms, total, whether the TTL'd state was there)."""
 
-    def process_element(self, value: Any, ctx: Any) -> Iterator[tuple[str, int]]:  # noqa: ANN401
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.total = runtime_context.get_state(ValueStateDescriptor("total", Types.LONG()))
+        last = ValueStateDescriptor("last", Types.LONG())
+        last.enable_time_to_live(StateTtlConfig.new_builder(Time.milliseconds(1)).build())
+        self.last = runtime_context.get_state(last)
+
+    def process_element(self, value: Any, ctx: Any) -> Iterator[tuple[Any, ...]]:  # noqa: ANN401
+        seen = self.last.value() is not None
+        self.last.update(value.n)
         total = (self.total.value() or 0) + value.n
         self.total.update(total)
-        yield ctx.get_current_key(), total
+        ctx.timer_service().register_event_time_timer(ctx.timestamp() + 1000)
+        yield ctx.get_current_key(), "element", ctx.timestamp(), total, seen
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Iterator[tuple[Any, ...]]:  # noqa: ANN401
+        seen = self.last.value() is not None
+        yield ctx.get_current_key(), "timer", timestamp, self.total.value(), seen
 
 
-def run_phase(
-    frame: DataFrame, mode: str, checkpoint: Path, progress: list[Any] | None = None
-) -> list[list[Any]]:
-    rows: list[list[Any]] = []
-    query = (
-        frame.writeStream.outputMode(mode)
-        .option("checkpointLocation", str(checkpoint))
-        .foreachBatch(lambda df, _: rows.extend(sorted(list(r) for r in df.collect())))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    failure = query.exception()
-    if failure is not None:
-        raise failure
-    if progress is not None:
-        progress.extend(query.recentProgress)
-    return rows
+def pandas_count(key: tuple, frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:  # noqa: ANN401
+    """applyInPandasWithState: the number of elements per key so far."""
+    count = (state.get[0] if state.exists else 0) + sum(len(f) for f in frames)
+    state.update((count,))
+    yield pd.DataFrame({"k": [key[0]], "count": [count]})
 
 
 def add_input(workdir: Path, phase: int) -> None:
-    lines = "".join(json.dumps({"k": k, "n": n}) + "\n" for k, n in PHASES[phase])
+    lines = "".join(json.dumps({"k": k, "n": n, "t": t}) + "\n" for k, n, t in PHASES[phase])
     (workdir / "input").mkdir(exist_ok=True)
     (workdir / "input" / f"part-{phase}.json").write_text(lines)
 
 
-def queries(spark: SparkSession, workdir: Path) -> tuple[DataFrame, DataFrame]:
-    events = spark.readStream.schema("k string, n long").json(str(workdir / "input"))
-    keyed = keyedstate.key_by(events, "k").process(RunningTotal(), "k string, total long")
-    return keyed, events.groupBy("k").agg(F.sum("n").alias("total"))
+def events(spark: SparkSession, workdir: Path) -> DataFrame:
+    frame = spark.readStream.schema(SCHEMA).json(str(workdir / "input"))
+    return frame.withColumn("ts", F.timestamp_seconds("t"))
+
+
+def aggregation(spark: SparkSession, workdir: Path) -> DataFrame:
+    return events(spark, workdir).groupBy("k").agg(F.sum("n").alias("total"))
+
+
+def queries(spark: SparkSession, workdir: Path) -> dict[str, tuple[DataFrame, str]]:
+    """Each query by its checkpoint's name, with its output mode."""
+    watermarked = events(spark, workdir).withWatermark("ts", "0 seconds")
+    keyed = keyedstate.key_by(watermarked, "k", order_by="t").process(
+        TimedTotal(), "k string, kind string, at long, total long, seen boolean"
+    )
+    right = events(spark, workdir).select("k", F.col("n").alias("m"))
+    sessions = watermarked.groupBy(F.session_window("ts", "5 seconds"), "k").agg(F.sum("n"))
+    pandas_state = (
+        events(spark, workdir)
+        .groupBy("k")
+        .applyInPandasWithState(
+            pandas_count,
+            "k string, count long",
+            "count long",
+            "update",
+            GroupStateTimeout.NoTimeout,
+        )
+    )
+    return {
+        "keyed": (keyed, "append"),
+        "aggregation": (aggregation(spark, workdir), "update"),
+        "dedup": (events(spark, workdir).dropDuplicates(["k"]).select("k"), "append"),
+        "join": (events(spark, workdir).select("k", "n").join(right, "k"), "append"),
+        "pandas_state": (pandas_state, "update"),
+        "session": (
+            sessions.select("k", F.col("session_window.start").cast("long"), "sum(n)"),
+            "append",
+        ),
+    }
+
+
+def start(
+    frame: DataFrame,
+    mode: str,
+    checkpoint: Path,
+    batches: list[list[Any]],
+    after_batch: Callable[[int], None] | None = None,
+) -> Any:  # noqa: ANN401 - a StreamingQuery
+    """Starts ``frame`` (each micro-batch's rows go to ``batches``, sorted)."""
+
+    def sink(df: DataFrame, batch_id: int) -> None:
+        batches.append(sorted(list(r) for r in df.collect()))
+        if after_batch is not None:
+            after_batch(batch_id)
+
+    return (
+        frame.writeStream.outputMode(mode)
+        .option("checkpointLocation", str(checkpoint))
+        .foreachBatch(sink)
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def run_phase(
+    spark: SparkSession, workdir: Path, progress: list[Any] | None = None
+) -> dict[str, list[list[Any]]]:
+    """One phase of every query, side by side: each query's micro-batches' rows (batches without
+    rows left out)."""
+    batches: dict[str, list[list[Any]]] = {}
+    running = []
+    for name, (frame, mode) in queries(spark, workdir).items():
+        batches[name] = []
+        running.append(start(frame, mode, workdir / f"checkpoint-{name}", batches[name]))
+    for query in running:
+        query.awaitTermination()
+        if query.exception() is not None:
+            raise query.exception()
+        if progress is not None:
+            progress.extend(query.recentProgress)
+    return {name: [rows for rows in found if rows] for name, found in batches.items()}
 
 
 def error_of(step: Any) -> str:  # noqa: ANN401 - a call
@@ -105,43 +212,62 @@ class SparkCounter(StatefulProcessor):
 def transform_with_state(spark: SparkSession, workdir: Path) -> str:
     """Spark's own transformWithStateInPandas, asked to run on keyedstate's provider."""
 
-    def start() -> None:
-        events = spark.readStream.schema("k string, n long").json(str(workdir / "input"))
-        frame = events.groupBy("k").transformWithStateInPandas(
-            SparkCounter(), "k string, c long", "append", "None"
+    def run() -> None:
+        frame = (
+            events(spark, workdir)
+            .groupBy("k")
+            .transformWithStateInPandas(SparkCounter(), "k string, c long", "append", "None")
         )
-        run_phase(frame, "append", workdir / "checkpoint-tws")
+        start(frame, "append", workdir / "checkpoint-tws", []).awaitTermination()
 
-    return error_of(start)
+    return error_of(run)
+
+
+def crash(spark: SparkSession, workdir: Path) -> None:
+    add_input(workdir, 0)
+    print("RESULT " + json.dumps(summary(run_phase(spark, workdir))), flush=True)
+    add_input(workdir, 1)
+
+    if os.getpgid(0) != os.getpid():
+        raise AssertionError("the crash step kills its process group: start it in a new session")
+
+    def die_after_state_commit(batch_id: int) -> None:
+        if batch_id == KILLED_BATCH:  # the state of this batch is committed, the batch is not
+            os.killpg(0, signal.SIGKILL)
+
+    keyed, mode = queries(spark, workdir)["keyed"]
+    start(keyed, mode, workdir / "checkpoint-keyed", [], die_after_state_commit).awaitTermination()
+    raise AssertionError(f"batch {KILLED_BATCH} of the keyed function did not run")
 
 
 def write(spark: SparkSession, workdir: Path) -> dict[str, Any]:
-    results: dict[str, Any] = {"keyed": [], "aggregation": []}
     progress: list[Any] = []
-    for phase in (0, 1):
-        add_input(workdir, phase)
-        keyed, totals = queries(spark, workdir)
-        results["keyed"].append(run_phase(keyed, "append", workdir / "checkpoint-keyed"))
-        results["aggregation"].append(
-            run_phase(totals, "update", workdir / "checkpoint-agg", progress)
-        )
-    state = keyedstate.state.read(spark, str(workdir / "checkpoint-keyed"))
+    results: dict[str, Any] = run_phase(spark, workdir, progress=progress)
+    keyed_checkpoint = str(workdir / "checkpoint-keyed")
+    state = keyedstate.state.read(spark, keyed_checkpoint, state="total")
     results["read"] = sorted([r["k"], r["value"]] for r in state.collect())
+    rescaled = keyedstate.rescale(spark, keyed_checkpoint, 3, in_place=True)
+    results["rescaled"] = [rescaled.from_partitions, rescaled.to_partitions]
     results["metrics"] = sorted(
-        name
-        for p in progress
-        for op in p["stateOperators"]
-        for name in op["customMetrics"]
-        if name.startswith("keyedstate")
+        {
+            name
+            for p in progress
+            for op in p["stateOperators"]
+            for name in op["customMetrics"]
+            if name.startswith("keyedstate")
+        }
     )
-    savepoint = workdir / "savepoint-agg"
-    keyedstate.savepoint(spark, str(workdir / "checkpoint-agg"), str(savepoint), format="canonical")
+    savepoint = workdir / "savepoint-aggregation"
+    keyedstate.savepoint(
+        spark, str(workdir / "checkpoint-aggregation"), str(savepoint), format="canonical"
+    )
     # Into Spark's HDFS-backed provider, continued there on phase 2.
     restored = workdir / "restored-hdfs"
     keyedstate.restore_savepoint(spark, str(savepoint), str(restored), provider=HDFS_PROVIDER)
     add_input(workdir, 2)
-    _, totals = queries(spark, workdir)
-    results["hdfs_restored"] = run_phase(totals, "update", restored)
+    totals: list[list[Any]] = []
+    start(aggregation(spark, workdir), "update", restored, totals).awaitTermination()
+    results["hdfs_restored"] = [rows for rows in totals if rows]
     results["rocksdb_restore"] = error_of(
         lambda: keyedstate.restore_savepoint(
             spark, str(savepoint), str(workdir / "restored-rocksdb"), provider=ROCKSDB_PROVIDER
@@ -152,12 +278,8 @@ def write(spark: SparkSession, workdir: Path) -> dict[str, Any]:
     return results
 
 
-def continue_(spark: SparkSession, workdir: Path) -> dict[str, Any]:
-    keyed, totals = queries(spark, workdir)
-    return {
-        "keyed": run_phase(keyed, "append", workdir / "checkpoint-keyed"),
-        "aggregation": run_phase(totals, "update", workdir / "checkpoint-agg"),
-    }
+def summary(results: dict[str, Any]) -> dict[str, Any]:
+    return {"pyspark": pyspark.__version__, "jar": keyedstate.jar_path(), **results}
 
 
 def main(workdir: Path, step: str) -> None:
@@ -167,10 +289,11 @@ def main(workdir: Path, step: str) -> None:
         .config("spark.sql.shuffle.partitions", "2")
     )
     spark = keyedstate.configure(builder).getOrCreate()
-    results = write(spark, workdir) if step == "write" else continue_(spark, workdir)
+    if step == "crash":
+        crash(spark, workdir)
+    results = write(spark, workdir) if step == "write" else run_phase(spark, workdir)
     spark.stop()
-    summary = {"pyspark": pyspark.__version__, "jar": keyedstate.jar_path(), **results}
-    print("RESULT " + json.dumps(summary), flush=True)
+    print("RESULT " + json.dumps(summary(results)), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.apache.spark.SparkEnv
 import org.apache.spark.internal.Logging
-import org.apache.spark.sql.execution.streaming.runtime.StreamExecution
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 
@@ -23,7 +22,8 @@ import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateError, KeyedStateErrors}
 import io.keyedstate.metrics.KeyedStateMetrics
 import io.keyedstate.rocks.{DbSnapshot, LocalRocksDB}
-import io.keyedstate.shims.{ProviderShim, SparkVersionCheck}
+import io.keyedstate.shims.SparkTypes.StreamExecution
+import io.keyedstate.shims.{ProviderShim, SparkVersionCheck, StoreApi}
 import io.keyedstate.ttl.{TtlClock, TtlStats}
 
 /**
@@ -125,8 +125,16 @@ class KeyedStateStoreProvider extends ProviderShim with Logging {
       version: Long,
       stateStoreCkptId: Option[String],
       forceSnapshotOnCommit: Boolean,
-      loadEmpty: Boolean): StateStore =
-    open(version, stateStoreCkptId, loadEmpty, writable = true, forceSnapshotOnCommit)
+      loadEmpty: Boolean): StateStore = synchronized {
+    activeStore match {
+      // Spark 4.0 has no upgradeReadStoreToWriteStore: its aggregation opens the write store of
+      // the version its task's read store has open, and goes on reading through that read store.
+      case read: TaskStateStore if activeThread == Thread.currentThread() && read.isOpen && !read.isWritable &&
+          read.version == version && !loadEmpty =>
+        upgradeReadStoreToWriteStore(read, version, stateStoreCkptId, forceSnapshotOnCommit)
+      case _ => open(version, stateStoreCkptId, loadEmpty, writable = true, forceSnapshotOnCommit)
+    }
+  }
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
     open(version, uniqueId, loadEmpty = false, writable = false, forceSnapshot = false)
@@ -143,7 +151,7 @@ class KeyedStateStoreProvider extends ProviderShim with Logging {
         claimLease()
         ours.upgradeToWritable(forceSnapshotOnCommit)
       case other =>
-        other.release()
+        StoreApi.release(other)
         getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty = false)
     }
   }
@@ -313,11 +321,7 @@ class KeyedStateStoreProvider extends ProviderShim with Logging {
       loaded.forgetKnownKeys()
       lastCommit = Some(stats.copy(forcedSnapshot = store.forceSnapshot && stats.snapshotTaken))
       logInfo(s"Committed $id version $newVersion: $stats")
-      // Spark 4.3 checks on the driver that every partition's store committed the batch
-      // (spark.sql.streaming.stateStore.commitValidation.enabled); providers report it.
-      if (storeConf.commitValidationEnabled) {
-        StateStore.reportCommitToCoordinator(newVersion, id, hadoopConf)
-      }
+      StoreApi.reportCommit(storeConf, newVersion, id, hadoopConf)
       val info =
         if (conf.checkpointIdsEnabled) StateStoreCheckpointInfo(id.partitionId, newVersion, Some(commitId), base)
         else StateStoreCheckpointInfo(id.partitionId, newVersion, None, None)
@@ -406,13 +410,10 @@ class KeyedStateStoreProvider extends ProviderShim with Logging {
     val (keys, memory, sst) =
       if (loaded == null) (0L, 0L, 0L)
       else (loaded.numUserKeys, loaded.db.memoryUsageBytes, loaded.db.totalSstFilesBytes)
-    StateStoreMetrics(keys, memory, KeyedStateMetrics.of(lastCommit, lastLoad, sst, lastTtl),
-      KeyedStateMetrics.instanceOf(id, lastSnapshotUploaded))
+    StoreApi.metrics(keys, memory, KeyedStateMetrics.of(lastCommit, lastLoad, sst, lastTtl), id, lastSnapshotUploaded)
   }
 
   override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = KeyedStateMetrics.all
-
-  override def supportedInstanceMetrics: Seq[StateStoreInstanceMetric] = KeyedStateMetrics.allInstance
 
   // ---- maintenance ----
 

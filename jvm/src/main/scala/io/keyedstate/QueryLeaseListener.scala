@@ -8,12 +8,12 @@ import scala.util.control.NonFatal
 import org.apache.hadoop.fs.Path
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.execution.streaming.runtime.{StreamExecution, StreamingQueryWrapper}
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.StreamingQueryListener
 import org.apache.spark.sql.streaming.StreamingQueryListener.{QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent}
 
 import io.keyedstate.checkpoint.StoreLease
+import io.keyedstate.shims.SparkTypes.{StreamExecution, StreamingQueryWrapper}
 
 /**
  * Releases a query's store leases ([[StoreLease]]) when it stops, on the driver: Spark closes a

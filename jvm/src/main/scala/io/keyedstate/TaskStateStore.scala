@@ -71,6 +71,7 @@ final class TaskStateStore private[keyedstate] (
   /** Spark asked for a snapshot with this commit (its coordinator saw snapshot upload lag). */
   private[keyedstate] def forceSnapshot: Boolean = snapshotOnCommit
   private[keyedstate] def isOpen: Boolean = phase == Open
+  private[keyedstate] def isWritable: Boolean = writable
   /** The provider took the instance over for another store (same task thread re-entering). */
   private[keyedstate] def invalidate(): Unit = if (phase == Open) phase = Aborted
 

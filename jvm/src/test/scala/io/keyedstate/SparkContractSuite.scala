@@ -21,6 +21,7 @@ import org.scalatest.time.SpanSugar._
 
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.metrics.KeyedStateMetrics
+import io.keyedstate.shims.StoreApi
 
 /**
  * The provider under Spark's own executor-side machinery, as Spark's `StateStoreSuite` drives its
@@ -225,7 +226,7 @@ class SparkContractSuite extends AnyFunSuite with BeforeAndAfterAll with Provide
     val p = newProvider(root, storeConf("spark.sql.streaming.stateStore.minDeltasForSnapshot" -> "100"))
     def metricsOf(s: StateStore): (Map[String, Long], Map[StateStoreInstanceMetric, Long]) =
       (s.metrics.customMetrics.map { case (k, v) => k.name -> v }, s.metrics.instanceMetrics)
-    val instance = KeyedStateMetrics.SnapshotLastUploaded.withNewId(0, StateStoreId.DEFAULT_STORE_NAME)
+    val instance = StoreApi.SnapshotLastUploaded.withNewId(0, StateStoreId.DEFAULT_STORE_NAME)
     assert(p.supportedInstanceMetrics.map(_.metricPrefix) == Seq("SnapshotLastUploaded"))
 
     val s0 = p.getStore(0)

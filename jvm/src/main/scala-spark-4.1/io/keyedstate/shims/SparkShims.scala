@@ -4,7 +4,7 @@ import java.io.InputStream
 
 import net.jpountz.lz4.LZ4BlockInputStream
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow
-import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, RangeKeyScanStateEncoderSpec, ReadStateStore, RocksDBKeyStateEncoder, StateStore, StateStoreCustomSizeMetric, StateStoreIterator, StateStoreProvider, UnsafeRowPair}
+import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, RangeKeyScanStateEncoderSpec, ReadStateStore, RocksDBKeyStateEncoder, StateStore, StateStoreCustomSizeMetric, StateStoreInstanceMetric, StateStoreIterator, StateStoreProvider, UnsafeRowPair}
 import org.apache.spark.sql.types.StructType
 
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
@@ -100,6 +100,8 @@ trait StoreShim extends StateStore {
  * (restores) still pass.
  */
 trait ProviderShim extends StateStoreProvider {
+  override final def supportedInstanceMetrics: Seq[StateStoreInstanceMetric] = StoreApi.instanceMetrics
+
   def cleanupMaintenance(): Unit
 
   override final def doMaintenance(): Unit = cleanupMaintenance()

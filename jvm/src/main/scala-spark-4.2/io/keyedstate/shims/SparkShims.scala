@@ -3,7 +3,7 @@ package io.keyedstate.shims
 import java.io.InputStream
 
 import net.jpountz.lz4.LZ4BlockInputStream
-import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, ReadStateStore, RocksDBKeyStateEncoder, StateStore, StateStoreCustomSizeMetric, StateStoreIterator, StateStoreProvider, UnsafeRowPair}
+import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, ReadStateStore, RocksDBKeyStateEncoder, StateStore, StateStoreCustomSizeMetric, StateStoreInstanceMetric, StateStoreIterator, StateStoreProvider, UnsafeRowPair}
 import org.apache.spark.sql.types.StructType
 
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
@@ -59,6 +59,8 @@ trait StoreShim extends StateStore {
 
 /** keyedstate's provider as Spark 4.2 runs its maintenance: one call (see the 4.3 one). */
 trait ProviderShim extends StateStoreProvider {
+  override final def supportedInstanceMetrics: Seq[StateStoreInstanceMetric] = StoreApi.instanceMetrics
+
   def cleanupMaintenance(): Unit
 
   override final def doMaintenance(): Unit = cleanupMaintenance()

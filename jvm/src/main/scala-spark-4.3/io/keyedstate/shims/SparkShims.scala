@@ -3,7 +3,7 @@ package io.keyedstate.shims
 import java.io.InputStream
 
 import net.jpountz.lz4.LZ4BlockInputStream
-import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, ReadStateStore, RocksDBKeyStateEncoder, StateStore, StateStoreCustomSizeMetric, StateStoreIterator, StateStoreProvider, UnsafeRowPair}
+import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, ReadStateStore, RocksDBKeyStateEncoder, StateStore, StateStoreCustomSizeMetric, StateStoreInstanceMetric, StateStoreIterator, StateStoreProvider, UnsafeRowPair}
 import org.apache.spark.sql.types.StructType
 
 /**
@@ -58,6 +58,8 @@ trait StoreShim extends StateStore {
  * cleanup maintenance apart (on two thread pools); keyedstate's commits upload their own
  * snapshots in the background, so only the cleanup is left to do here. */
 trait ProviderShim extends StateStoreProvider {
+  override final def supportedInstanceMetrics: Seq[StateStoreInstanceMetric] = StoreApi.instanceMetrics
+
   /** Deletes what retention no longer needs (a failure is thrown to Spark, which unloads the store). */
   def cleanupMaintenance(): Unit
 

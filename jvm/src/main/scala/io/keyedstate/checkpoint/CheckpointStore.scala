@@ -10,9 +10,9 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{CommonPathCapabilities, FileStatus, FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
 import org.apache.hadoop.fs.permission.FsPermission
 import org.apache.spark.internal.Logging
-import org.apache.spark.sql.execution.streaming.checkpointing.{CheckpointFileManager, FileContextBasedCheckpointFileManager}
 
 import io.keyedstate.errors.{CheckpointFileException, KeyedStateErrors, LocalDiskException}
+import io.keyedstate.shims.SparkTypes.{CheckpointFileManager, FileContextBasedCheckpointFileManager}
 
 /** A manifest (or snapshot descriptor) found in the store directory. */
 final case class ManifestRef(version: Long, checkpointId: Option[String], path: Path, modificationTime: Long)

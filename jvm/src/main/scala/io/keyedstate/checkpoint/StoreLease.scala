@@ -9,9 +9,10 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.apache.spark.SparkEnv
 import org.apache.spark.internal.Logging
-import org.apache.spark.sql.execution.streaming.runtime.StreamExecution
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.Serialization
+
+import io.keyedstate.shims.SparkTypes.StreamExecution
 
 /** Who holds a store partition: written by the provider that has it loaded. */
 final case class LeaseHolder(

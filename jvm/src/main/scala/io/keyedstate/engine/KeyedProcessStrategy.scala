@@ -5,7 +5,6 @@ import org.apache.spark.sql.{SparkSession, SparkSessionExtensions}
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
 import org.apache.spark.sql.catalyst.streaming.WriteToStream
 import org.apache.spark.sql.execution.{SparkPlan, SparkStrategy}
-import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.keyedstate.KeyedProcessSqlBridge
 import org.apache.spark.sql.streaming.OutputMode
@@ -14,6 +13,7 @@ import io.keyedstate.{KeyedStateStoreProvider, QueryLeaseListener}
 import io.keyedstate.checkpoint.OffsetLog
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
+import io.keyedstate.shims.SparkTypes.StatefulOperatorStateInfo
 import io.keyedstate.shims.SparkVersionCheck
 
 /**

@@ -9,8 +9,6 @@ import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions._
 import org.apache.spark.sql.catalyst.plans.physical.{Partitioning, UnknownPartitioning}
 import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
-import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorStateInfo, StatefulOpStateStoreCheckpointInfo, StateStoreWriter}
-import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.keyedstate.SqlConfScopedRDD
@@ -18,6 +16,7 @@ import org.apache.spark.sql.types._
 import org.apache.spark.util.AccumulatorV2
 
 import io.keyedstate.TaskStateStore
+import io.keyedstate.shims.SparkTypes.{CheckpointFileManager, StateStoreWriter, StatefulOpStateStoreCheckpointInfo, StatefulOperatorStateInfo}
 
 /**
  * Consumes what the Python function returned for one partition: output rows go on, state

@@ -4,7 +4,6 @@ import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
-import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.apache.spark.sql.types._
 import org.json4s._
@@ -13,6 +12,7 @@ import org.json4s.jackson.JsonMethods
 import io.keyedstate.TaskStateStore
 import io.keyedstate.checkpoint.CheckpointStore
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
+import io.keyedstate.shims.SparkTypes.StatefulOperatorStateInfo
 
 /** One state as a keyed function declared it: kind as declared (`reducing`, ...), types, TTL options. */
 final case class DeclaredState(name: String, kind: String, valueType: DataType, mapKeyType: Option[DataType],

@@ -1,13 +1,13 @@
 package io.keyedstate.engine
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.state._
 
 import io.keyedstate.TaskStateStore
 import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.rocks.LocalRocksDB
+import io.keyedstate.shims.SparkTypes.StatefulOperatorStateInfo
 
 /**
  * Opens a keyed function's store for one partition, with every column family it uses, after

@@ -3,9 +3,9 @@ package io.keyedstate.engine
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow
-import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 
 import io.keyedstate.checkpoint.{CheckpointStore, Transfers}
+import io.keyedstate.shims.SparkTypes.StatefulOperatorStateInfo
 
 /**
  * Flink's union redistribution of operator state (`get_union_list_state`), applied when a query

@@ -1,6 +1,6 @@
 package io.keyedstate.metrics
 
-import org.apache.spark.sql.execution.streaming.state.{StateStoreCustomMetric, StateStoreCustomSizeMetric, StateStoreCustomSumMetric, StateStoreCustomTimingMetric, StateStoreId, StateStoreInstanceMetric, StateStoreSnapshotLastUploadInstanceMetric}
+import org.apache.spark.sql.execution.streaming.state.{StateStoreCustomMetric, StateStoreCustomSizeMetric, StateStoreCustomSumMetric, StateStoreCustomTimingMetric}
 
 import io.keyedstate.checkpoint.commit.CommitStats
 import io.keyedstate.shims.SparkShims
@@ -13,10 +13,10 @@ import io.keyedstate.ttl.TtlStats
  * "snapshot" metric (`isSnapshot`) describes the state rather than the batch: a progress for a
  * trigger that ran no batch keeps its value instead of zero, as with Spark's RocksDB provider.
  *
- * The instance metric is per store instance (partition and store name), as Spark's providers
- * report it: `SnapshotLastUploaded.partition_<p>_<store>`, the last version whose snapshot this
- * instance made durable (-1 before its first), the partitions furthest behind shown in the
- * progress (`spark.sql.streaming.stateStore.numStateStoreInstanceMetricsToReport`).
+ * The instance metric (Spark 4.1 and later, shims.StoreApi) is per store instance, as Spark's
+ * providers report it: `SnapshotLastUploaded.partition_<p>_<store>`, the last version whose
+ * snapshot this instance made durable (-1 before its first), the partitions furthest behind
+ * shown in the progress (`spark.sql.streaming.stateStore.numStateStoreInstanceMetricsToReport`).
  */
 object KeyedStateMetrics {
   val CommitFlushMs = StateStoreCustomTimingMetric("keyedstateCommitFlushMs", "keyedstate commit: memtable flush time")
@@ -82,12 +82,4 @@ object KeyedStateMetrics {
       TtlRemovedCompaction -> ttl.removedCompaction,
       TtlRemovedBackground -> ttl.removedBackground)
   }
-
-  val SnapshotLastUploaded: StateStoreInstanceMetric = StateStoreSnapshotLastUploadInstanceMetric()
-
-  val allInstance: Seq[StateStoreInstanceMetric] = Seq(SnapshotLastUploaded)
-
-  /** The instance metrics of store `id`: the last version whose snapshot it uploaded, or -1. */
-  def instanceOf(id: StateStoreId, lastSnapshotUploaded: Long): Map[StateStoreInstanceMetric, Long] =
-    Map(SnapshotLastUploaded.withNewId(id.partitionId, id.storeName) -> lastSnapshotUploaded)
 }

@@ -25,7 +25,7 @@ import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.engine.{OperatorLists, StateKind}
 import io.keyedstate.rocks.{KeyGroupHasher, KeyGroups}
-import io.keyedstate.shims.SparkShims
+import io.keyedstate.shims.{SparkShims, StoreApi}
 
 /**
  * The writer of a new query checkpoint at one committed batch B, the counterpart of
@@ -201,7 +201,7 @@ object CheckpointWriter {
           if (entry.stamps != null) {
             // TTL'd state keeps its last-access times (the table is a keyed function's: our store).
             store.asInstanceOf[TaskStateStore].putStamped(entry.key, entry.values, entry.stamps, cf)
-          } else if (t.family.multipleValues) store.putList(entry.key, entry.values, cf)
+          } else if (t.family.multipleValues) StoreApi.putList(store, entry.key, entry.values, cf)
           else store.put(entry.key, entry.values.head, cf)
         }
         store.commit()

@@ -5,7 +5,6 @@ import java.nio.charset.StandardCharsets.UTF_8
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileSystem, FileUtil, Path}
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper
 import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.apache.spark.sql.internal.SQLConf
 import org.json4s._
@@ -14,6 +13,7 @@ import org.json4s.jackson.JsonMethods.{compact, parse, render}
 import io.keyedstate.KeyedStateStoreProvider
 import io.keyedstate.checkpoint.{CheckpointStore, OffsetLog, RescaleJournal}
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
+import io.keyedstate.shims.SparkTypes.StreamingQueryWrapper
 
 /** One state store partition directory of a checkpoint. */
 final case class StoreRef(operatorId: Int, storeName: String, partition: Int) {

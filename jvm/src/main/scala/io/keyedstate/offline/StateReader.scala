@@ -22,7 +22,7 @@ import org.apache.spark.util.SerializableConfiguration
 import io.keyedstate.TaskStateStore
 import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
 import io.keyedstate.engine.StateKind
-import io.keyedstate.shims.SparkShims
+import io.keyedstate.shims.{SparkShims, StoreApi}
 
 /**
  * `keyedstate.state.read` (docs/state-processor.md): one table of a checkpoint's state (a native
@@ -179,7 +179,7 @@ object StateReader {
     def close(): Unit = if (!closed) {
       closed = true
       try if (entries != null) entries.close()
-      finally try if (store != null) store.release() finally provider.close()
+      finally try if (store != null) StoreApi.release(store) finally provider.close()
     }
     Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit](_ => close()))
     try {

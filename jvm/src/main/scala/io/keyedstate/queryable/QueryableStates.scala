@@ -5,8 +5,6 @@ import scala.util.control.NonFatal
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection
-import org.apache.spark.sql.execution.streaming.operators.stateful.StateStoreWriter
-import org.apache.spark.sql.execution.streaming.runtime.{IncrementalExecution, StreamExecution}
 import org.apache.spark.sql.execution.streaming.state.{NoPrefixKeyStateEncoderSpec, StateStoreConf, StateStoreId}
 import org.apache.spark.sql.types._
 import org.json4s._
@@ -18,6 +16,7 @@ import io.keyedstate.conf.KeyedStateConf
 import io.keyedstate.engine.{Family, KeyedStateApplyExec, PickledParts, ProcessSpec, StateKind, StateLayout}
 import io.keyedstate.offline.{QueryCheckpoint, StateTables}
 import io.keyedstate.rocks.{ColumnFamilyCodec, KeyGroupHasher, KeyGroups}
+import io.keyedstate.shims.SparkTypes.{IncrementalExecution, StateStoreWriter, StreamExecution}
 
 /** What a lookup of a key answers, by how the state is stored. */
 sealed trait Answer

@@ -12,7 +12,6 @@ import scala.util.control.NonFatal
 import org.apache.spark.SparkContext
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.InterpretedOrdering
-import org.apache.spark.sql.execution.streaming.runtime.StreamExecution
 import org.apache.spark.sql.types.StringType
 import org.apache.spark.unsafe.types.UTF8String
 import org.json4s._
@@ -21,6 +20,7 @@ import org.json4s.jackson.JsonMethods
 
 import io.keyedstate.CommittedViews
 import io.keyedstate.errors.ErrorId
+import io.keyedstate.shims.SparkTypes.StreamExecution
 
 /**
  * The driver's proxy for lookups of queryable state (Flink's `KvStateClientProxy`): finds the

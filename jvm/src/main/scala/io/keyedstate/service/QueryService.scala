@@ -13,7 +13,6 @@ import org.apache.spark.SparkContext
 import org.apache.spark.internal.Logging
 import org.apache.spark.scheduler.{SparkListener, SparkListenerApplicationEnd}
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.execution.streaming.runtime.{StreamExecution, StreamingQueryWrapper}
 import org.apache.spark.sql.streaming.StreamingQueryListener
 import org.apache.spark.sql.streaming.StreamingQueryListener.{QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent}
 import org.json4s.{DefaultFormats, Formats, JArray, JBool, JObject, JString, JValue}
@@ -24,6 +23,7 @@ import io.keyedstate.checkpoint.Transfers
 import io.keyedstate.errors.{ErrorId, KeyedStateError}
 import io.keyedstate.offline.SavepointMetadata
 import io.keyedstate.queryable.{HttpServers, ListSlice, MapRange, QueryableState, StateLookups}
+import io.keyedstate.shims.SparkTypes.{StreamExecution, StreamingQueryWrapper}
 
 /**
  * The query service (docs/query-service.md): an HTTP server with JSON on the driver, one per

@@ -6,12 +6,12 @@ import java.util.concurrent.{ExecutorService, RejectedExecutionException}
 import scala.collection.mutable
 import scala.util.control.NonFatal
 
-import org.apache.spark.sql.execution.streaming.runtime.StreamExecution
 import org.json4s.JValue
 import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods
 
 import io.keyedstate.offline.savepoint.SavepointCommands
+import io.keyedstate.shims.SparkTypes.StreamExecution
 
 /**
  * The savepoints the service was asked for (Flink's trigger id): each runs on `runner`, in the

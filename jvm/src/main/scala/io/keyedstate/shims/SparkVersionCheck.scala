@@ -11,7 +11,7 @@ import io.keyedstate.errors.{ErrorId, KeyedStateErrors}
  */
 object SparkVersionCheck {
   /** The Spark minor versions keyedstate builds a jar for (build.sbt's `supportedSparkMinors`). */
-  val Supported: Seq[String] = Seq("4.1", "4.2", "4.3")
+  val Supported: Seq[String] = Seq("4.0", "4.1", "4.2", "4.3")
 
   val running: String = SPARK_VERSION.split('.').take(2).mkString(".")
 

@@ -84,7 +84,7 @@ object ConnectOperations {
         "supervisor read a running query's checkpoint; take keyedstate.savepoint(spark, <its checkpoint>, " +
         "<target>) of a stopped one"))
     query match {
-      case wrapper: org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper =>
+      case wrapper: io.keyedstate.shims.SparkTypes.StreamingQueryWrapper =>
         val running = wrapper.streamingQuery
         JsonMethods.compact(JObject(
           "checkpoint" -> JString(running.resolvedCheckpointRoot),

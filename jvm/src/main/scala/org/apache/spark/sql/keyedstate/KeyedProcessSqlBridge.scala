@@ -7,8 +7,9 @@ import org.apache.spark.sql.catalyst.expressions.Expression
 import org.apache.spark.sql.catalyst.optimizer.NormalizeFloatingNumbers
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
 import org.apache.spark.sql.classic.{Dataset => ClassicDataset, SparkSession => ClassicSession}
-import org.apache.spark.sql.execution.streaming.runtime.{IncrementalExecution, MicroBatchExecution, StreamExecution}
 import org.apache.spark.sql.types.DataType
+
+import io.keyedstate.shims.SparkTypes.{IncrementalExecution, MicroBatchExecution, StreamExecution}
 
 /**
  * keyedstate's keyed-process operator uses a few `private[sql]` members: building a DataFrame

@@ -13,8 +13,8 @@ object StateStoreErrorsBridge {
   /** `CANNOT_LOAD_STATE_STORE.UNEXPECTED_VERSION`. */
   def unexpectedVersion(version: Long): Throwable = QueryExecutionErrors.unexpectedStateStoreVersion(version)
 
-  /** `CANNOT_LOAD_STATE_STORE.*` with `cause` (Spark keeps a cause that already has the class). */
-  def cannotLoad(cause: Throwable): Throwable = StateStoreErrors.cannotLoadStore(cause)
+  /** `CANNOT_LOAD_STATE_STORE.*` with `cause` (what `StateStoreErrors.cannotLoadStore`, new in Spark 4.1, makes of keyedstate's causes). */
+  def cannotLoad(cause: Throwable): Throwable = QueryExecutionErrors.cannotLoadStore(cause)
 
   /** `CANNOT_LOAD_STATE_STORE.CANNOT_READ_STREAMING_STATE_FILE`, naming the file as Spark's RocksDB provider does. */
   def stateFileMissing(file: org.apache.hadoop.fs.Path, cause: Throwable): Throwable =
