@@ -139,8 +139,8 @@ def test_savepoint_commands_report_in_one_line(tmp_path: Path) -> None:
         (["inspect", "--checkpoint", "/c", "--prority", "normal"],
          "keyedstate: unrecognized arguments: --prority normal"),
         (["jar", "--spark-version", "3.5.1"],
-         "keyedstate jar: keyedstate has provider jars for Spark 4.0, 4.1, 4.2 and 4.3, not for Spark "
-         "3.5.1: run the cluster on one of those"),
+         "keyedstate jar: keyedstate has provider jars for Spark 4.0, 4.1, 4.2 and 4.3, not for "
+         "Spark 3.5.1: run the cluster on one of those"),
     ],
 )
 def test_a_refused_argument_is_one_line_without_usage(argv: list[str], said: str) -> None:

@@ -138,18 +138,18 @@ def install(minor: str, wheel: Path) -> None:
 
 def run_job(
     minor: str,
-    workdir: Path,
+    *workdirs: Path,
     step: str = "write",
     env: dict[str, str] | None = None,
     site: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """The job's ``step`` in Spark ``minor``'s virtualenv (with the keyedstate installed there,
-    or the one at ``site``), in a process group of its own (the crash step kills its group);
-    returns once nothing of the group is left."""
+    """The job's ``step`` on ``workdirs`` in Spark ``minor``'s virtualenv (with the keyedstate
+    installed there, or the one at ``site``), in a process group of its own (the crash step
+    kills its group); returns once nothing of the group is left."""
     python = venv_python(minor)
     paths = {"PYTHONPATH": str(site)} if site else {}
     job = subprocess.Popen(
-        [str(python), str(JOB), str(workdir), step],
+        [str(python), str(JOB), step, *map(str, workdirs)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -180,17 +180,19 @@ def result_of(done: subprocess.CompletedProcess[str], killed: bool = False) -> d
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
-def phase_of(result: dict[str, Any], phase: int) -> None:
+def phase_of(result: dict[str, Any], phase: int, what: str = "") -> None:
     for name, phases in EXPECTED.items():
-        assert result[name] == phases[phase], (name, phase, result[name])
+        assert result[name] == phases[phase], (what, name, phase, result[name])
+
+
+# The work folder of each older version's run, continued on the installed Spark after them all.
+WRITTEN: dict[str, Path] = {}
 
 
 @pytest.mark.parametrize("minor", OLDER)
-def test_state_on_an_older_spark_and_continued_on_the_installed_one(
-    minor: str, tmp_path: Path, wheel: Path
-) -> None:
+def test_state_on_an_older_spark(minor: str, tmp_path: Path, wheel: Path) -> None:
     install(minor, wheel)
-    crashed = result_of(run_job(minor, tmp_path, "crash"), killed=True)
+    crashed = result_of(run_job(minor, tmp_path, step="crash"), killed=True)
     assert crashed["pyspark"].startswith(minor + "."), crashed["pyspark"]
     jar = Path(crashed["jar"])  # the installed package's, for this Spark
     assert jar.name == f"keyedstate-spark-{minor}.jar" and "site-packages" in jar.parts, jar
@@ -219,10 +221,20 @@ def test_state_on_an_older_spark_and_continued_on_the_installed_one(
         "InvalidOptionError: [KEYEDSTATE_TRANSFORM_WITH_STATE_PROVIDER] Spark's TransformWithState"
     ), result
 
+    WRITTEN[minor] = tmp_path
+
+
+def test_the_older_versions_checkpoints_continue_on_the_installed_spark(wheel: Path) -> None:
+    """Every checkpoint each older version wrote, continued by the installed Spark in one run
+    (a JVM started once), from the wheel installed in its virtualenv."""
+    assert sorted(WRITTEN) == OLDER, f"the runs of {sorted(set(OLDER) - set(WRITTEN))} failed above"
     install(INSTALLED, wheel)
-    continued = result_of(run_job(INSTALLED, tmp_path, "continue"))
+    done = run_job(INSTALLED, *WRITTEN.values(), step="continue")
+    continued = result_of(done)
     assert continued["pyspark"].startswith(INSTALLED + ".")
-    phase_of(continued, 2)  # the keyed function on the 3 partitions it was rescaled to
+    for minor, workdir in WRITTEN.items():
+        # The keyed function on the 3 partitions it was rescaled to.
+        phase_of(continued["runs"][str(workdir)], 2, f"written by Spark {minor}")
 
 
 @pytest.mark.parametrize("minor", OLDER)

@@ -7,19 +7,20 @@ TTL and event-time timers (``TimedTotal``), and one query per stateful operator 
 custom provider serves: a streaming aggregation, ``dropDuplicates``, a stream-stream join,
 ``applyInPandasWithState`` and a session window.
 
-``python spark_version_job.py <workdir> crash``: phase 0 of every query (its ``RESULT`` printed),
+``python spark_version_job.py crash <workdir>``: phase 0 of every query (its ``RESULT`` printed),
 then phase 1 of the keyed function, which SIGKILLs its process group (driver and JVM) once its
 first phase-1 batch has committed its state, before Spark commits the batch.
 
-``python spark_version_job.py <workdir> write``: phase 1 of every query (the keyed function's
+``python spark_version_job.py write <workdir>``: phase 1 of every query (the keyed function's
 killed batch runs again); the keyed function's state read back (``keyedstate.state.read``); its
 checkpoint rescaled in place from 2 to 3 partitions; the provider's metrics in the progress; a
 canonical savepoint of the aggregation restored into Spark's HDFS-backed provider and continued
 there (phase 2), and restored into Spark's RocksDB provider; Spark's
 ``transformWithStateInPandas`` on keyedstate's provider (refused on every version).
 
-``python spark_version_job.py <workdir> continue``: phase 2 of every query, on the checkpoints
-the ``write`` run left, by this Spark: a checkpoint written by one version is read by another.
+``python spark_version_job.py continue <workdir>...``: phase 2 of every query, on the checkpoints
+the ``write`` runs left in each work folder, by this Spark: a checkpoint written by one version
+is read by another.
 """
 
 from __future__ import annotations
@@ -282,7 +283,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
     return {"pyspark": pyspark.__version__, "jar": keyedstate.jar_path(), **results}
 
 
-def main(workdir: Path, step: str) -> None:
+def main(step: str, workdirs: list[Path]) -> None:
     builder = (
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
@@ -290,11 +291,14 @@ def main(workdir: Path, step: str) -> None:
     )
     spark = keyedstate.configure(builder).getOrCreate()
     if step == "crash":
-        crash(spark, workdir)
-    results = write(spark, workdir) if step == "write" else run_phase(spark, workdir)
+        crash(spark, workdirs[0])
+    if step == "write":
+        results = write(spark, workdirs[0])
+    else:  # continue
+        results = {"runs": {str(w): run_phase(spark, w) for w in workdirs}}
     spark.stop()
     print("RESULT " + json.dumps(summary(results)), flush=True)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2])
+    main(sys.argv[1], [Path(p) for p in sys.argv[2:]])
