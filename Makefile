@@ -8,7 +8,7 @@ SBT := ./dev/sbt
 JARS := python/keyedstate/jars
 export PYTHON := $(abspath $(PY))
 
-.PHONY: setup jar jars spark-jars spark-venvs connectors check-connectors storage demo test test-full test-scala test-python soak lint clean wheel
+.PHONY: FORCE setup jar jars spark-jars spark-venvs connectors check-connectors storage demo test test-full test-scala test-python soak lint clean wheel
 
 $(PY): pyproject.toml
 	python3 -m venv $(VENV)
@@ -76,11 +76,17 @@ $(SPARK_JARS)/%/.done: build/venv-spark-%/.done
 SPARK_RELEASES := $(OLDER_SPARK) $(NEWEST_SPARK)
 spark-venvs: $(foreach v,$(SPARK_RELEASES),build/venv-spark-$(basename $(v))/.done)
 
-build/venv-spark-%/.done:
-	rm -rf build/venv-spark-$*
-	python3 -m venv build/venv-spark-$*
-	build/venv-spark-$*/bin/pip install -q "pyspark==$(filter $*.%,$(SPARK_RELEASES))"
-	touch $@
+# .done holds the release: a virtualenv of another release is made again (and the jars copied
+# again from it); one of the same release is kept (its file, and its time, untouched).
+build/venv-spark-%/.done: FORCE
+	@release="$(filter $*.%,$(SPARK_RELEASES))"; \
+	if [ "$$(cat $@ 2>/dev/null)" != "$$release" ]; then \
+	  echo "build/venv-spark-$*: pyspark $$release"; \
+	  rm -rf build/venv-spark-$* && python3 -m venv build/venv-spark-$* && \
+	  build/venv-spark-$*/bin/pip install -q "pyspark==$$release" && echo "$$release" > $@; \
+	fi
+
+FORCE:
 
 demo: setup
 	$(PY) -m keyedstate.tools.demo

@@ -29,13 +29,17 @@ def sparkMinorOf(jars: File): String = {
       (if (minors.isEmpty) "none" else minors.mkString(", "))))
 }
 
-// A version's shim folders: scala-spark-<minor> (its own) and every scala-spark-<from>+ with
-// <from> at or below it (what several versions share, e.g. 4.1+ for the packages Spark 4.1 split).
+// A version's shim folders: scala-spark-<minor> (its own), and what several versions share:
+// every scala-spark-<from>+ with <from> at or below it (e.g. 4.1+ for the packages Spark 4.1
+// split) and every scala-spark-<from>-<to> around it (e.g. 4.0-4.1 for the store API before 4.2).
 def shimFolders(main: File, minor: String): Seq[File] = {
   def number(v: String): (Int, Int) = v.split('.') match { case Array(a, b) => (a.toInt, b.toInt) }
-  val Shared = """scala-spark-(\d+\.\d+)\+""".r
+  val at = Ordering[(Int, Int)]
+  val From = """scala-spark-(\d+\.\d+)\+""".r
+  val Range = """scala-spark-(\d+\.\d+)-(\d+\.\d+)""".r
   main / s"scala-spark-$minor" +: Option(main.listFiles).toSeq.flatten.sortBy(_.getName).filter(_.getName match {
-    case Shared(from) => Ordering[(Int, Int)].lteq(number(from), number(minor))
+    case From(from) => at.lteq(number(from), number(minor))
+    case Range(from, to) => at.lteq(number(from), number(minor)) && at.lteq(number(minor), number(to))
     case _ => false
   })
 }

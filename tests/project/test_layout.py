@@ -390,11 +390,12 @@ def test_the_build_the_jvm_and_the_package_support_the_same_spark_versions() -> 
         "SparkVersionCheck": sorted(re.findall(r'"([\d.]+)"', in_jvm.group(1))),
         "SUPPORTED_SPARK": sorted(SUPPORTED_SPARK),
         "Makefile OLDER_SPARK and NEWEST_SPARK": from_make,
-        # scala-spark-<minor>/ per version, beside scala-spark-<from>+/ (what versions share).
+        # scala-spark-<minor>/ per version, beside scala-spark-<from>+/ and <from>-<to>/ (what
+        # several versions share).
         "jvm/src/main/scala-spark-*": sorted(
             p.name.removeprefix("scala-spark-")
             for p in JVM_ROOT.parent.parent.parent.glob("scala-spark-*")
-            if not p.name.endswith("+")
+            if re.fullmatch(r"scala-spark-\d+\.\d+", p.name)
         ),
     }
     assert len({tuple(v) for v in found.values()}) == 1, found

@@ -234,6 +234,14 @@ def crash(spark: SparkSession, workdir: Path) -> None:
 
     def die_after_state_commit(batch_id: int) -> None:
         if batch_id == KILLED_BATCH:  # the state of this batch is committed, the batch is not
+            checkpoint = workdir / "checkpoint-keyed"
+            killed_at = {
+                "state_versions": sorted(
+                    p.parent.name for p in checkpoint.glob(f"state/*/*/{KILLED_BATCH + 1}.manifest")
+                ),
+                "batch_committed": (checkpoint / "commits" / str(KILLED_BATCH)).exists(),
+            }
+            print("KILLED " + json.dumps(killed_at), flush=True)
             os.killpg(0, signal.SIGKILL)
 
     keyed, mode = queries(spark, workdir)["keyed"]

@@ -9,7 +9,7 @@ import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
-import org.apache.spark.SparkEnv
+import org.apache.spark.{SparkEnv, TaskContext}
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
@@ -130,7 +130,7 @@ class KeyedStateStoreProvider extends ProviderShim with Logging {
       // Spark 4.0 has no upgradeReadStoreToWriteStore: its aggregation opens the write store of
       // the version its task's read store has open, and goes on reading through that read store.
       case read: TaskStateStore if activeThread == Thread.currentThread() && read.isOpen && !read.isWritable &&
-          read.version == version && !loadEmpty =>
+          read.version == version && !loadEmpty && stateStoreCkptId.forall(lineage.checkpointId.contains) =>
         upgradeReadStoreToWriteStore(read, version, stateStoreCkptId, forceSnapshotOnCommit)
       case _ => open(version, stateStoreCkptId, loadEmpty, writable = true, forceSnapshotOnCommit)
     }
@@ -176,6 +176,9 @@ class KeyedStateStoreProvider extends ProviderShim with Logging {
         val store = new TaskStateStore(this, loaded, version, writable, forceSnapshot)
         activeStore = store
         activeThread = Thread.currentThread()
+        // Spark 4.0 gives no read store back (4.1+ release it): one its task left open would hold
+        // the partition until another task's acquireTimeoutMs. Released at the task's end (once).
+        if (!writable) Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit](_ => store.release()))
         // Spark's operators made queryable (keyedstate.queryable): one store each, by operator id.
         if (conf.queryableOperators.contains(id.operatorId) && id.storeName == StateStoreId.DEFAULT_STORE_NAME) {
           makeQueryable(store)

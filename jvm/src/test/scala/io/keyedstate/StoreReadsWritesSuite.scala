@@ -47,6 +47,31 @@ class StoreReadsWritesSuite extends AnyFunSuite with ProviderSuiteHelpers {
     p.close()
   }
 
+  test("a write store of the version the task's read store has open is that read store, upgraded (Spark 4.0)") {
+    val p = newProvider(tempDir())
+    commitWith(p, 0)(_.put(key("a"), value(1)))
+    // Spark 4.0's aggregation: a read store, then a write store of its version, reads through both.
+    val r = p.getReadStore(1)
+    val w = p.getStore(1)
+    assert(w eq r)
+    w.put(key("b"), value(2))
+    assert(r.get(key("a")).getLong(0) == 1L && r.get(key("b")).getLong(0) == 2L)
+    assert(w.commit() == 2)
+    r.release() // Spark 4.0 does not; a no-op on the committed store
+    // Another version, or a store opened empty: a store of its own (the read store ends).
+    val r2 = p.getReadStore(2)
+    val other = p.getStore(2, None, forceSnapshotOnCommit = false, loadEmpty = true)
+    assert(!(other eq r2))
+    assert(contents(other).isEmpty)
+    other.abort()
+    val r3 = p.getReadStore(2)
+    val w3 = p.getStore(1)
+    assert(!(w3 eq r3))
+    assert(contents(w3) == Map(("a", 0) -> 1L))
+    w3.abort()
+    p.close()
+  }
+
   test("numKeys is exact across puts, overwrites, removes and restarts") {
     val root = tempDir()
     val p = newProvider(root)

@@ -214,7 +214,7 @@ object CheckpointWriter {
 
   /**
    * The HDFS-backed provider's version 1 as version `version`: its snapshot file (the delta goes).
-   * Spark 4.1 writes no snapshot at commit (it has no `forceSnapshotOnCommit`): there the delta is
+   * Spark 4.0 and 4.1 write no snapshot at commit (no `forceSnapshotOnCommit`): there the delta is
    * published as the snapshot instead. A delta of puts alone on an empty store has a snapshot's
    * layout (`[key size][key][value size][value]`... ended by -1, the same codec).
    */
