@@ -7,7 +7,8 @@ On each version (tests/support/drivers/spark_version_job.py), on keyedstate's pr
 across restarts, with the rows computed here: a keyed function with value state, a TTL and
 event-time timers, killed (SIGKILL, driver and JVM) after a batch committed its state but not the
 batch, then restarted; one query per stateful operator a custom provider serves (aggregation,
-``dropDuplicates``, a stream-stream join, ``applyInPandasWithState``, a session window). Then the
+``dropDuplicates``, a stream-stream join, ``applyInPandasWithState``, a session window), the
+aggregation also upserted into PostgreSQL through keyedstate's exactly-once sink. Then the
 keyed function's state reads back and its checkpoint is rescaled from 2 to 3 partitions; the
 provider's metrics are in the progress; a canonical savepoint restores into Spark's HDFS-backed
 provider and continues there, and into Spark's RocksDB provider where that Spark can open an
@@ -85,6 +86,12 @@ EXPECTED: dict[str, list[list[list[list[Any]]]]] = {
     ],
 }
 EXPECTED_STATE = [["a", 14], ["b", 2], ["c", 1]]
+# The aggregation's PostgreSQL table after each phase (upserts: a key's last total).
+EXPECTED_TABLE = [
+    [("a", 4), ("b", 2)],
+    [("a", 14), ("b", 2), ("c", 1)],
+    [("a", 114), ("b", 7), ("c", 1)],
+]
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -136,7 +143,7 @@ def install(minor: str, wheel: Path) -> None:
     pip = [str(venv_python(minor)), "-m", "pip"]
     subprocess.run([*pip, "uninstall", "-q", "-y", "keyedstate"], check=True, timeout=120)
     done = subprocess.run(
-        [*pip, "install", "-q", "--disable-pip-version-check", str(wheel)],
+        [*pip, "install", "-q", "--disable-pip-version-check", f"{wheel}[postgres]"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -146,18 +153,39 @@ def install(minor: str, wheel: Path) -> None:
     _installed.add(minor)
 
 
+def sink_table(server: Any, workdir: Path, name: str) -> str:  # noqa: ANN401 - a PostgresServer
+    """An empty table for the job's PostgreSQL sink, named in the work folder for the job."""
+    import psycopg
+
+    with psycopg.connect(**server.params(), autocommit=True) as db:
+        db.execute(f"DROP TABLE IF EXISTS {name}")
+        db.execute(f"CREATE TABLE {name} (k text PRIMARY KEY, total bigint NOT NULL)")
+    (workdir / "sink-table").write_text(name)
+    return name
+
+
+def table_rows(server: Any, name: str) -> list[tuple[str, int]]:  # noqa: ANN401
+    import psycopg
+
+    with psycopg.connect(**server.params()) as db:
+        return [tuple(r) for r in db.execute(f"SELECT k, total FROM {name} ORDER BY k")]
+
+
 def run_job(
     minor: str,
     *workdirs: Path,
     step: str = "write",
     env: dict[str, str] | None = None,
     site: Path | None = None,
+    postgres: Any = None,  # noqa: ANN401 - a PostgresServer
 ) -> subprocess.CompletedProcess[str]:
     """The job's ``step`` on ``workdirs`` in Spark ``minor``'s virtualenv (with the keyedstate
     installed there, or the one at ``site``), in a process group of its own (the crash step
     kills its group); returns once nothing of the group is left."""
     python = venv_python(minor)
     paths = {"PYTHONPATH": str(site)} if site else {}
+    if postgres is not None:
+        paths["SINK_POSTGRES"] = json.dumps(postgres.params())
     job = subprocess.Popen(
         [str(python), str(JOB), step, *map(str, workdirs)],
         stdout=subprocess.PIPE,
@@ -200,9 +228,12 @@ WRITTEN: dict[str, Path] = {}
 
 
 @pytest.mark.parametrize("minor", OLDER)
-def test_state_on_an_older_spark(minor: str, tmp_path: Path, wheel: Path) -> None:
+def test_state_on_an_older_spark(
+    minor: str, tmp_path: Path, wheel: Path, postgres_server: Any
+) -> None:
     install(minor, wheel)
-    killed = run_job(minor, tmp_path, step="crash")
+    table = sink_table(postgres_server, tmp_path, f"totals_{minor.replace('.', '_')}")
+    killed = run_job(minor, tmp_path, step="crash", postgres=postgres_server)
     crashed = result_of(killed, killed=True)
     # Killed with the batch's state committed in both partitions, and the batch not.
     (line,) = [line for line in killed.stdout.splitlines() if line.startswith("KILLED ")]
@@ -216,7 +247,9 @@ def test_state_on_an_older_spark(minor: str, tmp_path: Path, wheel: Path) -> Non
     assert jar.is_relative_to(venv_python(minor).parent.parent), jar
     phase_of(crashed, 0)
 
-    result = result_of(run_job(minor, tmp_path))
+    assert table_rows(postgres_server, table) == EXPECTED_TABLE[0]
+    result = result_of(run_job(minor, tmp_path, postgres=postgres_server))
+    assert table_rows(postgres_server, table) == EXPECTED_TABLE[1]
     phase_of(result, 1)  # the keyed function's killed batch ran again, from its state before it
     assert result["read"] == EXPECTED_STATE
     assert result["rescaled"] == [2, 3]
@@ -241,19 +274,23 @@ def test_state_on_an_older_spark(minor: str, tmp_path: Path, wheel: Path) -> Non
     WRITTEN[minor] = tmp_path
 
 
-def test_the_older_versions_checkpoints_continue_on_the_installed_spark(wheel: Path) -> None:
+def test_the_older_versions_checkpoints_continue_on_the_installed_spark(
+    wheel: Path, postgres_server: Any
+) -> None:
     """Every checkpoint each older version wrote, continued by the installed Spark in one run
     (a JVM started once), from the wheel installed in its virtualenv."""
     if not WRITTEN:
         pytest.skip("continues what test_state_on_an_older_spark wrote: run them together")
     assert sorted(WRITTEN) == OLDER, f"the runs of {sorted(set(OLDER) - set(WRITTEN))} failed above"
     install(INSTALLED, wheel)
-    done = run_job(INSTALLED, *WRITTEN.values(), step="continue")
+    done = run_job(INSTALLED, *WRITTEN.values(), step="continue", postgres=postgres_server)
     continued = result_of(done)
     assert continued["pyspark"] == RELEASES[INSTALLED], continued["pyspark"]
     for minor, workdir in WRITTEN.items():
         # The keyed function on the 3 partitions it was rescaled to.
         phase_of(continued["runs"][str(workdir)], 2, f"written by Spark {minor}")
+        table = (workdir / "sink-table").read_text().strip()
+        assert table_rows(postgres_server, table) == EXPECTED_TABLE[2], minor
 
 
 @pytest.mark.parametrize("minor", OLDER)

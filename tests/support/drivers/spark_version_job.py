@@ -5,7 +5,9 @@ Six queries on keyedstate's provider, each with a checkpoint of its own, run one
 at a time (``PHASES``; the query restarts between phases): a keyed function with value state, a
 TTL and event-time timers (``TimedTotal``), and one query per stateful operator of Spark's that a
 custom provider serves: a streaming aggregation, ``dropDuplicates``, a stream-stream join,
-``applyInPandasWithState`` and a session window.
+``applyInPandasWithState`` and a session window. The aggregation also goes through keyedstate's
+exactly-once PostgreSQL sink (upserts into the table the work folder's ``sink-table`` names, on
+the server the environment's ``SINK_POSTGRES`` gives: libpq keywords as JSON).
 
 ``python spark_version_job.py crash <workdir>``: phase 0 of every query (its ``RESULT`` printed),
 then phase 1 of the keyed function, which SIGKILLs its process group (driver and JVM) once its
@@ -45,6 +47,7 @@ from keyedstate import (
     ValueStateDescriptor,
 )
 from keyedstate.errors import state_error
+from keyedstate.sinks import postgres
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor
@@ -158,13 +161,23 @@ def start(
         if after_batch is not None:
             after_batch(batch_id)
 
-    return (
-        frame.writeStream.outputMode(mode)
-        .option("checkpointLocation", str(checkpoint))
-        .foreachBatch(sink)
-        .trigger(availableNow=True)
-        .start()
+    return started(frame.writeStream.outputMode(mode).foreachBatch(sink), checkpoint)
+
+
+def started(writer: Any, checkpoint: Path) -> Any:  # noqa: ANN401 - a DataStreamWriter, a query
+    return writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+
+
+def into_postgres(spark: SparkSession, workdir: Path) -> Any:  # noqa: ANN401 - a StreamingQuery
+    """The aggregation upserted into PostgreSQL, exactly once per batch."""
+    sink = postgres(
+        (workdir / "sink-table").read_text().strip(),
+        mode="upsert",
+        key_columns=["k"],
+        **json.loads(os.environ["SINK_POSTGRES"]),
     )
+    writer = aggregation(spark, workdir).writeStream.outputMode("update").foreachBatch(sink)
+    return started(writer, workdir / "checkpoint-postgres")
 
 
 def run_phase(
@@ -177,6 +190,7 @@ def run_phase(
     for name, (frame, mode) in queries(spark, workdir).items():
         batches[name] = []
         running.append(start(frame, mode, workdir / f"checkpoint-{name}", batches[name]))
+    running.append(into_postgres(spark, workdir))
     for query in running:
         query.awaitTermination()
         if query.exception() is not None:
