@@ -21,7 +21,21 @@ setup: $(PY) jars spark-venvs connectors storage
 # Jars the Kafka tests need, from Maven Central (dev/connectors/*/pom.xml): the Kafka broker
 # (tests/support/servers/kafka_broker.py) and Spark's Kafka connector (docs/exactly-once.md).
 CONNECTORS := build/connectors
-connectors: $(CONNECTORS)/kafka-broker/.done $(CONNECTORS)/spark-kafka/.done
+# The older Spark versions' connectors (tests/versions/): the releases
+# keyedstate._session.KAFKA_CONNECTOR_VERSIONS gives for them, and their token providers' of the
+# same minor version (the pom says why).
+OLDER_SPARK_KAFKA := 4.0.4 4.1.3 4.2.0
+OLDER_SPARK_KAFKA_TOKEN := 4.0.0 4.1.1 4.2.0
+connectors: $(CONNECTORS)/kafka-broker/.done $(CONNECTORS)/spark-kafka/.done \
+  $(foreach v,$(OLDER_SPARK_KAFKA),$(CONNECTORS)/spark-kafka-$(basename $(v))/.done)
+
+$(CONNECTORS)/spark-kafka-%/.done: dev/connectors/spark-kafka/pom.xml
+	rm -rf $(CONNECTORS)/spark-kafka-$* $(CONNECTORS)/spark-kafka-$*.tmp
+	mvn -q -B -f $< dependency:copy-dependencies -Dspark.kafka.version=$(filter $*.%,$(OLDER_SPARK_KAFKA)) \
+	  -Dspark.kafka.token.version=$(filter $*.%,$(OLDER_SPARK_KAFKA_TOKEN)) \
+	  -DoutputDirectory=$(abspath $(CONNECTORS))/spark-kafka-$*.tmp
+	mv $(CONNECTORS)/spark-kafka-$*.tmp $(CONNECTORS)/spark-kafka-$*
+	touch $@
 
 $(CONNECTORS)/%/.done: dev/connectors/%/pom.xml
 	rm -rf $(CONNECTORS)/$* $(CONNECTORS)/$*.tmp

@@ -26,12 +26,13 @@ import re
 import signal
 import subprocess
 import sys
+import uuid
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from keyedstate._session import SUPPORTED_SPARK, spark_minor
+from keyedstate._session import KAFKA_CONNECTOR_VERSIONS, SUPPORTED_SPARK, spark_minor
 
 from tests.support.drivers.spark_version_job import PHASES
 from tests.support.paths import DRIVERS, PYTHON_SOURCES, REPO
@@ -91,6 +92,11 @@ EXPECTED_TABLE = [
     [("a", 4), ("b", 2)],
     [("a", 14), ("b", 2), ("c", 1)],
     [("a", 114), ("b", 7), ("c", 1)],
+]
+# Its Kafka topic after each phase: every update once (read_committed), phase after phase.
+EXPECTED_TOPIC = [
+    sorted((k, v) for batches in EXPECTED["aggregation"][: p + 1] for k, v in batches[0])
+    for p in range(3)
 ]
 
 pytestmark = pytest.mark.timeout(600)
@@ -171,6 +177,32 @@ def table_rows(server: Any, name: str) -> list[tuple[str, int]]:  # noqa: ANN401
         return [tuple(r) for r in db.execute(f"SELECT k, total FROM {name} ORDER BY k")]
 
 
+def sink_topic(broker: Any, workdir: Path, name: str) -> str:  # noqa: ANN401 - a KafkaBroker
+    """A new topic for the job's Kafka sink, named in the work folder for the job."""
+    topic = broker.create_topic(f"{name}-{uuid.uuid4().hex[:8]}", partitions=2)
+    (workdir / "sink-topic").write_text(topic)
+    return topic
+
+
+def topic_records(broker: Any, topic: str) -> list[tuple[str, int]]:  # noqa: ANN401
+    """What a read_committed reader of ``topic`` sees, sorted."""
+    return sorted((k.decode(), int(v.decode())) for _, k, v in broker.read(topic, "read_committed"))
+
+
+def kafka_connector_jars(minor: str) -> list[Path]:
+    """Spark ``minor``'s Kafka connector (`make connectors`): build/connectors/spark-kafka-<minor>/,
+    and the installed Spark's in build/connectors/spark-kafka/."""
+    folder = (
+        REPO
+        / "build"
+        / "connectors"
+        / ("spark-kafka" if minor == INSTALLED else f"spark-kafka-{minor}")
+    )
+    jars = sorted(folder.glob("*.jar"))
+    assert jars, f"{folder} has no jars: `make connectors` fetches them"
+    return jars
+
+
 def run_job(
     minor: str,
     *workdirs: Path,
@@ -178,6 +210,7 @@ def run_job(
     env: dict[str, str] | None = None,
     site: Path | None = None,
     postgres: Any = None,  # noqa: ANN401 - a PostgresServer
+    kafka: Any = None,  # noqa: ANN401 - a KafkaBroker
 ) -> subprocess.CompletedProcess[str]:
     """The job's ``step`` on ``workdirs`` in Spark ``minor``'s virtualenv (with the keyedstate
     installed there, or the one at ``site``), in a process group of its own (the crash step
@@ -186,6 +219,9 @@ def run_job(
     paths = {"PYTHONPATH": str(site)} if site else {}
     if postgres is not None:
         paths["SINK_POSTGRES"] = json.dumps(postgres.params())
+    if kafka is not None:
+        paths["SINK_KAFKA"] = kafka.bootstrap_servers
+        paths["SPARK_JOB_JARS"] = ",".join(map(str, kafka_connector_jars(minor)))
     job = subprocess.Popen(
         [str(python), str(JOB), step, *map(str, workdirs)],
         stdout=subprocess.PIPE,
@@ -205,6 +241,15 @@ def run_job(
     finally:
         kill_process_group(job)  # the JVM of a killed driver too, before the next step starts
     return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
+
+
+def test_the_kafka_connector_fetched_for_each_older_spark_is_the_one_configure_adds() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    fetched = re.search(r"^OLDER_SPARK_KAFKA := (.*)$", makefile, re.M)
+    assert fetched, "the Makefile has no OLDER_SPARK_KAFKA"
+    assert {spark_minor(v): v for v in fetched.group(1).split()} == {
+        minor: KAFKA_CONNECTOR_VERSIONS[minor] for minor in OLDER
+    }
 
 
 def test_an_older_spark_is_built_for() -> None:
@@ -229,11 +274,13 @@ WRITTEN: dict[str, Path] = {}
 
 @pytest.mark.parametrize("minor", OLDER)
 def test_state_on_an_older_spark(
-    minor: str, tmp_path: Path, wheel: Path, postgres_server: Any
+    minor: str, tmp_path: Path, wheel: Path, postgres_server: Any, kafka_broker: Any
 ) -> None:
     install(minor, wheel)
     table = sink_table(postgres_server, tmp_path, f"totals_{minor.replace('.', '_')}")
-    killed = run_job(minor, tmp_path, step="crash", postgres=postgres_server)
+    topic = sink_topic(kafka_broker, tmp_path, f"totals-{minor}")
+    sinks = {"postgres": postgres_server, "kafka": kafka_broker}
+    killed = run_job(minor, tmp_path, step="crash", **sinks)
     crashed = result_of(killed, killed=True)
     # Killed with the batch's state committed in both partitions, and the batch not.
     (line,) = [line for line in killed.stdout.splitlines() if line.startswith("KILLED ")]
@@ -248,10 +295,16 @@ def test_state_on_an_older_spark(
     phase_of(crashed, 0)
 
     assert table_rows(postgres_server, table) == EXPECTED_TABLE[0]
-    result = result_of(run_job(minor, tmp_path, postgres=postgres_server))
+    assert topic_records(kafka_broker, topic) == EXPECTED_TOPIC[0]
+    result = result_of(run_job(minor, tmp_path, **sinks))
     assert table_rows(postgres_server, table) == EXPECTED_TABLE[1]
+    assert topic_records(kafka_broker, topic) == EXPECTED_TOPIC[1]
+    assert [tuple(r) for r in result["kafka_read"]] == EXPECTED_TOPIC[1]  # Spark's Kafka source
     phase_of(result, 1)  # the keyed function's killed batch ran again, from its state before it
     assert result["read"] == EXPECTED_STATE
+    inspected = result["inspected"]
+    assert inspected["partitions"] == 2 and inspected["keys"] > 0, inspected
+    assert [f.rsplit(".", 1)[-1] for f in inspected["functions"]] == ["TimedTotal"], inspected
     assert result["rescaled"] == [2, 3]
     assert {"keyedstateCommitFlushMs", "keyedstateSstFilesBytes"} <= set(result["metrics"]), result[
         "metrics"
@@ -275,7 +328,7 @@ def test_state_on_an_older_spark(
 
 
 def test_the_older_versions_checkpoints_continue_on_the_installed_spark(
-    wheel: Path, postgres_server: Any
+    wheel: Path, postgres_server: Any, kafka_broker: Any
 ) -> None:
     """Every checkpoint each older version wrote, continued by the installed Spark in one run
     (a JVM started once), from the wheel installed in its virtualenv."""
@@ -283,7 +336,9 @@ def test_the_older_versions_checkpoints_continue_on_the_installed_spark(
         pytest.skip("continues what test_state_on_an_older_spark wrote: run them together")
     assert sorted(WRITTEN) == OLDER, f"the runs of {sorted(set(OLDER) - set(WRITTEN))} failed above"
     install(INSTALLED, wheel)
-    done = run_job(INSTALLED, *WRITTEN.values(), step="continue", postgres=postgres_server)
+    done = run_job(
+        INSTALLED, *WRITTEN.values(), step="continue", postgres=postgres_server, kafka=kafka_broker
+    )
     continued = result_of(done)
     assert continued["pyspark"] == RELEASES[INSTALLED], continued["pyspark"]
     for minor, workdir in WRITTEN.items():
@@ -291,6 +346,8 @@ def test_the_older_versions_checkpoints_continue_on_the_installed_spark(
         phase_of(continued["runs"][str(workdir)], 2, f"written by Spark {minor}")
         table = (workdir / "sink-table").read_text().strip()
         assert table_rows(postgres_server, table) == EXPECTED_TABLE[2], minor
+        topic = (workdir / "sink-topic").read_text().strip()
+        assert topic_records(kafka_broker, topic) == EXPECTED_TOPIC[2], minor
 
 
 @pytest.mark.parametrize("minor", OLDER)

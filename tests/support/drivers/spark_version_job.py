@@ -6,15 +6,18 @@ at a time (``PHASES``; the query restarts between phases): a keyed function with
 TTL and event-time timers (``TimedTotal``), and one query per stateful operator of Spark's that a
 custom provider serves: a streaming aggregation, ``dropDuplicates``, a stream-stream join,
 ``applyInPandasWithState`` and a session window. The aggregation also goes through keyedstate's
-exactly-once PostgreSQL sink (upserts into the table the work folder's ``sink-table`` names, on
-the server the environment's ``SINK_POSTGRES`` gives: libpq keywords as JSON).
+exactly-once sinks: PostgreSQL (upserts into the table the work folder's ``sink-table`` names, on
+the server the environment's ``SINK_POSTGRES`` gives: libpq keywords as JSON) and Kafka (into the
+topic ``sink-topic`` names, on the broker ``SINK_KAFKA`` gives, with this Spark's Kafka connector,
+whose jars ``SPARK_JOB_JARS`` lists).
 
 ``python spark_version_job.py crash <workdir>``: phase 0 of every query (its ``RESULT`` printed),
 then phase 1 of the keyed function, which SIGKILLs its process group (driver and JVM) once its
 first phase-1 batch has committed its state, before Spark commits the batch.
 
 ``python spark_version_job.py write <workdir>``: phase 1 of every query (the keyed function's
-killed batch runs again); the keyed function's state read back (``keyedstate.state.read``); its
+killed batch runs again); the Kafka topic read back by Spark's Kafka source; the keyed function's
+state read back (``keyedstate.state.read``) and inspected; its
 checkpoint rescaled in place from 2 to 3 partitions; the provider's metrics in the progress; a
 canonical savepoint of the aggregation restored into Spark's HDFS-backed provider and continued
 there (phase 2), and restored into Spark's RocksDB provider; Spark's
@@ -45,9 +48,9 @@ from keyedstate import (
     Time,
     Types,
     ValueStateDescriptor,
+    sinks,
 )
 from keyedstate.errors import state_error
-from keyedstate.sinks import postgres
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor
@@ -170,7 +173,7 @@ def started(writer: Any, checkpoint: Path) -> Any:  # noqa: ANN401 - a DataStrea
 
 def into_postgres(spark: SparkSession, workdir: Path) -> Any:  # noqa: ANN401 - a StreamingQuery
     """The aggregation upserted into PostgreSQL, exactly once per batch."""
-    sink = postgres(
+    sink = sinks.postgres(
         (workdir / "sink-table").read_text().strip(),
         mode="upsert",
         key_columns=["k"],
@@ -178,6 +181,17 @@ def into_postgres(spark: SparkSession, workdir: Path) -> Any:  # noqa: ANN401 - 
     )
     writer = aggregation(spark, workdir).writeStream.outputMode("update").foreachBatch(sink)
     return started(writer, workdir / "checkpoint-postgres")
+
+
+def into_kafka(spark: SparkSession, workdir: Path) -> Any:  # noqa: ANN401 - a StreamingQuery
+    """The aggregation's updates written to Kafka, exactly once per batch (transactions)."""
+    sink = sinks.kafka((workdir / "sink-topic").read_text().strip(), os.environ["SINK_KAFKA"])
+    updates = aggregation(spark, workdir).select(
+        F.col("k").alias("key"), F.col("total").cast("string").alias("value")
+    )
+    return started(
+        updates.writeStream.outputMode("update").foreachBatch(sink), workdir / "checkpoint-kafka"
+    )
 
 
 def run_phase(
@@ -191,6 +205,7 @@ def run_phase(
         batches[name] = []
         running.append(start(frame, mode, workdir / f"checkpoint-{name}", batches[name]))
     running.append(into_postgres(spark, workdir))
+    running.append(into_kafka(spark, workdir))
     for query in running:
         query.awaitTermination()
         if query.exception() is not None:
@@ -266,9 +281,26 @@ def crash(spark: SparkSession, workdir: Path) -> None:
 def write(spark: SparkSession, workdir: Path) -> dict[str, Any]:
     progress: list[Any] = []
     results: dict[str, Any] = run_phase(spark, workdir, progress=progress)
+    # The Kafka sink's topic read back by Spark's own Kafka source (this Spark's connector).
+    topic = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", os.environ["SINK_KAFKA"])
+        .option("subscribe", (workdir / "sink-topic").read_text().strip())
+        .option("kafka.isolation.level", "read_committed")
+        .load()
+    )
+    results["kafka_read"] = sorted(
+        [r.key.decode(), int(r.value.decode())] for r in topic.select("key", "value").collect()
+    )
     keyed_checkpoint = str(workdir / "checkpoint-keyed")
     state = keyedstate.state.read(spark, keyed_checkpoint, state="total")
     results["read"] = sorted([r["k"], r["value"]] for r in state.collect())
+    report = keyedstate.inspect(spark, keyed_checkpoint)
+    results["inspected"] = {
+        "partitions": report.partitions,
+        "functions": [o.function for o in report.operators],
+        "keys": sum(o.keys for o in report.operators),
+    }
     rescaled = keyedstate.rescale(spark, keyed_checkpoint, 3, in_place=True)
     results["rescaled"] = [rescaled.from_partitions, rescaled.to_partitions]
     results["metrics"] = sorted(
@@ -310,6 +342,7 @@ def main(step: str, workdirs: list[Path]) -> None:
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.jars", os.environ.get("SPARK_JOB_JARS", ""))
     )
     spark = keyedstate.configure(builder).getOrCreate()
     if step == "crash":
