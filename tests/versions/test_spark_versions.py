@@ -3,19 +3,20 @@
 version, pip-installed into a virtualenv per version that held only that pyspark from PyPI
 (``make spark-venvs``: build/venv-spark-<minor>/), pip resolving its other dependencies.
 
-On each version (tests/support/drivers/spark_version_job.py), on keyedstate's provider, each
-across restarts, with the rows computed here: a keyed function with value state, a TTL and
-event-time timers, killed (SIGKILL, driver and JVM) after a batch committed its state but not the
-batch, then restarted; one query per stateful operator a custom provider serves (aggregation,
-``dropDuplicates``, a stream-stream join, ``applyInPandasWithState``, a session window), the
-aggregation also upserted into PostgreSQL through keyedstate's exactly-once sink. Then the
-keyed function's state reads back and its checkpoint is rescaled from 2 to 3 partitions; the
-provider's metrics are in the progress; a canonical savepoint restores into Spark's HDFS-backed
-provider and continues there, and into Spark's RocksDB provider where that Spark can open an
-empty store at a batch (4.2+); Spark's ``transformWithStateInPandas`` is refused on keyedstate's
-provider. Every checkpoint then continues on the installed Spark: a checkpoint written by one
-version is read by another. The jar for another Spark version is refused at the session's start
-naming both versions.
+On each version (tests/support/drivers/spark_version_job.py), on keyedstate's provider, each across
+restarts, with the rows computed here: a keyed function with value state, a TTL and event-time
+timers, killed (SIGKILL, driver and JVM) after a batch committed its state but not the batch, then
+restarted; one query per stateful operator a custom provider serves (aggregation,
+``dropDuplicates``, ``dropDuplicatesWithinWatermark``, a stream-stream join,
+``applyInPandasWithState``, a session window), the aggregation also through keyedstate's exactly-
+once PostgreSQL and Kafka sinks (the topic read back by that version's Kafka source). Then the
+keyed function's state reads back, is inspected, and its checkpoint is rescaled from 2 to 3
+partitions; the provider's metrics are in the progress; a canonical savepoint restores into Spark's
+HDFS-backed provider and continues there, and into Spark's RocksDB provider where that Spark can
+open an empty store at a batch (4.2+); Spark's ``transformWithStateInPandas`` is refused on
+keyedstate's provider. Every checkpoint then continues on the installed Spark: a checkpoint written
+by one version is read by another. The jar for another Spark version is refused at the session's
+start naming both versions.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ EXPECTED: dict[str, list[list[list[list[Any]]]]] = {
     ],
     "aggregation": [[[["a", 4], ["b", 2]]], [[["a", 14], ["c", 1]]], [[["a", 114], ["b", 7]]]],
     "dedup": [[[["a"], ["b"]]], [[["c"]]], []],
+    # A key is new again once the watermark (4 s behind) passed its first time + 4 s: "a" at 100 s
+    # (first 10 s) and at 200 s (first 100 s), "b" at 210 s; "c" stays a key seen.
+    "dedup_within_watermark": [[[["a"], ["b"]]], [[["a"], ["c"]]], [[["a"], ["b"]]]],
     "join": [[join_rows(0)], [join_rows(1)], [join_rows(2)]],
     "pandas_state": [[[["a", 2], ["b", 1]]], [[["a", 3], ["c", 1]]], [[["a", 4], ["b", 2]]]],
     # (key, session start in s, sum), emitted once the watermark passed the session's end.

@@ -4,8 +4,9 @@ with the pyspark version, the jar keyedstate picked and what each step gave (JSO
 Six queries on keyedstate's provider, each with a checkpoint of its own, run one phase of input
 at a time (``PHASES``; the query restarts between phases): a keyed function with value state, a
 TTL and event-time timers (``TimedTotal``), and one query per stateful operator of Spark's that a
-custom provider serves: a streaming aggregation, ``dropDuplicates``, a stream-stream join,
-``applyInPandasWithState`` and a session window. The aggregation also goes through keyedstate's
+custom provider serves: a streaming aggregation, ``dropDuplicates``,
+``dropDuplicatesWithinWatermark``, a stream-stream join, ``applyInPandasWithState`` and a session
+window. The aggregation also goes through keyedstate's
 exactly-once sinks: PostgreSQL (upserts into the table the work folder's ``sink-table`` names, on
 the server the environment's ``SINK_POSTGRES`` gives: libpq keywords as JSON) and Kafka (into the
 topic ``sink-topic`` names, on the broker ``SINK_KAFKA`` gives, with this Spark's Kafka connector,
@@ -141,6 +142,14 @@ def queries(spark: SparkSession, workdir: Path) -> dict[str, tuple[DataFrame, st
         "keyed": (keyed, "append"),
         "aggregation": (aggregation(spark, workdir), "update"),
         "dedup": (events(spark, workdir).dropDuplicates(["k"]).select("k"), "append"),
+        # A key's state is kept until the watermark passes its first time + 4 s.
+        "dedup_within_watermark": (
+            events(spark, workdir)
+            .withWatermark("ts", "4 seconds")
+            .dropDuplicatesWithinWatermark(["k"])
+            .select("k"),
+            "append",
+        ),
         "join": (events(spark, workdir).select("k", "n").join(right, "k"), "append"),
         "pandas_state": (pandas_state, "update"),
         "session": (
