@@ -8,9 +8,9 @@ restarts, with the rows computed here: a keyed function with value state, a TTL 
 timers, killed (SIGKILL, driver and JVM) after a batch committed its state but not the batch, then
 restarted; one query per stateful operator a custom provider serves (aggregation,
 ``dropDuplicates``, ``dropDuplicatesWithinWatermark``, a stream-stream join,
-``applyInPandasWithState``, a session window), the aggregation also through keyedstate's exactly-
-once PostgreSQL and Kafka sinks (the topic read back by that version's Kafka source). Then the
-keyed function's state reads back, is inspected, and its checkpoint is rescaled from 2 to 3
+``applyInPandasWithState``, a session window), the aggregation also through keyedstate's
+exactly-once PostgreSQL and Kafka sinks (the topic read back by that version's Kafka source). Then
+the keyed function's state reads back, is inspected, and its checkpoint is rescaled from 2 to 3
 partitions; the provider's metrics are in the progress; a canonical savepoint restores into Spark's
 HDFS-backed provider and continues there, and into Spark's RocksDB provider where that Spark can
 open an empty store at a batch (4.2+); Spark's ``transformWithStateInPandas`` is refused on
