@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.paths import PYTHON_SOURCES, REPO
+from tests.support.paths import PYTHON_SOURCES, REPO, makefile_words
 
 PACKAGE = PYTHON_SOURCES / "keyedstate"
 
@@ -374,17 +374,15 @@ def test_the_build_the_jvm_and_the_package_support_the_same_spark_versions() -> 
 
     sbt = (REPO / "build.sbt").read_text()
     check = (JVM_ROOT / "shims" / "SparkVersionCheck.scala").read_text()
-    makefile = (REPO / "Makefile").read_text()
     in_sbt = re.search(r"lazy val supportedSparkMinors = Seq\(([^)]*)\)", sbt)
     in_jvm = re.search(r"val Supported: Seq\[String\] = Seq\(([^)]*)\)", check)
-    older = re.search(r"^OLDER_SPARK := (.*)$", makefile, re.M)
-    newest = re.search(r"^NEWEST_SPARK := (.*)$", makefile, re.M)
-    assert in_sbt and in_jvm and older and newest
+    assert in_sbt and in_jvm
     import pyspark
 
     # The development virtualenv's pyspark is the newest one's release tests/versions runs.
-    assert newest.group(1).strip() == pyspark.__version__, (newest.group(1), pyspark.__version__)
-    from_make = sorted({spark_minor(v) for v in older.group(1).split()} | {spark_minor()})
+    newest = makefile_words("NEWEST_SPARK")
+    assert newest == [pyspark.__version__], (newest, pyspark.__version__)
+    from_make = sorted({spark_minor(v) for v in makefile_words("OLDER_SPARK")} | {spark_minor()})
     found = {
         "build.sbt": sorted(re.findall(r'"([\d.]+)"', in_sbt.group(1))),
         "SparkVersionCheck": sorted(re.findall(r'"([\d.]+)"', in_jvm.group(1))),

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -36,7 +35,7 @@ import pytest
 from keyedstate._session import KAFKA_CONNECTOR_VERSIONS, SUPPORTED_SPARK, spark_minor
 
 from tests.support.drivers.spark_version_job import PHASES
-from tests.support.paths import DRIVERS, PYTHON_SOURCES, REPO
+from tests.support.paths import DRIVERS, PYTHON_SOURCES, REPO, makefile_words
 from tests.support.streaming_harness import kill_process_group
 
 JOB = DRIVERS / "spark_version_job.py"
@@ -109,9 +108,7 @@ pytestmark = pytest.mark.timeout(600)
 RELEASES = {
     spark_minor(release): release
     for name in ("OLDER_SPARK", "NEWEST_SPARK")
-    for release in re.search(rf"^{name} := (.*)$", (REPO / "Makefile").read_text(), re.M)
-    .group(1)
-    .split()  # type: ignore[union-attr]
+    for release in makefile_words(name)
 }
 
 
@@ -248,10 +245,7 @@ def run_job(
 
 
 def test_the_kafka_connector_fetched_for_each_older_spark_is_the_one_configure_adds() -> None:
-    makefile = (REPO / "Makefile").read_text()
-    fetched = re.search(r"^OLDER_SPARK_KAFKA := (.*)$", makefile, re.M)
-    assert fetched, "the Makefile has no OLDER_SPARK_KAFKA"
-    assert {spark_minor(v): v for v in fetched.group(1).split()} == {
+    assert {spark_minor(v): v for v in makefile_words("OLDER_SPARK_KAFKA")} == {
         minor: KAFKA_CONNECTOR_VERSIONS[minor] for minor in OLDER
     }
 

@@ -131,7 +131,7 @@ class KeyedStateStoreProvider extends ProviderShim with Logging {
       // the version its task's read store has open, and goes on reading through that read store.
       case read: TaskStateStore if activeThread == Thread.currentThread() && read.isOpen && !read.isWritable &&
           read.version == version && !loadEmpty && stateStoreCkptId.forall(lineage.checkpointId.contains) =>
-        upgradeReadStoreToWriteStore(read, version, stateStoreCkptId, forceSnapshotOnCommit)
+        upgradeInPlace(read, forceSnapshotOnCommit)
       case _ => open(version, stateStoreCkptId, loadEmpty, writable = true, forceSnapshotOnCommit)
     }
   }
@@ -147,13 +147,18 @@ class KeyedStateStoreProvider extends ProviderShim with Logging {
       forceSnapshotOnCommit: Boolean): StateStore = synchronized {
     readStore match {
       case ours: TaskStateStore if (ours eq activeStore) && ours.isOpen && ours.version == version =>
-        refuseSavepoint()
-        claimLease()
-        ours.upgradeToWritable(forceSnapshotOnCommit)
+        upgradeInPlace(ours, forceSnapshotOnCommit)
       case other =>
         StoreApi.release(other)
         getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty = false)
     }
+  }
+
+  /** The task's open read store, now writable: its loaded instance serves the writes. */
+  private def upgradeInPlace(read: TaskStateStore, forceSnapshotOnCommit: Boolean): StateStore = {
+    refuseSavepoint()
+    claimLease()
+    read.upgradeToWritable(forceSnapshotOnCommit)
   }
 
   private def open(
